@@ -1,0 +1,1 @@
+"""Hydra configs of vlmrl (installed as vlmrl.configs)."""

@@ -1,0 +1,1 @@
+"""Dataset preprocessing scripts (installed as vlmrl.preprocess; each also runs by path)."""

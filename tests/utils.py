@@ -1,0 +1,45 @@
+"""Small builders shared by tests (not fixtures: plain functions)."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from vlmrl.batch import PromptSample
+from vlmrl.models import qwen_vl
+
+
+def solid(colour: tuple[int, int, int], size: tuple[int, int] = (56, 56)) -> Image.Image:
+    """A plain RGB image."""
+    return Image.new("RGB", size, colour)
+
+
+def noise(seed: int, size: tuple[int, int] = (84, 56)) -> Image.Image:
+    """A random RGB image (its features differ from any other seed's)."""
+    import numpy as np
+
+    arr = np.random.RandomState(seed).randint(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(arr)
+
+
+def make_prompt(processor, text: str, images: list[Image.Image], index: int = 0, answer: str = "") -> PromptSample:
+    """A PromptSample the way the dataset builds one: chat with image parts, resized images, one pad per image."""
+    ip = processor.image_processor
+    factor = qwen_vl.patch_factor(ip)
+    lo, hi = qwen_vl.pixel_bounds(ip)
+    resized = [qwen_vl.resize_image(im, factor, lo, hi) for im in images]
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    messages = [{"role": "user", "content": content}]
+    prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = qwen_vl.engine_prompt_ids(processor.tokenizer, prompt_text, len(images))
+    return PromptSample(
+        index=index,
+        uid=f"test:{index}",
+        data_source="test",
+        messages=messages,
+        prompt_text=prompt_text,
+        prompt_ids=ids,
+        images=resized,
+        original_sizes=[im.size for im in images],
+        ground_truth=answer,
+        extra_info={},
+    )

@@ -1,0 +1,107 @@
+"""Typed containers passed between stages: the contract between data, rollout, reward and the workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+
+@dataclass
+class PromptSample:
+    """One dataset record, ready for the rollout engine and the trainer."""
+
+    index: int
+    """Position of the record in the dataset (after filtering)."""
+    uid: str
+    """Stable id of the source record: ``<file>:<row>``."""
+    data_source: str
+    """The record's ``data_source`` (drives reward dispatch and per-source metrics)."""
+    messages: list[dict[str, Any]]
+    """The chat, with ``{"type": "image"}`` content parts where ``<image>`` stood."""
+    prompt_text: str
+    """The chat rendered by the chat template, generation prompt added (one image pad per image)."""
+    prompt_ids: list[int]
+    """Token ids of ``prompt_text`` with ONE image pad per image (the engine expands them)."""
+    images: list[Image.Image]
+    """RGB images resized with Qwen's rules: exactly what the engine and the trainer see."""
+    original_sizes: list[tuple[int, int]]
+    """(width, height) of each image before resizing."""
+    ground_truth: Any
+    """``reward_model.ground_truth``."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """``extra_info`` of the record (split, index, answer, question, annotations...)."""
+
+    @property
+    def image_scales(self) -> list[tuple[float, float]]:
+        """(sx, sy) per image: resized = original * scale (map box coordinates with it)."""
+        return [(im.width / ow, im.height / oh) for im, (ow, oh) in zip(self.images, self.original_sizes)]
+
+
+@dataclass
+class RewardSample:
+    """What a reward function sees for one response (vlmrl's signature ``fn(sample)``)."""
+
+    response: str
+    """The decoded response text (special tokens removed)."""
+    prompt: str
+    """The rendered prompt text."""
+    ground_truth: Any
+    """``reward_model.ground_truth`` of the record."""
+    data_source: str = ""
+    """The record's data_source."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """The record's extra_info."""
+    images: list[Image.Image] = field(default_factory=list)
+    """The images exactly as the model saw them (resized)."""
+    image_scales: list[tuple[float, float]] = field(default_factory=list)
+    """(sx, sy) per image: resized = original * scale."""
+    response_length: int = 0
+    """Response length in tokens."""
+    max_response_length: int = 0
+    """The run's response length limit in tokens (for overlong penalties)."""
+    finish_reason: str = "stop"
+    """stop | length."""
+
+
+@dataclass
+class RolloutBatch:
+    """Output of ``Rollout.generate``: ``n`` samples per prompt, grouped: sample ``i`` belongs to prompt ``i // n``."""
+
+    prompt_ids: list[list[int]]
+    """Per sample: prompt ids as the engine expanded them (one pad per image token)."""
+    response_ids: list[list[int]]
+    """Per sample: generated token ids (EOS included when generated)."""
+    logprobs: list[list[float]]
+    """Per sample: log-probability of each generated token under the engine."""
+    finish_reasons: list[str]
+    """Per sample: ``stop`` or ``length``."""
+    n: int
+    """Samples per prompt."""
+    timing: dict[str, float] = field(default_factory=dict)
+    """Seconds spent, by stage."""
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded token tensors of a batch of samples, as the policy worker consumes them."""
+
+    input_ids: torch.Tensor
+    """[B, T] prompt (expanded) + response, right-padded."""
+    attention_mask: torch.Tensor
+    """[B, T] 1 on real tokens."""
+    response_mask: torch.Tensor
+    """[B, T] 1 where the token at t+1... see ``loss_mask``: 1 on positions whose NEXT token is a response token."""
+    prompt_index: torch.Tensor
+    """[B] index of each sample's prompt in ``images`` (samples of one prompt share image features)."""
+    advantages: torch.Tensor
+    """[B] sequence-level advantage of each sample."""
+    old_logprobs: torch.Tensor | None = None
+    """[B, T] log-probs under the rollout policy, aligned with ``response_mask``."""
+    ref_logprobs: torch.Tensor | None = None
+    """[B, T] log-probs under the reference, aligned with ``response_mask``."""

@@ -1,0 +1,308 @@
+"""Everything specific to Qwen2-VL / Qwen2.5-VL, in one place.
+
+- special tokens (image/video pads) and the ids a rollout must never sample;
+- image resizing with qwen-vl-utils' rules and the number of image tokens an image becomes;
+- prompt ids with ONE image pad per image (what a rollout engine takes) and their expansion to the
+  processor's layout (what the trainer's forward takes);
+- M-RoPE inputs for a prompt+response sequence (feature-detected: ``mm_token_type_ids`` in transformers 5,
+  ``position_ids`` from ``get_rope_index`` otherwise);
+- image features computed once and shared by the n samples of a prompt, and a dummy vision-tower pass for
+  micro-batches without images (every FSDP rank then runs the same collectives);
+- parameter-name mapping between transformers and the rollout engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+VISION_PAD = "<|vision_pad|>"
+
+SUPPORTED_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+
+# prefixes that wrappers (FSDP1, activation checkpointing, torch.compile, peft) put in front of parameter names
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_model.model.")
+
+
+@dataclass(frozen=True)
+class VisionTokenIds:
+    """Token ids of the vision special tokens of a Qwen-VL tokenizer."""
+
+    image_pad: int
+    video_pad: int
+    vision_start: int
+    vision_end: int
+
+    @property
+    def never_sample(self) -> list[int]:
+        """Ids a rollout must never generate: a sampled pad breaks the next training forward
+        (token/feature count mismatch, EasyR1 #110)."""
+        return [self.image_pad, self.video_pad, self.vision_start, self.vision_end]
+
+
+def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
+    """Look up the vision token ids in a Qwen-VL tokenizer; a clear error when it is not one."""
+    ids = {}
+    for tok in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END):
+        i = tokenizer.convert_tokens_to_ids(tok)
+        if i is None or i == getattr(tokenizer, "unk_token_id", None):
+            raise ValueError(f"tokenizer has no {tok!r}: not a Qwen2-VL/Qwen2.5-VL tokenizer")
+        ids[tok] = int(i)
+    return VisionTokenIds(ids[IMAGE_PAD], ids[VIDEO_PAD], ids[VISION_START], ids[VISION_END])
+
+
+def check_model_type(config: Any, where: str) -> None:
+    """Reject a checkpoint that is not Qwen2(.5)-VL, naming where it came from."""
+    mt = getattr(config, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{where}: model_type {mt!r} is not supported; vlmrl trains Qwen2.5-VL / Qwen2-VL "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}). Point actor_rollout_ref.model.path at such a checkpoint."
+        )
+
+
+# ------------------------------------------------------------------------------------------------------ images
+
+
+def patch_factor(image_processor: Any) -> int:
+    """Pixels per merged image token along one side (patch_size * merge_size; 28 for Qwen2.5-VL)."""
+    return int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 2))
+
+
+def pixel_bounds(image_processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> tuple[int, int]:
+    """min/max pixel area: the given values, else the processor's."""
+    size = getattr(image_processor, "size", None) or {}
+    lo = min_pixels or getattr(image_processor, "min_pixels", None) or size.get("shortest_edge")
+    hi = max_pixels or getattr(image_processor, "max_pixels", None) or size.get("longest_edge")
+    if lo is None or hi is None:
+        raise ValueError("image processor has no min_pixels/max_pixels; set data.min_pixels and data.max_pixels")
+    return int(lo), int(hi)
+
+
+def resized_size(width: int, height: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(width, height) an image is resized to by qwen-vl-utils' ``smart_resize``."""
+    from qwen_vl_utils.vision_process import smart_resize
+
+    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return int(w), int(h)
+
+
+def num_image_tokens(width: int, height: int, factor: int, min_pixels: int, max_pixels: int) -> int:
+    """How many ``<|image_pad|>`` tokens an image of this size becomes in the prompt."""
+    w, h = resized_size(width, height, factor, min_pixels, max_pixels)
+    return (w // factor) * (h // factor)
+
+
+def resize_image(image: Image.Image, factor: int, min_pixels: int, max_pixels: int) -> Image.Image:
+    """Convert to RGB and resize with qwen-vl-utils' rules. The result is what both the engine and the trainer see:
+    resizing it again with the same bounds is the identity, so the processor leaves it as is."""
+    from qwen_vl_utils import fetch_image
+
+    return fetch_image(
+        {"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels}, image_patch_size=factor // 2
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ tokens
+
+
+def count_image_pads(ids: list[int], pad_id: int) -> int:
+    """Number of image pad tokens in a list of ids."""
+    return sum(1 for t in ids if t == pad_id)
+
+
+def engine_prompt_ids(tokenizer: Any, prompt_text: str, num_images: int) -> list[int]:
+    """Token ids of a rendered chat prompt with ONE image pad per image: what vLLM takes (it expands the pads itself;
+    already-expanded ids would be silently expanded again)."""
+    ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    pad = vision_token_ids(tokenizer).image_pad
+    n = count_image_pads(ids, pad)
+    if n != num_images:
+        raise ValueError(f"prompt has {n} image pad tokens for {num_images} images: {prompt_text[:200]!r}")
+    return list(ids)
+
+
+def expand_image_pads(ids: list[int], pad_id: int, tokens_per_image: list[int]) -> list[int]:
+    """Replace the i-th single image pad by ``tokens_per_image[i]`` pads (the processor's layout)."""
+    out: list[int] = []
+    k = 0
+    for t in ids:
+        if t == pad_id:
+            if k >= len(tokens_per_image):
+                raise ValueError(f"more image pads than images ({len(tokens_per_image)})")
+            out.extend([pad_id] * tokens_per_image[k])
+            k += 1
+        else:
+            out.append(t)
+    if k != len(tokens_per_image):
+        raise ValueError(f"{k} image pads for {len(tokens_per_image)} images")
+    return out
+
+
+def tokens_per_image(image_grid_thw: torch.Tensor, merge_size: int) -> list[int]:
+    """Image tokens of each image from the processor's ``image_grid_thw``."""
+    return [int(t * h * w) // (merge_size**2) for t, h, w in image_grid_thw.tolist()]
+
+
+# ----------------------------------------------------------------------------------------------------- forward
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def uses_mm_token_type_ids(model: torch.nn.Module) -> bool:
+    """True where the installed transformers builds 3-D M-RoPE positions from ``mm_token_type_ids`` (transformers 5);
+    False where position ids must come from ``get_rope_index`` (transformers 4)."""
+    return _accepts(model.forward, "mm_token_type_ids")
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, ids: VisionTokenIds) -> torch.Tensor:
+    """1 on image tokens, 2 on video tokens, 0 elsewhere, over prompt AND response (responses never hold pads)."""
+    out = torch.zeros_like(input_ids)
+    out[input_ids == ids.image_pad] = 1
+    out[input_ids == ids.video_pad] = 2
+    return out
+
+
+def inner_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``Qwen2_5_VLModel`` inside a ``...ForConditionalGeneration`` (through a peft wrapper too)."""
+    m = model
+    for attr in ("base_model", "model"):
+        if hasattr(m, "get_base_model"):
+            m = m.get_base_model()
+        if hasattr(m, "visual") or hasattr(m, "language_model"):
+            return m
+        m = getattr(m, attr, m)
+    if hasattr(m, "visual"):
+        return m
+    raise TypeError(f"{type(model).__name__} is not a Qwen-VL model (no vision tower found)")
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision tower module."""
+    return inner_model(model).visual
+
+
+def image_embeddings(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+    """Merged image features, one row per image token, for all images in order."""
+    inner = inner_model(model)
+    feats = inner.get_image_features(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+    if hasattr(feats, "pooler_output"):  # transformers >= 5 returns a ModelOutput
+        feats = feats.pooler_output
+    if isinstance(feats, (tuple, list)):
+        feats = torch.cat(list(feats), dim=0)
+    return feats
+
+
+def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
+    """Run the vision tower on one tiny dummy image and return ``0 * sum(features)``.
+
+    A micro-batch without images adds this to its loss so every FSDP rank runs the vision tower's all-gathers and
+    reduce-scatters: without it, a text-only rank waits on collectives the others never join (a hang)."""
+    visual = vision_tower(model)
+    cfg = visual.config
+    patch = int(cfg.patch_size)
+    merge = int(cfg.spatial_merge_size)
+    tps = int(getattr(cfg, "temporal_patch_size", 2))
+    chans = int(getattr(cfg, "in_channels", getattr(cfg, "in_chans", 3)))
+    grid = torch.tensor([[1, merge, merge]], device=_device_of(visual))
+    n_patches = merge * merge
+    pixel = torch.zeros(n_patches, chans * tps * patch * patch, device=grid.device, dtype=_dtype_of(visual))
+    feats = image_embeddings(model, pixel, grid)
+    return feats.float().sum() * 0.0
+
+
+def _device_of(m: torch.nn.Module) -> torch.device:
+    p = next(m.parameters())
+    return p.device if not hasattr(p, "to_local") else p.to_local().device
+
+
+def _dtype_of(m: torch.nn.Module) -> torch.dtype:
+    return next(m.parameters()).dtype
+
+
+def forward_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision_ids: VisionTokenIds,
+    pixel_values: torch.Tensor | None = None,
+    image_grid_thw: torch.Tensor | None = None,
+    image_embeds: torch.Tensor | None = None,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """Logits of a padded batch of prompt+response sequences with correct M-RoPE positions.
+
+    Pass either ``pixel_values`` (the model encodes the images) or precomputed ``image_embeds`` (one row per image
+    pad of the batch, in order: features computed once per prompt and repeated for its n samples).
+    ``image_grid_thw`` lists one row per image occurrence in the batch either way (it drives the positions).
+    ``logits_to_keep`` > 0 computes the head only on the last positions (left-padded prompts + right-padded responses
+    put every response in the same trailing columns), which saves a [B, T, vocab] tensor.
+    Always called on the root module, so FSDP2's root hooks run.
+    """
+    kwargs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": False}
+    if logits_to_keep:
+        kwargs["logits_to_keep"] = logits_to_keep
+    has_images = image_grid_thw is not None and image_grid_thw.numel() > 0
+    if has_images:
+        kwargs["image_grid_thw"] = image_grid_thw
+    if uses_mm_token_type_ids(model):
+        kwargs["mm_token_type_ids"] = mm_token_type_ids(input_ids, vision_ids)
+    else:  # transformers 4: 3-D positions from get_rope_index
+        grid = image_grid_thw if has_images else None
+        kwargs["position_ids"] = inner_model(model).get_rope_index(input_ids, grid, None, attention_mask)[0]
+    if has_images and image_embeds is None:
+        kwargs["pixel_values"] = pixel_values
+    elif has_images and _accepts(model.forward, "mm_encoder_outputs"):
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
+    elif has_images:  # older transformers: scatter the features into the embeddings here
+        inner = inner_model(model)
+        embeds = inner.get_input_embeddings()(input_ids)
+        mask = (input_ids == vision_ids.image_pad).unsqueeze(-1).expand_as(embeds)
+        if int(mask[..., 0].sum()) != image_embeds.shape[0]:
+            raise ValueError(f"image tokens ({int(mask[..., 0].sum())}) and features ({image_embeds.shape[0]}) differ")
+        kwargs["inputs_embeds"] = embeds.masked_scatter(mask, image_embeds.to(embeds.dtype))
+        return model(**kwargs).logits
+    return model(input_ids=input_ids, **kwargs).logits
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) per position, computed in fp32 (logits[:, t] predicts targets[:, t])."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+# ------------------------------------------------------------------------------------------------------ weights
+
+
+def engine_weight_name(name: str) -> str:
+    """Map a trainer parameter name to the name the rollout engine's loader takes.
+
+    vLLM's Qwen2.5-VL loader accepts transformers' checkpoint names in both layouts (``model.language_model.*`` /
+    ``model.visual.*`` of transformers >= 4.52 and the older ``model.*`` / ``visual.*``), so only wrapper prefixes and
+    peft's LoRA base-layer infix are removed here.
+    """
+    for p in _WRAPPER_PREFIXES:
+        name = name.replace(p, "")
+    return name.replace(".base_layer.", ".")
+
+
+def is_lora_param(name: str) -> bool:
+    """True for peft adapter tensors, which the engine never receives (merged weights are pushed instead)."""
+    return ".lora_" in name or "lora_embedding" in name

@@ -1,0 +1,281 @@
+"""Build a tiny random Qwen2.5-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
+
+    python -m vlmrl.models.tiny --output DIR [--seed N]
+
+The folder is a normal HF checkpoint: ``AutoProcessor`` + ``AutoModelForImageTextToText`` and ``vllm.LLM`` load it.
+It is deterministic for a seed (same bytes of weights), a few MB, and built in seconds. Its untrained policy explores:
+the output head starts small (std 0.02, near-uniform next-token distribution) and the vocabulary has no padded ids
+that decode to nothing, so reinforcement learning from scratch finds rewarded answers.
+
+Tests, examples and benchmarks share one cached copy per seed: ``ensure_tiny_model(seed)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# bump when the builder's output changes, so cached copies are rebuilt
+BUILDER_VERSION = 1
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# the chat template of Qwen/Qwen2.5-VL-*-Instruct (chat_template.json)
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen2's pre-tokenizer split pattern
+QWEN_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_WORDS = (
+    "the a an is are what how many colour color shape image picture red green blue yellow purple orange white black "
+    "gray cyan magenta brown pink circle square triangle star rectangle ellipse answer think step because so total "
+    "left right above below top bottom count object objects there in of and or not yes no please describe solve "
+    "equation value number find angle line area length box where which one word with"
+).split()
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of the tiny model (~0.2 M parameters). vLLM's CPU attention needs head_dim >= 32 (hidden / heads)."""
+
+    vocab_size: int = 512
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 2
+    kv_heads: int = 1
+    vision_hidden: int = 32
+    vision_depth: int = 2
+    vision_heads: int = 2
+    min_pixels: int = 28 * 28 * 4
+    max_pixels: int = 28 * 28 * 16
+    head_init_std: float = 0.02
+
+
+def _corpus(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(3000):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        words = " ".join(rng.choice(_WORDS) for _ in range(12))
+        lines.append(f"What is {a} + {b}? <think>{a} plus {b} is {a + b}</think> <answer>{a + b}</answer> {words}.\n")
+        lines.append(f"The answer is \\boxed{{{a}}}. [{a}, {b}, {a + b}, {b + 7}] {words.capitalize()}!\n")
+    lines.append("system\nYou are a helpful assistant.\nuser\nassistant\n")
+    return lines
+
+
+def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
+    """A byte-level BPE tokenizer trained locally, carrying every Qwen special token and the Qwen2.5-VL template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - len(SPECIAL_TOKENS),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)  # appended at the end of the vocabulary, like Qwen's
+    return Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        model_max_length=32768,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        errors="replace",
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+
+
+def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
+    """The real ``Qwen2_5_VLProcessor`` with small min/max pixels (few image tokens per image)."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
+    common = dict(size=size, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=14)
+    ip = Qwen2VLImageProcessor(temporal_patch_size=2, merge_size=2, **common)
+    vp = Qwen2VLVideoProcessor(temporal_patch_size=2, merge_size=2, **common)
+    return Qwen2_5_VLProcessor(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+
+
+def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
+    """A randomly initialised ``Qwen2_5_VLForConditionalGeneration`` (vision tower, patch merger, M-RoPE)."""
+    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = spec.hidden // spec.heads
+    half = head_dim // 2  # mrope_section (t, h, w) sums to head_dim / 2
+    mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope},
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=False,
+    )
+    vision = dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=2 * spec.vision_hidden,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+        window_size=112,
+        fullatt_block_indexes=[spec.vision_depth - 1],
+        tokens_per_second=2,
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # older readers look at the top level
+        setattr(config, k, text[k])
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).float()
+    with torch.no_grad():  # small head: a near-uniform first policy that explores
+        model.lm_head.weight.normal_(0.0, spec.head_init_std)
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+    )
+    return model
+
+
+def build_tiny_model(output: str | os.PathLike, seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # noqa: B008
+    """Build the tiny model, its tokenizer and processor into ``output`` (an HF folder) and return its path."""
+    out = Path(output)
+    tok = build_tokenizer(spec, seed)
+    proc = build_processor(tok, spec)
+    model = build_model(tok, spec, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    tok.save_pretrained(out)
+    meta = {"builder_version": BUILDER_VERSION, "seed": seed, "spec": asdict(spec)}
+    (out / "vlmrl_tiny.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def cache_root() -> Path:
+    """Where cached tiny models live: ``$VLMRL_CACHE`` or ``~/.cache/vlmrl``."""
+    return Path(os.environ.get("VLMRL_CACHE", Path.home() / ".cache" / "vlmrl"))
+
+
+def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # noqa: B008
+    """The cached tiny model for ``seed`` (built once, atomically, so parallel processes can share it)."""
+    tag = "" if spec == TinySpec() else "-" + format(abs(hash(json.dumps(asdict(spec), sort_keys=True))), "x")[:10]
+    final = cache_root() / f"tiny-qwen25vl-v{BUILDER_VERSION}-seed{seed}{tag}"
+    if (final / "vlmrl_tiny.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
+    try:
+        build_tiny_model(tmp, seed, spec)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process won the race
+            if not (final / "vlmrl_tiny.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: ``python -m vlmrl.models.tiny --output DIR [--seed N]``."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--output", required=True, help="folder to write the HF checkpoint to")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=TinySpec.hidden)
+    ap.add_argument("--layers", type=int, default=TinySpec.layers)
+    ap.add_argument("--vision-hidden", type=int, default=TinySpec.vision_hidden)
+    ap.add_argument("--vision-depth", type=int, default=TinySpec.vision_depth)
+    a = ap.parse_args(argv)
+    spec = TinySpec(hidden=a.hidden, layers=a.layers, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth)
+    out = build_tiny_model(a.output, a.seed, spec)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(
+        json.dumps({"output": str(out), "seed": a.seed, "bytes": size, "files": sorted(p.name for p in out.iterdir())})
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The rollout protocol over transformers ``generate``: for machines without vLLM (the GPU box here, laptops).
+
+Batched with left padding; samples with ``num_return_sequences``; per-token log-probs of the sampled tokens from the
+raw logits (as vLLM reports them); vision tokens suppressed. The policy module itself generates (no second copy of the
+weights), so ``update_weights`` has nothing to copy when the rollout shares the trainer's model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models.qwen_vl import vision_token_ids
+from vlmrl.rollout.base import SamplingSpec
+
+
+class HFRollout:
+    """Rollouts with ``model.generate`` on a (possibly shared) transformers model."""
+
+    def __init__(self, model: torch.nn.Module, processor: Any, *, micro_batch_prompts: int = 64) -> None:
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.vision_ids = vision_token_ids(self.tokenizer)
+        self.micro_batch_prompts = micro_batch_prompts
+        gc = getattr(model, "generation_config", None)
+        eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [self.tokenizer.eos_token_id])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def _encode(self, prompts: list[PromptSample]) -> dict[str, torch.Tensor]:
+        images = [im for p in prompts for im in p.images]
+        self.tokenizer.padding_side = "left"
+        enc = self.processor(
+            text=[p.prompt_text for p in prompts], images=images or None, padding=True, return_tensors="pt"
+        )
+        return {k: v.to(self._device()) for k, v in enc.items()}
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
+        """``spec.n`` samples per prompt, grouped by prompt."""
+        t0 = time.perf_counter()
+        batch = RolloutBatch([], [], [], [], n=spec.n)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(prompts), self.micro_batch_prompts):
+                self._generate_chunk(prompts[i : i + self.micro_batch_prompts], spec, batch)
+        finally:
+            self.model.train(was_training)
+        batch.timing["generate_s"] = time.perf_counter() - t0
+        return batch
+
+    def _generate_chunk(self, prompts: list[PromptSample], spec: SamplingSpec, batch: RolloutBatch) -> None:
+        enc = self._encode(prompts)
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=spec.max_tokens,
+            num_return_sequences=spec.n,
+            return_dict_in_generate=True,
+            output_logits=True,
+            suppress_tokens=self.vision_ids.never_sample,
+            pad_token_id=self.pad_id,
+            eos_token_id=None if spec.ignore_eos else self.eos_ids,
+            use_cache=True,
+        )
+        if spec.ignore_eos:
+            gen_kwargs["min_new_tokens"] = spec.max_tokens
+        if spec.is_greedy:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            gen_kwargs.update(
+                do_sample=True,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                top_k=spec.top_k if spec.top_k > 0 else 0,
+            )
+        out = self.model.generate(**enc, **gen_kwargs)
+        plen = enc["input_ids"].shape[1]
+        seqs = out.sequences[:, plen:]
+        # raw logits -> log-probs of the chosen tokens (vLLM reports raw log-probs too)
+        logits = torch.stack(out.logits, dim=1).float()  # [B*n, R, V]
+        lps = torch.log_softmax(logits, dim=-1).gather(-1, seqs[:, : logits.shape[1], None]).squeeze(-1)
+        prompt_ids = enc["input_ids"].repeat_interleave(spec.n, dim=0)
+        prompt_mask = enc["attention_mask"].repeat_interleave(spec.n, dim=0)
+        for row in range(seqs.shape[0]):
+            ids = seqs[row].tolist()
+            end, finish = len(ids), "length"
+            for j, t in enumerate(ids):
+                if t in self.eos_ids and not spec.ignore_eos:
+                    end, finish = j + 1, "stop"
+                    break
+            batch.prompt_ids.append(prompt_ids[row][prompt_mask[row].bool()].tolist())
+            batch.response_ids.append(ids[:end])
+            batch.logprobs.append(lps[row, :end].tolist())
+            batch.finish_reasons.append(finish)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Copy weights into the generating model, unless it is the trainer's own module (then nothing to do)."""
+        t0 = time.perf_counter()
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                p = params.get(name)
+                if p is None:
+                    raise KeyError(f"HF rollout model has no parameter {name!r}")
+                if p.data_ptr() != tensor.data_ptr():
+                    p.copy_(tensor.to(p.dtype))
+        return time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Nothing to free: the HF rollout holds no separate cache between calls."""
+
+    def wake(self) -> None:
+        """Nothing to restore."""

@@ -1,0 +1,203 @@
+"""Qwen2.5-VL rollouts on an in-process vLLM engine: token-in prompts with images, weight push, sleep/wake.
+
+The engine core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) next to the FSDP2 policy.
+Its multimodal preprocessor cache is off (it grows host memory without bound across RL steps: EasyR1 #159,
+vLLM #12973). After a weight push the prefix cache AND the engine-level encoder cache are reset: skipping either makes
+the engine reuse stale KV / image features (wrong log-probs, or an ``Encoder cache miss`` followed by a spin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models.qwen_vl import vision_token_ids
+from vlmrl.rollout.base import SamplingSpec
+
+# a bias no real logit survives; the engine applies it to raw logits before sampling
+_NEVER = -1.0e4
+
+
+def set_engine_env(on_cpu: bool) -> None:
+    """Environment vLLM reads at import/engine start: in-process engine core; small KV cache on shared CPUs."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if on_cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
+    """Map user engine kwargs (``engine_kwargs.vllm.*``) to what the installed vLLM accepts.
+
+    verl's ``disable_mm_preprocessor_cache=True`` becomes ``mm_processor_cache_gb=0`` where the engine no longer has the
+    old argument (decided by inspecting ``EngineArgs``, not by version). An unknown argument is an error naming the
+    nearest valid one.
+    """
+    from vllm import EngineArgs
+
+    valid = {f.name for f in dataclasses.fields(EngineArgs)}
+    out: dict[str, Any] = {}
+    for key, value in (user or {}).items():
+        if key == "disable_mm_preprocessor_cache" and key not in valid:
+            if "mm_processor_cache_gb" in valid:
+                out["mm_processor_cache_gb"] = 0 if value else 4
+                continue
+        if key not in valid:
+            near = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}: not an argument of vLLM.{hint}")
+        out[key] = value
+    return out
+
+
+def default_cache_off() -> dict[str, Any]:
+    """Engine kwargs that turn the multimodal preprocessor cache off in the installed vLLM."""
+    return translate_engine_kwargs({"disable_mm_preprocessor_cache": True})
+
+
+class VLLMRollout:
+    """The vLLM rollout engine of a hybrid worker."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        rollout_cfg: Any,
+        max_model_len: int,
+        limit_images: int,
+        device: str = "cpu",
+        seed: int = 0,
+        distributed: bool = False,
+        trust_remote_code: bool = False,
+    ) -> None:
+        set_engine_env(on_cpu=device == "cpu")
+        from vllm import LLM
+
+        self.device = device
+        dtype = rollout_cfg.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device == "cuda" else "float32"
+        self.sleep_enabled = device == "cuda" and bool(rollout_cfg.free_cache_engine)
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype,
+            enforce_eager=rollout_cfg.enforce_eager,
+            max_model_len=max_model_len,
+            limit_mm_per_prompt={"image": max(1, limit_images), "video": 0},
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=rollout_cfg.tensor_model_parallel_size,
+            enable_prefix_caching=True,
+        )
+        if device == "cuda":
+            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = self.sleep_enabled
+        if rollout_cfg.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = rollout_cfg.max_num_batched_tokens
+        if rollout_cfg.enable_chunked_prefill is not None:
+            kwargs["enable_chunked_prefill"] = rollout_cfg.enable_chunked_prefill
+        if distributed:
+            # one engine per rank inside the torch.distributed world the trainer built
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        kwargs.update(default_cache_off())
+        kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.start_s = time.perf_counter() - t0
+        self.tokenizer = self.llm.get_tokenizer()
+        self.vision_ids = vision_token_ids(self.tokenizer)
+        self.eos_ids = _eos_ids(model_path, self.tokenizer)
+        self.asleep = False
+
+    # ----------------------------------------------------------------------------------------------- generation
+    def sampling_params(self, spec: SamplingSpec):
+        """vLLM ``SamplingParams`` for a spec: sampled-token log-probs, vision tokens blocked."""
+        from vllm import SamplingParams
+
+        greedy = spec.is_greedy
+        return SamplingParams(
+            n=spec.n,
+            max_tokens=spec.max_tokens,
+            temperature=0.0 if greedy else spec.temperature,
+            top_p=1.0 if greedy else spec.top_p,
+            top_k=-1 if greedy else spec.top_k,
+            logprobs=0,
+            logit_bias={t: _NEVER for t in self.vision_ids.never_sample},
+            ignore_eos=spec.ignore_eos,
+            stop_token_ids=self.eos_ids,
+            skip_special_tokens=True,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
+        """``spec.n`` samples per prompt. Prompts go in as ids with ONE image pad per image (the engine expands it)."""
+        t0 = time.perf_counter()
+        requests = []
+        for p in prompts:
+            req: dict[str, Any] = {"prompt_token_ids": list(p.prompt_ids)}
+            if p.images:
+                req["multi_modal_data"] = {"image": p.images if len(p.images) > 1 else p.images[0]}
+            requests.append(req)
+        outs = self.llm.generate(requests, self.sampling_params(spec), use_tqdm=False)
+        batch = RolloutBatch([], [], [], [], n=spec.n)
+        for out in outs:
+            if len(out.outputs) != spec.n:
+                raise RuntimeError(f"engine returned {len(out.outputs)} samples for a prompt, expected {spec.n}")
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                batch.prompt_ids.append(list(out.prompt_token_ids))
+                batch.response_ids.append(ids)
+                batch.logprobs.append([float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])])
+                batch.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
+        batch.timing["generate_s"] = time.perf_counter() - t0
+        return batch
+
+    # --------------------------------------------------------------------------------------------- weight push
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Reload weights into the running engine (one tensor at a time from the iterator), then reset the prefix
+        and encoder caches so the engine behaves exactly like a fresh one started from the new weights."""
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.reset_caches()
+        return time.perf_counter() - t0
+
+    def reset_caches(self) -> None:
+        """Drop KV blocks and image features computed with old weights."""
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+
+    # ----------------------------------------------------------------------------------------------- sleep/wake
+    def sleep(self) -> None:
+        """GPU: offload weights and free the KV cache while the trainer runs. CPU: nothing to free."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """GPU: bring weights (then the KV cache) back before the next push/rollout."""
+        if self.sleep_enabled and self.asleep:
+            self.llm.wake_up(tags=tags)
+            if tags is None or "kv_cache" in tags:
+                self.asleep = False
+
+
+def _eos_ids(model_path: str, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids from the generation config (Qwen lists <|im_end|> and <|endoftext|>)."""
+    ids: list[int] = []
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,174 @@
+"""Model inputs for the policy's forward passes, built from prompts and a rollout batch.
+
+Layout (verl's): prompts left-padded to P columns, responses right-padded to R columns, so every response occupies the
+same trailing columns and the head runs only there (``logits_to_keep``). Image pixels are processed once per prompt;
+image features are computed once per prompt in each micro-batch and shared by the prompt's samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models import qwen_vl
+
+
+@dataclass
+class PromptImages:
+    """Processor output for one prompt's images (empty for text-only prompts)."""
+
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+
+    @property
+    def num_images(self) -> int:
+        """Images of the prompt."""
+        return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+
+@dataclass
+class ModelInputs:
+    """A batch of samples as tensors."""
+
+    input_ids: torch.Tensor
+    """[B, P+R] left-padded prompt + right-padded response."""
+    attention_mask: torch.Tensor
+    """[B, P+R]."""
+    responses: torch.Tensor
+    """[B, R] response ids (pad after the end)."""
+    response_mask: torch.Tensor
+    """[B, R] 1 on response tokens."""
+    prompt_of: torch.Tensor
+    """[B] index into ``images`` of each sample's prompt."""
+    images: list[PromptImages]
+    """Per prompt: processed pixels."""
+
+    @property
+    def batch_size(self) -> int:
+        """Samples."""
+        return int(self.input_ids.shape[0])
+
+    def select(self, rows: torch.Tensor | list[int]) -> ModelInputs:
+        """A sub-batch (a micro-batch or a rank's shard); trims padding columns no row uses."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        ids, attn = self.input_ids[rows], self.attention_mask[rows]
+        resp, rmask = self.responses[rows], self.response_mask[rows]
+        plen = self.input_ids.shape[1] - self.responses.shape[1]
+        used_p = attn[:, :plen].sum(0).nonzero()
+        p0 = int(used_p[0]) if len(used_p) else plen
+        used_r = rmask.sum(0).nonzero()
+        r1 = int(used_r[-1]) + 1 if len(used_r) else 1
+        keep = torch.cat([torch.arange(p0, plen), torch.arange(plen, plen + r1)])
+        return ModelInputs(ids[:, keep], attn[:, keep], resp[:, :r1], rmask[:, :r1], self.prompt_of[rows], self.images)
+
+
+def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
+    """Run the image processor once per prompt (the images are already resized, so it only patchifies)."""
+    out = []
+    for p in prompts:
+        if not p.images:
+            out.append(PromptImages(None, None))
+            continue
+        enc = processor.image_processor(images=p.images, return_tensors="pt")
+        out.append(PromptImages(enc["pixel_values"], enc["image_grid_thw"]))
+    return out
+
+
+def build_inputs(
+    prompts: list[PromptSample], rollout: RolloutBatch, images: list[PromptImages], pad_id: int
+) -> ModelInputs:
+    """Tensors for ``len(rollout)`` samples; sample i belongs to prompt ``i // rollout.n``."""
+    n = rollout.n
+    B = len(rollout)
+    if B != len(prompts) * n:
+        raise ValueError(f"{B} samples for {len(prompts)} prompts x n={n}")
+    P = max(len(p) for p in rollout.prompt_ids)
+    R = max(1, max(len(r) for r in rollout.response_ids))
+    input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + R), dtype=torch.long)
+    responses = torch.full((B, R), pad_id, dtype=torch.long)
+    rmask = torch.zeros((B, R), dtype=torch.long)
+    for i, (pids, rids) in enumerate(zip(rollout.prompt_ids, rollout.response_ids)):
+        input_ids[i, P - len(pids) : P] = torch.tensor(pids)
+        attn[i, P - len(pids) : P] = 1
+        if rids:
+            input_ids[i, P : P + len(rids)] = torch.tensor(rids)
+            attn[i, P : P + len(rids)] = 1
+            responses[i, : len(rids)] = torch.tensor(rids)
+            rmask[i, : len(rids)] = 1
+    prompt_of = torch.arange(B) // n
+    return ModelInputs(input_ids, attn, responses, rmask, prompt_of, images)
+
+
+def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
+    """Move the tensors of a batch (images move lazily, per micro-batch)."""
+    return ModelInputs(
+        x.input_ids.to(device),
+        x.attention_mask.to(device),
+        x.responses.to(device),
+        x.response_mask.to(device),
+        x.prompt_of,
+        x.images,
+    )
+
+
+def forward_response_logits(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: qwen_vl.VisionTokenIds
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [b, R, V] predicting each response token, and the dummy-vision term (0-valued, keeps collectives even).
+
+    Image features are computed once for each distinct prompt of the micro-batch and repeated for its samples.
+    A micro-batch without images runs the vision tower on a dummy input so every FSDP rank joins the same
+    collectives; add the returned term to the loss (it is exactly 0).
+    """
+    device = mb.input_ids.device
+    order = sorted(set(mb.prompt_of.tolist()))
+    with_images = [p for p in order if mb.images[p].num_images > 0]
+    extra = torch.zeros((), device=device)
+    embeds = grid = None
+    if with_images:
+        pv = torch.cat([mb.images[p].pixel_values for p in with_images]).to(device)
+        g = torch.cat([mb.images[p].image_grid_thw for p in with_images]).to(device)
+        feats = qwen_vl.image_embeddings(model, pv, g)
+        merge = qwen_vl.vision_tower(model).spatial_merge_size
+        sizes = [sum(qwen_vl.tokens_per_image(mb.images[p].image_grid_thw, merge)) for p in with_images]
+        per_prompt = dict(zip(with_images, torch.split(feats, sizes)))
+        rows = [p for p in mb.prompt_of.tolist() if p in per_prompt]
+        embeds = torch.cat([per_prompt[p] for p in rows])
+        grid = torch.cat([mb.images[p].image_grid_thw for p in rows]).to(device)
+    else:
+        extra = qwen_vl.dummy_vision_loss(model)
+    R = mb.responses.shape[1]
+    logits = qwen_vl.forward_logits(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        vision_ids,
+        image_grid_thw=grid,
+        image_embeds=embeds,
+        logits_to_keep=R + 1,
+    )
+    return logits[:, :-1], extra
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    mb: ModelInputs,
+    vision_ids: qwen_vl.VisionTokenIds,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Per-token log-probs [b, R] of the responses (and entropy [b, R] when asked), plus the dummy-vision term."""
+    logits, extra = forward_response_logits(model, mb, vision_ids)
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    lp = logp_all.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, ent, extra
