@@ -1,0 +1,148 @@
+"""Experiment tracking: console, JSON lines, TensorBoard, Weights & Biases; and the reward curve as a PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+class Tracker:
+    """Sends each step's metrics to the configured backends. ``metrics.jsonl`` gets one JSON line per step."""
+
+    def __init__(self, loggers: list[str], out_dir: str | os.PathLike, project: str, experiment: str, config: Any):
+        bad = [x for x in loggers if x not in KNOWN_LOGGERS]
+        if bad:
+            raise ValueError(f"trainer.logger: unknown backend(s) {bad}; choose from {list(KNOWN_LOGGERS)}")
+        self.loggers = list(loggers)
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.out_dir / "metrics.jsonl"
+        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8") if "jsonl" in self.loggers else None  # noqa: SIM115
+        self._tb = None
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        self._wandb = None
+        if "wandb" in self.loggers:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("trainer.logger includes wandb but it is not installed: pip install wandb") from e
+            self._wandb = wandb.init(project=project, name=experiment, config=config, dir=str(self.out_dir))
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Record one step's metrics everywhere."""
+        clean = {k: _plain(v) for k, v in metrics.items()}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+        if "console" in self.loggers:
+            print(console_line(step, clean), flush=True)
+
+    def close(self) -> None:
+        """Flush and close the backends."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float):
+        return round(v, 6) if math.isfinite(v) else v
+    return v
+
+
+_CONSOLE_KEYS = (
+    ("reward/mean", "reward"),
+    ("val/reward/mean", "val"),
+    ("response_length/mean", "len"),
+    ("actor/entropy", "ent"),
+    ("actor/pg_clipfrac", "clip"),
+    ("actor/kl_loss", "kl"),
+    ("actor/grad_norm", "gnorm"),
+    ("timing/step_s", "step_s"),
+    ("timing/rollout_s", "gen_s"),
+    ("timing/update_s", "upd_s"),
+    ("timing/push_s", "push_s"),
+)
+
+
+def console_line(step: int, m: dict[str, Any]) -> str:
+    """One compact line per step."""
+    parts = [f"step {step}"]
+    for key, short in _CONSOLE_KEYS:
+        if key in m and isinstance(m[key], (int, float)):
+            parts.append(f"{short}={m[key]:.3f}")
+    return " | ".join(parts)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All JSON lines of a metrics file (a partial last line from a crash is ignored)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def plot_curve(
+    jsonl_path: str | os.PathLike, png_path: str | os.PathLike, keys: tuple[str, ...] = ("reward/mean",)
+) -> Path:
+    """Write the reward (and validation) curve of a metrics.jsonl as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(jsonl_path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in (*keys, "val/reward/mean"):
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if key.startswith("val/") else None, label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.05, 1.05) if all(0 <= r.get("reward/mean", 0) <= 1 for r in rows) else None
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(png_path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vlmrl.trainer.tracking METRICS.jsonl OUT.png``: draw a curve on demand."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Plot the reward curve of a metrics.jsonl")
+    ap.add_argument("metrics")
+    ap.add_argument("png")
+    a = ap.parse_args(argv)
+    print(plot_curve(a.metrics, a.png))
+
+
+if __name__ == "__main__":
+    main()

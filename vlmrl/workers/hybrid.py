@@ -1,0 +1,179 @@
+"""The hybrid worker: FSDP2 policy + reference + rollout engine in ONE process on the same device.
+
+One step, as the driver calls it:
+1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake); on GPU it then sleeps.
+2. ``train(advantages)``: old/ref log-probs and the update on the samples just generated (kept here, not re-sent),
+   then the new weights go into the engine one tensor at a time (on GPU: wake weights, push, wake KV cache).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.config import VLMRLConfig
+from vlmrl.models import qwen_vl
+from vlmrl.rollout.base import SamplingSpec, sampling_specs
+from vlmrl.workers.inputs import build_inputs, process_images
+from vlmrl.workers.policy import PolicyWorker
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` → cuda when available, else cpu."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible to this worker")
+    return requested
+
+
+def free_port() -> int:
+    """A free TCP port on this host."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    """This host's address as Ray sees it (127.0.0.1 without Ray)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
+
+
+class HybridWorker:
+    """Policy, reference and engine of one rank. Driven by the worker group (a Ray actor) or directly in tests."""
+
+    def __init__(
+        self,
+        cfg: VLMRLConfig,
+        rank: int,
+        world: int,
+        master_addr: str,
+        master_port: int,
+        total_steps: int,
+        limit_images: int,
+    ) -> None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        os.environ.setdefault("LOCAL_RANK", "0")
+        self.cfg = cfg
+        self.rank = rank
+        self.world = world
+        self.device = resolve_device(cfg.trainer.device)
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
+        else:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device == "cuda" else "gloo", rank=rank, world_size=world)
+        from transformers import AutoProcessor
+
+        arr = cfg.actor_rollout_ref
+        t0 = time.perf_counter()
+        self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
+        self.tokenizer = self.processor.tokenizer
+        self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
+        self.engine: Any
+        if arr.rollout.name == "vllm":
+            from vlmrl.rollout.vllm import VLLMRollout
+
+            self.engine = VLLMRollout(
+                arr.model.path,
+                rollout_cfg=arr.rollout,
+                max_model_len=max_len,
+                limit_images=arr.rollout.limit_images or limit_images,
+                device=self.device,
+                seed=arr.rollout.seed + rank,
+                distributed=True,  # one engine per rank inside the trainer's process group
+                trust_remote_code=arr.model.trust_remote_code,
+            )
+        torch.manual_seed(cfg.trainer.seed + rank)  # vLLM reseeds the process at start; seed after it
+        self.policy = PolicyWorker(cfg, self.device, total_steps, self.vision_ids)
+        if arr.rollout.name == "hf":
+            from vlmrl.rollout.hf import HFRollout
+
+            self.engine = HFRollout(self.policy.model, self.processor)
+        elif arr.rollout.name != "vllm":
+            raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
+        self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
+        self.startup_s = time.perf_counter() - t0
+        self._last: tuple[list[PromptSample], RolloutBatch] | None = None
+
+    # ----------------------------------------------------------------------------------------------- rollout
+    def generate(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
+        """Sample responses for this rank's prompts (kept for the following ``train`` call unless validating)."""
+        spec: SamplingSpec = self.val_spec if validate else self.train_spec
+        if not prompts:
+            return RolloutBatch([], [], [], [], n=spec.n)
+        rb = self.engine.generate(prompts, spec)
+        if not validate:
+            self._last = (prompts, rb)
+            t0 = time.perf_counter()
+            self.engine.sleep()
+            rb.timing["sleep_s"] = time.perf_counter() - t0
+        return rb
+
+    # ------------------------------------------------------------------------------------------------- train
+    def train(self, advantages: list[float], mini_batch_samples: int) -> dict[str, float]:
+        """Update the policy on the last generated samples, then push the new weights into the engine."""
+        if self._last is None:
+            raise RuntimeError(f"worker {self.rank}: train() called before generate()")
+        prompts, rb = self._last
+        self._last = None
+        t0 = time.perf_counter()
+        x = build_inputs(prompts, rb, process_images(self.processor, prompts), self.pad_id)
+        t_prep = time.perf_counter() - t0
+        adv = torch.tensor(advantages, dtype=torch.float32)
+        if adv.shape[0] != x.batch_size:
+            raise ValueError(f"worker {self.rank}: {adv.shape[0]} advantages for {x.batch_size} samples")
+        metrics = self.policy.update(x, adv, mini_batch_samples)
+        metrics["timing/input_prep_s"] = t_prep
+        metrics["timing/push_s"] = self.push_weights()
+        return metrics
+
+    def push_weights(self) -> float:
+        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after)."""
+        t0 = time.perf_counter()
+        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+            return 0.0  # the HF rollout generates with the policy module itself
+        self.engine.wake(tags=["weights"])
+        self.engine.update_weights(self.policy.engine_weights())
+        self.engine.wake(tags=["kv_cache"])
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------------------- misc
+    def info(self) -> dict[str, Any]:
+        """Where this worker runs."""
+        return {"rank": self.rank, "device": self.device, "pid": os.getpid(), "startup_s": self.startup_s}
+
+    def rss_bytes(self) -> int:
+        """Resident memory of this process."""
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+    def shutdown(self) -> None:
+        """Release the process group (vLLM may have torn it down already)."""
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - vLLM's external launcher may have destroyed it
+                pass
+
+
+def find_master() -> tuple[str, int]:
+    """Address and a free port for rank 0's rendezvous, from inside the rank-0 worker."""
+    return node_ip(), free_port()

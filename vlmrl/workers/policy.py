@@ -1,0 +1,247 @@
+"""The FSDP2 policy (and frozen reference): log-probs in micro-batches, the GRPO update, full weights for the engine.
+
+``fully_shard`` wraps each decoder layer, each vision block and the vision tower, then the root. fp32 on CPU (gloo);
+bf16 parameters with fp32 reductions on GPU (nccl). Works the same in a world of one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
+from vlmrl.config import VLMRLConfig
+from vlmrl.models import qwen_vl
+from vlmrl.workers.inputs import ModelInputs, response_logprobs, to_device
+
+
+def _fsdp_wrap(model: torch.nn.Module, device: str, offload: bool, reshard: bool) -> torch.nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {"reshard_after_forward": reshard}
+    if device == "cuda":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if offload:
+            kw["offload_policy"] = CPUOffloadPolicy()
+    inner = qwen_vl.inner_model(model)
+    for layer in inner.language_model.layers:
+        fully_shard(layer, **kw)
+    for block in inner.visual.blocks:
+        fully_shard(block, **kw)
+    # the tower as a unit too: image features are computed by calling it directly (once per prompt, outside the
+    # root forward), so its own hooks must gather patch_embed / merger
+    fully_shard(inner.visual, **kw)
+    fully_shard(model, **kw)
+    # FSDP2 initialises lazily on the first ROOT forward; image features call the tower directly, so run one tiny
+    # text-only forward through the root now (every rank does, so the collectives match)
+    with torch.no_grad():
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    return model
+
+
+def load_model(path: str, device: str, trust_remote_code: bool = False) -> torch.nn.Module:
+    """Load a Qwen-VL checkpoint in fp32 (the master weights) on the worker's device; rejects other models."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    qwen_vl.check_model_type(config, f"actor_rollout_ref.model.path={path}")
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+    )
+    return model.to(device)
+
+
+def lr_lambda(step: int, warmup: int, total: int, style: str, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warm-up, then constant or cosine down to ``min_ratio``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if style == "constant":
+        return 1.0
+    if style == "cosine":
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"actor_rollout_ref.actor.optim.warmup_style={style!r}: use constant | cosine")
+
+
+class PolicyWorker:
+    """The actor (trainable, FSDP2-sharded) and, when KL is on, the frozen reference."""
+
+    def __init__(self, cfg: VLMRLConfig, device: str, total_steps: int, vision_ids: qwen_vl.VisionTokenIds) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.vision_ids = vision_ids
+        arr = cfg.actor_rollout_ref
+        self.actor_cfg = arr.actor
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.model = load_model(arr.model.path, device, arr.model.trust_remote_code)
+        if arr.model.freeze_vision_tower:
+            for p in qwen_vl.vision_tower(self.model).parameters():
+                p.requires_grad_(False)
+        if arr.model.lora_rank > 0:
+            from vlmrl.workers.lora import apply_lora
+
+            self.model = apply_lora(self.model, arr.model)
+        if arr.model.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if dist.is_initialized():
+            fc = arr.actor.fsdp_config
+            self.model = _fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward)
+        self.ref = None
+        if arr.actor.use_kl_loss:
+            ref = load_model(arr.model.path, device, arr.model.trust_remote_code).eval()
+            ref.requires_grad_(False)
+            if dist.is_initialized():
+                ref = _fsdp_wrap(ref, device, arr.ref.fsdp_config.param_offload, True)
+            self.ref = ref
+        oc = arr.actor.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay, foreach=device == "cuda"
+        )
+        warmup = oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
+        )
+        self.policy_loss = get_policy_loss(arr.actor.policy_loss)
+        self.temperature = max(arr.rollout.temperature, 1e-6)
+
+    # ------------------------------------------------------------------------------------------------ log-probs
+    def _micro_batches(self, x: ModelInputs, size: int) -> list[ModelInputs]:
+        return [x.select(list(range(i, min(i + size, x.batch_size)))) for i in range(0, x.batch_size, size)]
+
+    @torch.no_grad()
+    def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
+        """Per-token log-probs [B, R] (aligned with ``x.responses``) under the actor or the reference."""
+        model = self.model if which == "actor" else self.ref
+        assert model is not None, "reference model requested but actor.use_kl_loss is off"
+        size = self._micro_size(which)
+        out = torch.zeros(x.responses.shape, dtype=torch.float32)
+        i = 0
+        for mb in self._micro_batches(x, size):
+            lp, _, _ = response_logprobs(model, to_device(mb, self.device), self.vision_ids, self.temperature)
+            out[i : i + mb.batch_size, : lp.shape[1]] = lp.float().cpu()
+            i += mb.batch_size
+        return out
+
+    def _micro_size(self, which: str) -> int:
+        arr = self.cfg.actor_rollout_ref
+        if which == "ref":
+            return arr.ref.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
+        return arr.rollout.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
+
+    # --------------------------------------------------------------------------------------------------- update
+    def update(self, x: ModelInputs, advantages: torch.Tensor, mini_batch_samples: int) -> dict[str, float]:
+        """PPO-style update over ``x`` (this rank's samples) with ``ppo_epochs`` passes of mini-batches.
+
+        With one epoch and one mini-batch the data is exactly on-policy: the old log-probs equal the current ones,
+        so the ratio is computed against their detached values and no separate forward is spent on them.
+        """
+        ac = self.actor_cfg
+        t0 = time.perf_counter()
+        n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
+        on_policy = ac.ppo_epochs == 1 and n_mini == 1
+        old = None if on_policy else self.logprobs(x, "actor")
+        ref = self.logprobs(x, "ref") if self.ref is not None else None
+        t_logprob = time.perf_counter() - t0
+        metrics: dict[str, list[float]] = {}
+        g = torch.Generator().manual_seed(int(self.cfg.trainer.seed) + int(self.scheduler.last_epoch))
+        self.model.train()
+        for _epoch in range(ac.ppo_epochs):
+            order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
+            for mini in order.chunk(n_mini):
+                self._mini_step(x, mini, advantages, old, ref, metrics)
+        self.scheduler.step()
+        out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
+        out["timing/old_ref_logprob_s"] = t_logprob
+        out["timing/update_s"] = time.perf_counter() - t0 - t_logprob
+        return out
+
+    def _global_sum(self, value: float) -> float:
+        if not dist.is_initialized() or self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device if self.device == "cuda" else "cpu")
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def _mini_step(
+        self,
+        x: ModelInputs,
+        rows: torch.Tensor,
+        advantages: torch.Tensor,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        metrics: dict[str, list[float]],
+    ) -> None:
+        ac = self.actor_cfg
+        mini = x.select(rows)
+        # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch
+        g_tokens = self._global_sum(float(mini.response_mask.sum()))
+        g_seqs = self._global_sum(float(mini.batch_size))
+        agg_kw = dict(global_tokens=g_tokens, global_seqs=g_seqs, max_len=self.cfg.data.max_response_length)
+        clip_low = ac.clip_ratio_low if ac.clip_ratio_low is not None else ac.clip_ratio
+        clip_high = ac.clip_ratio_high if ac.clip_ratio_high is not None else ac.clip_ratio
+        self.optimizer.zero_grad(set_to_none=True)
+        size = ac.ppo_micro_batch_size_per_gpu
+        for start in range(0, len(rows), size):
+            idx = rows[start : start + size]
+            mb = to_device(x.select(idx), self.device)
+            want_entropy = True
+            lp, ent, extra = response_logprobs(
+                self.model, mb, self.vision_ids, self.temperature, with_entropy=want_entropy
+            )
+            mask = mb.response_mask
+            R = lp.shape[1]
+            old_lp = lp.detach() if old is None else old[idx, :R].to(lp.device)
+            adv = advantages[idx].to(lp.device)
+            out = self.policy_loss(
+                lp,
+                old_lp,
+                adv,
+                mask,
+                clip_low=clip_low,
+                clip_high=clip_high,
+                clip_c=ac.clip_ratio_c,
+                agg=ac.loss_agg_mode,
+                **agg_kw,
+            )
+            loss = out.loss
+            ent_mean = aggregate(ent.detach(), mask, "token-mean")
+            if ac.entropy_coeff:
+                loss = loss - ac.entropy_coeff * aggregate(ent, mask, ac.loss_agg_mode, **agg_kw)
+            if ref is not None:
+                kl = kl_penalty(lp, ref[idx, :R].to(lp.device), ac.kl_loss_type)
+                kl_loss = aggregate(kl, mask, ac.loss_agg_mode, **agg_kw)
+                loss = loss + ac.kl_loss_coef * kl_loss
+                metrics.setdefault("actor/kl_loss", []).append(float(aggregate(kl.detach(), mask, "token-mean")))
+            # FSDP averages gradients over ranks; the global denominators above already did: undo the average
+            (loss * self.world + extra).backward()
+            metrics.setdefault("actor/pg_loss", []).append(float(out.loss.detach()) * self.world)
+            metrics.setdefault("actor/pg_clipfrac", []).append(float(out.clip_frac))
+            metrics.setdefault("actor/ppo_kl", []).append(float(out.approx_kl))
+            metrics.setdefault("actor/entropy", []).append(float(ent_mean))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        gn = torch.nn.utils.clip_grad_norm_(params, ac.grad_clip)
+        if hasattr(gn, "full_tensor"):
+            gn = gn.full_tensor()
+        gn = float(gn)
+        metrics.setdefault("actor/grad_norm", []).append(gn)
+        if math.isfinite(gn):
+            self.optimizer.step()
+        else:
+            metrics.setdefault("actor/skipped_nonfinite_grad", []).append(1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ----------------------------------------------------------------------------------------------- weights
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) parameters one at a time under the engine's names. Every rank must consume the whole
+        iterator in the same order: each ``full_tensor()`` is a collective."""
+        from vlmrl.workers.lora import merged_weights
+
+        yield from merged_weights(self.model)
