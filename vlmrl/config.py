@@ -51,6 +51,8 @@ class DataConfig:
     """Shuffle the training set each epoch."""
     system_prompt: str | None = None
     """A system message prepended to every prompt that has none."""
+    dataloader_num_workers: int = 0
+    """Threads that decode and resize a batch's images (``RLDataset.get_batch``); 0 or 1 = the calling thread."""
 
 
 # ---------------------------------------------------------------------------------------------- actor/rollout/ref
@@ -239,27 +241,37 @@ class AlgorithmConfig:
 @dataclass
 class CustomRewardFunctionConfig:
     path: str | None = None
-    """A Python file holding the reward function (trusted code named by the launcher)."""
+    """A Python file holding the reward function (trusted code named by the launcher); when set it scores every
+    sample that no ``reward.dispatch`` entry claims. verl's ``compute_score(data_source, solution_str, ground_truth,
+    extra_info=None, **kw)`` and vlmrl's ``fn(sample)`` (a RewardSample, images included) are both accepted."""
     name: str = "compute_score"
     """Function name in that file."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments passed to every call."""
+    """Extra keyword arguments passed to every call of the selected function (``path`` above, or
+    ``reward.function``); components take theirs in ``reward.components[i].kwargs``."""
 
 
 @dataclass
 class RewardConfig:
     function: str | None = None
-    """Reward by registry name (e.g. ``colour``, ``geo3k``) or ``path.py:fn``; used when no custom function is set."""
+    """Reward by registry name (``synthetic``, ``geo3k``, ``accuracy``, ``format``, ``iou``, ``similarity``...; see
+    ``vlmrl.reward.registered_names()``), ``path/to/file.py:fn`` or ``package.module:fn``; used when
+    custom_reward_function.path and components are unset. All unset: built-in dispatch by data_source (geo3k,
+    hiyouga/geometry3k -> geo3k; synthetic/* -> synthetic)."""
     components: list[Any] = field(default_factory=list)
-    """Composite reward: list of ``{function, weight, kwargs, gate}`` (total = weighted sum, gated)."""
+    """Composite reward: list of ``{function, weight=1, kwargs={}, gate=None, gate_threshold=0.5, name}``; total =
+    sum of weight * value over components whose gate component scored >= gate_threshold."""
     dispatch: dict[str, Any] = field(default_factory=dict)
-    """Per-data_source reward functions for mixed datasets: ``{data_source: function}``."""
+    """Per-data_source rewards for mixed datasets: ``{data_source or glob: name | {function, kwargs} |
+    {components}}``; sources not listed use the selection above."""
     num_workers: int = 0
-    """Processes scoring in parallel (0 = in the driver)."""
+    """Reward worker processes. 0 = in the driver (a timed-out call is interrupted, which stops Python code but not a
+    call blocked in C such as a socket read); N >= 1 = N processes, a timed-out one is killed and replaced."""
     timeout_s: float = 30.0
-    """Per-call timeout in seconds."""
+    """Per-sample timeout in seconds (<= 0 disables it)."""
     on_error: str = "fallback"
-    """An exception, timeout, NaN or inf: fallback (score with fallback_score, count, log) | raise."""
+    """An exception, timeout, NaN/inf or non-number result: fallback (score it fallback_score, count it in
+    reward/errors, log the first of each kind with the sample) | raise (fail the step, naming the sample)."""
     fallback_score: float = 0.0
     """Score given to a sample whose reward failed."""
 

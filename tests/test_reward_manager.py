@@ -1,0 +1,359 @@
+"""RewardManager: selection, both signatures, composite weights and gates, error isolation, timeouts, the pool."""
+
+from __future__ import annotations
+
+import logging
+import math
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from vlmrl.batch import RewardSample
+from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
+from vlmrl.reward import RewardConfigError, RewardError, RewardManager, make_reward_fn, registered_names
+
+REPO = Path(__file__).resolve().parents[1]
+
+ZOO = '''
+import math, os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    """verl-style: exact match plus a bonus; extra entries (even strings) ride along."""
+    hit = 1.0 if solution_str.strip() == str(ground_truth) else 0.0
+    return {"score": hit + bonus, "acc": hit, "split": (extra_info or {}).get("split", "?"), "pred": solution_str}
+
+def positional(data_source, predict_str, ground_truth):
+    return 1.0 if predict_str == ground_truth else 0.0
+
+def vl(sample):
+    """vlmrl-style: behaves as its response says."""
+    r = sample.response
+    if r == "nan":
+        return math.nan
+    if r == "inf":
+        return {"score": 1.0, "part": math.inf}
+    if r == "str":
+        return "oops"
+    if r == "none":
+        return None
+    if r == "nodict":
+        return {"acc": 1.0}
+    if r == "raise":
+        raise ZeroDivisionError("boom")
+    if r == "hang":
+        while True:
+            pass
+    if r == "swallow":
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:
+                pass
+    if r == "sleep":
+        time.sleep(60)
+    if r == "die":
+        os._exit(3)
+    if r == "index":
+        time.sleep(0.002 * (sample.extra_info["i"] % 3))
+        return float(sample.extra_info["i"])
+    return float(len(r))
+
+def n_images(sample):
+    return float(len(sample.images))
+
+def n_images_blind(sample):
+    return float(len(sample.images))
+n_images_blind.needs_images = False
+
+def two_required(a, b):
+    return 0.0
+
+def easyr1(reward_inputs):
+    return [0.0 for _ in reward_inputs]
+'''
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("zoo") / "zoo_rewards.py"
+    path.write_text(textwrap.dedent(ZOO))
+    return str(path)
+
+
+def S(response: str, gt: object = "", ds: str = "test", **kw: object) -> RewardSample:
+    return RewardSample(response=response, prompt="p", ground_truth=gt, data_source=ds, **kw)  # type: ignore[arg-type]
+
+
+def manager(path: str | None = None, name: str = "compute_score", kwargs: dict | None = None, **reward: object):
+    return RewardManager(
+        RewardConfig(**reward), CustomRewardFunctionConfig(path=path, name=name, reward_kwargs=kwargs or {})
+    )  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------------ selection
+
+
+def test_verl_style_file_with_kwargs_and_extra_info(zoo: str) -> None:
+    with manager(zoo, "compute_score", {"bonus": 0.5}) as rm:
+        out = rm.score([S("42", "42", extra_info={"split": "train"}), S("41", "42")])
+    assert out.scores == [1.5, 0.5]
+    assert out.components == {"acc": [1.0, 0.0]}  # strings are dropped
+    assert out.errors == [None, None]
+    assert out.metrics["reward/acc/mean"] == 0.5 and out.metrics["reward/errors"] == 0.0
+    assert rm.needs_images is False
+
+
+def test_verl_positional_signature_and_vlmrl_detection(zoo: str) -> None:
+    with manager(zoo, "positional") as rm:
+        assert rm.score([S("a", "a"), S("a", "b")]).scores == [1.0, 0.0]
+    with manager(zoo, "vl") as rm:
+        assert rm.score([S("abc")]).scores == [3.0]
+        assert rm.needs_images is True
+    with pytest.raises(RewardConfigError, match="expected vlmrl's fn"):
+        manager(zoo, "two_required")
+    with pytest.raises(RewardConfigError, match="looks like an EasyR1 reward"):
+        manager(zoo, "easyr1")
+
+
+def test_function_by_registry_name_and_by_file_spec(zoo: str) -> None:
+    with manager(None, kwargs={"mode": "rouge_l"}, function="similarity") as rm:
+        out = rm.score([S("red circle on the left", "circle on left")])
+    assert out.scores == [pytest.approx(6 / 7)]
+    with manager(function=f"{zoo}:vl") as rm:
+        assert rm.score([S("abcd")]).scores == [4.0]
+
+
+def test_configuration_errors_are_raised_at_construction(zoo: str, tmp_path: Path) -> None:
+    with pytest.raises(RewardConfigError, match="similarity"):
+        manager(function="no_such_reward")
+    with pytest.raises(RewardConfigError, match="reward file not found"):
+        manager(str(tmp_path / "missing.py"))
+    with pytest.raises(RewardConfigError, match="has no function 'nope'.*compute_score"):
+        manager(zoo, "nope")
+    with pytest.raises(RewardConfigError, match="does not accept kwargs"):
+        manager(None, kwargs={"mood": "f1"}, function="similarity")
+    with pytest.raises(RewardConfigError, match="does not accept keyword 'alpha'"):
+        manager(zoo, "compute_score", {"alpha": 1})
+    with pytest.raises(RewardConfigError, match="on_error"):
+        manager(function="format", on_error="ignore")
+    assert {"format", "accuracy", "geo3k", "synthetic", "clip_consistency", "text_visual"} <= set(registered_names())
+
+
+def test_default_dispatch_and_unknown_source() -> None:
+    with manager() as rm:
+        out = rm.score(
+            [
+                S("<think>t</think>\\boxed{3}", "3", "hiyouga/geometry3k"),
+                S("red", "red", "synthetic/colour", extra_info={"choices": ["red", "blue"]}),
+            ]
+        )
+        assert out.scores == [1.0, 1.0]
+        assert out.components["accuracy"][0] == 1.0 and math.isnan(out.components["accuracy"][1])
+        assert out.metrics["reward/source/hiyouga/geometry3k/mean"] == 1.0
+        with pytest.raises(RewardConfigError, match="custom_reward_function.path=.*registered name"):
+            rm.score([S("x", "x", "my/dataset")])
+
+
+def test_dispatch_table_with_globs(zoo: str) -> None:
+    dispatch = {"exact/src": "format", "vqa/*": {"function": "similarity", "kwargs": {"mode": "exact"}}}
+    with manager(zoo, "vl", dispatch=dispatch) as rm:
+        out = rm.score([S("<think>a</think>\\boxed{1}", "", "exact/src"), S("Cat.", "cat", "vqa/x"), S("abc")])
+    assert out.scores == [1.0, 1.0, 3.0]
+
+
+# -------------------------------------------------------------------------------------------------------- composite
+
+
+def test_composite_weights_and_gate() -> None:
+    components = [
+        {"function": "accuracy", "weight": 0.9, "gate": "format"},
+        {"function": "format", "weight": 0.1},
+        {"function": "length_penalty", "weight": 1.0, "name": "overlong", "kwargs": {"buffer_len": 10}},
+    ]
+    samples = [
+        S("<think>t</think>\\boxed{7}", "7", response_length=5, max_response_length=100),
+        S("\\boxed{7}", "7", response_length=5, max_response_length=100),  # right but unformatted: gated
+        S("<think>t</think>\\boxed{8}", "7", response_length=95, max_response_length=100),
+    ]
+    with manager(components=components) as rm:
+        out = rm.score(samples)
+    assert out.scores == [pytest.approx(1.0), pytest.approx(0.0), pytest.approx(0.1 - 0.5)]
+    assert out.components["accuracy"] == [1.0, 1.0, 0.0]  # raw values are still reported
+    assert out.components["format"] == [1.0, 0.0, 1.0]
+    assert out.components["overlong"] == [0.0, 0.0, -0.5]
+    assert out.metrics["reward/accuracy/mean"] == pytest.approx(2 / 3)
+
+
+def test_composite_gate_threshold_and_nested_components() -> None:
+    components = [
+        {"function": "similarity", "weight": 1.0, "gate": "g", "gate_threshold": 0.95, "kwargs": {"mode": "f1"}},
+        {"function": "geo3k", "weight": 0.0, "name": "g"},
+    ]
+    with manager(components=components) as rm:
+        out = rm.score([S("<think>t</think>\\boxed{3}", "3"), S("\\boxed{3}", "3")])
+    assert out.scores == [1.0, 0.0]  # geo3k scored 0.9 on the second sample: below the 0.95 gate
+    assert out.components["g/format"] == [1.0, 0.0]
+
+
+def test_composite_config_errors() -> None:
+    with pytest.raises(RewardConfigError, match="not a component"):
+        manager(components=[{"function": "accuracy", "gate": "fmt"}])
+    with pytest.raises(RewardConfigError, match="distinct 'name'"):
+        manager(components=["format", "format"])
+    with pytest.raises(RewardConfigError, match="did you mean 'weight'"):
+        manager(components=[{"function": "format", "wieght": 1}])
+    with pytest.raises(RewardConfigError, match="reward.components"):
+        manager(kwargs={"mode": "f1"}, components=["similarity"])
+
+
+# ------------------------------------------------------------------------------------------------ error isolation
+
+
+def test_errors_are_isolated_counted_and_logged_once(zoo: str, caplog: pytest.LogCaptureFixture) -> None:
+    bad = ["nan", "inf", "str", "none", "nodict", "raise"]
+    samples = [S("ok")] + [S(r, ds=f"src{i}") for i, r in enumerate(bad)] + [S("fine")]
+    with manager(zoo, "vl", fallback_score=-1.0) as rm, caplog.at_level(logging.WARNING, logger="vlmrl.reward"):
+        out = rm.score(samples)
+        assert out.scores == [2.0] + [-1.0] * len(bad) + [4.0]
+        assert out.errors == [
+            None,
+            "non_finite",
+            "non_finite",
+            "wrong_type",
+            "wrong_type",
+            "wrong_type",
+            "exception",
+            None,
+        ]
+        m = out.metrics
+        assert (m["reward/errors"], m["reward/non_finite"], m["reward/wrong_type"], m["reward/exceptions"]) == (
+            6,
+            2,
+            3,
+            1,
+        )
+        text = caplog.text
+        assert "sample 6 (data_source='src5'" in text and "ZeroDivisionError: boom" in text
+        assert "sample 1 (data_source='src0'" in text and "score is nan" in text
+        assert "component 'part' is inf" not in text  # only the first non_finite sample is detailed
+        caplog.clear()
+        rm.score([S("raise")])
+        assert "ZeroDivisionError" not in caplog.text and "1 of 1 samples failed" in caplog.text
+
+
+def test_on_error_raise_names_the_sample(zoo: str) -> None:
+    with manager(zoo, "vl", on_error="raise") as rm:
+        with pytest.raises(RewardError, match=r"exception on sample 1 \(data_source='bad'.*ZeroDivisionError"):
+            rm.score([S("ok"), S("raise", ds="bad")])
+
+
+def test_inline_timeout_interrupts_python_hang(zoo: str) -> None:
+    with manager(zoo, "vl", timeout_s=0.5) as rm:
+        t0 = time.perf_counter()
+        out = rm.score([S("ab"), S("hang"), S("swallow"), S("abc")])
+        elapsed = time.perf_counter() - t0
+        assert out.scores == [2.0, 0.0, 0.0, 3.0]
+        assert out.errors == [None, "timeout", "timeout", None]
+        assert out.metrics["reward/timeouts"] == 2.0
+        assert elapsed < 4.0
+        again = rm.score([S("abcd")] * 50)  # no stray interrupt is left behind
+        assert again.scores == [4.0] * 50 and again.metrics["reward/errors"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------------------ worker pool
+
+
+def test_pool_keeps_order_and_isolates_raise_nan_hang_and_death(zoo: str) -> None:
+    samples = [S("index", extra_info={"i": i}) for i in range(24)]
+    samples[3] = S("raise")
+    samples[9] = S("nan")
+    samples[14] = S("sleep")  # blocked in C: only killing the worker stops it
+    samples[20] = S("die")
+    with manager(zoo, "vl", num_workers=2, timeout_s=1.0) as rm:
+        rm.score([S("warm")])  # workers started
+        t0 = time.perf_counter()
+        out = rm.score(samples)
+        elapsed = time.perf_counter() - t0
+        expected = [float(i) for i in range(24)]
+        for i in (3, 9, 14, 20):
+            expected[i] = 0.0
+        assert out.scores == expected
+        assert [out.errors[i] for i in (3, 9, 14, 20)] == ["exception", "non_finite", "timeout", "exception"]
+        assert elapsed < 8.0
+        assert rm._pool is not None and rm._pool.replaced == 2
+        assert rm.score([S("index", extra_info={"i": i}) for i in range(10)]).scores == [float(i) for i in range(10)]
+        victim = rm._pool._workers[0].proc
+        victim.kill()  # a worker lost between steps costs nothing
+        victim.join()
+        out = rm.score([S("index", extra_info={"i": i}) for i in range(10)])
+        assert out.scores == [float(i) for i in range(10)] and out.metrics["reward/errors"] == 0.0
+
+
+def test_pool_sends_images_only_when_needed(zoo: str) -> None:
+    img = Image.new("RGB", (8, 8))
+    samples = [S("x", images=[img, img])] * 3
+    with manager(zoo, "n_images", num_workers=1) as rm:
+        assert rm.score(samples).scores == [2.0] * 3
+    with manager(zoo, "n_images_blind", num_workers=1) as rm:
+        assert rm.score(samples).scores == [0.0] * 3
+
+
+# --------------------------------------------------------------------------------------------- config and example
+
+
+def test_verl_overrides_through_hydra_config(zoo: str) -> None:
+    from vlmrl.config import load
+
+    cfg = load(
+        [
+            "data.train_files=train.parquet",
+            "actor_rollout_ref.model.path=model",
+            f"custom_reward_function.path={zoo}",
+            "custom_reward_function.name=compute_score",
+            "+custom_reward_function.reward_kwargs.bonus=0.25",
+            "reward.timeout_s=5",
+        ],
+        config_name="grpo",
+    )
+    with RewardManager(cfg.reward, cfg.custom_reward_function) as rm:
+        assert rm.score([S("7", "7"), S("8", "7")]).scores == [1.25, 0.25]
+
+
+def test_example_custom_reward_looks_at_the_image() -> None:
+    img = Image.new("RGB", (64, 64), "white")
+    ImageDraw.Draw(img).ellipse((8, 8, 40, 40), fill=(220, 30, 30))
+    objects = [{"colour": "red", "shape": "circle", "box": [16, 16, 80, 80]}]
+    kw = {"images": [img], "image_scales": [(0.5, 0.5)], "extra_info": {"objects": objects}}
+    path = str(REPO / "examples/custom_reward/my_reward.py")
+    with manager(path, "compute_score") as rm:
+        out = rm.score([S("It is red.", "red", **kw), S("blue", "red", **kw), S("blue", "blue", **kw)])
+    assert out.scores == [pytest.approx(1.0), 0.0, pytest.approx(0.8)]
+    assert out.components["seen"] == [1.0, 0.0, 0.0]
+
+
+def test_quick_start_step_is_cheap() -> None:
+    choices = {"choices": ["red", "green", "blue", "yellow"]}
+    samples = [S("<answer>It is red.</answer>", "red", "synthetic/colour", extra_info=choices)] * 128
+    with manager(function="synthetic") as rm:
+        rm.score(samples)
+        t0 = time.perf_counter()
+        out = rm.score(samples)
+        assert time.perf_counter() - t0 < 0.1
+    assert out.scores == [1.0] * 128
+
+
+def test_make_reward_fn_accepts_a_callable() -> None:
+    fn = make_reward_fn(lambda sample, scale=1.0: scale * len(sample.response), {"scale": 2.0})
+    assert fn.style == "vlmrl" and fn(S("abc")) == 6.0
+
+
+def test_library_file_loads_by_path() -> None:
+    path = str(REPO / "rewards/synthetic.py")
+    with manager(path, "synthetic_reward") as rm:
+        out = rm.score([S("blue", "blue", "synthetic/colour", extra_info={"choices": ["red", "blue"]})])
+    assert out.scores == [1.0]
+    with manager(function=f"{REPO / 'rewards/recipes.py'}:geo3k") as rm:
+        assert rm.score([S("<think>t</think>\\boxed{2}", "2")]).scores == [1.0]

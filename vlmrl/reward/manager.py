@@ -1,0 +1,238 @@
+"""RewardManager: built once by the driver, scores each step's samples with error isolation and metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmrl.reward.composite import Dispatch, build_scorer, make_spec
+from vlmrl.reward.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
+from vlmrl.reward.runner import InlineRunner, ProcessPool
+
+log = logging.getLogger("vlmrl.reward")
+
+_EXCERPT = 200
+
+
+class RewardError(RuntimeError):
+    """A reward call failed and ``reward.on_error=raise``; the message names the sample."""
+
+
+@dataclass
+class RewardOutput:
+    """Scores of one batch, in the order of the samples given to :meth:`RewardManager.score`."""
+
+    scores: list[float]
+    """Total reward per sample (``fallback_score`` where the call failed)."""
+    components: dict[str, list[float]]
+    """Per component name, one value per sample; NaN where that sample's function did not report it or failed."""
+    metrics: dict[str, float]
+    """``reward/score/{mean,std,min,max}``, ``reward/<component>/{mean,std}``, ``reward/errors``, ``reward/timeouts``,
+    ``reward/exceptions``, ``reward/non_finite``, ``reward/wrong_type``, ``reward/time_s`` and, for mixed batches,
+    ``reward/source/<data_source>/mean``."""
+    errors: list[str | None] = field(default_factory=list)
+    """Per sample: None, or the error kind (exception | timeout | non_finite | wrong_type)."""
+
+
+def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def excerpt(text: Any, limit: int = _EXCERPT) -> str:
+    """A short, single-line view of a (maybe huge) response for logs."""
+    text = str(text)
+    flat = text[: limit * 2].replace("\n", "\\n")
+    if len(flat) > limit or len(text) > limit * 2:
+        return repr(flat[:limit]) + f"... ({len(text)} chars)"
+    return repr(flat)
+
+
+class RewardManager:
+    """Scores batches of :class:`vlmrl.batch.RewardSample` with the configured reward.
+
+    ``RewardManager(cfg.reward, cfg.custom_reward_function)`` builds (and so validates) the reward once: a wrong
+    name, a missing file, an unknown keyword argument or a bad signature raises :class:`RewardConfigError` here, not
+    at the first step. Use :meth:`score` each step and :meth:`close` at the end (or use it as a context manager).
+    """
+
+    def __init__(self, reward_cfg: Any = None, custom_cfg: Any = None) -> None:
+        self.num_workers = int(_cfg_get(reward_cfg, "num_workers", 0) or 0)
+        self.timeout_s = float(_cfg_get(reward_cfg, "timeout_s", 30.0) or 0.0)
+        self.on_error = str(_cfg_get(reward_cfg, "on_error", "fallback"))
+        self.fallback_score = float(_cfg_get(reward_cfg, "fallback_score", 0.0))
+        if self.on_error not in ("fallback", "raise"):
+            raise RewardConfigError(f"reward.on_error must be 'fallback' or 'raise', got '{self.on_error}'")
+        if self.num_workers < 0:
+            raise RewardConfigError(f"reward.num_workers must be >= 0, got {self.num_workers}")
+        if not math.isfinite(self.fallback_score):
+            raise RewardConfigError(f"reward.fallback_score must be finite, got {self.fallback_score}")
+        self.spec = make_spec(reward_cfg, custom_cfg)
+        self.scorer: Dispatch = build_scorer(self.spec)
+        self._inline: InlineRunner | None = None
+        self._pool: ProcessPool | None = None
+        if self.num_workers == 0:
+            self._inline = InlineRunner(self.scorer, self.timeout_s)
+        else:
+            self._pool = ProcessPool(self.spec, self.num_workers, self.timeout_s)
+        self._seen_kinds: set[str] = set()
+        self.totals: Counter[str] = Counter()
+        where = "in-process" if self.num_workers == 0 else f"{self.num_workers} worker processes"
+        log.info(
+            "reward: %s (%s, timeout %gs, on_error=%s)", self.scorer.describe(), where, self.timeout_s, self.on_error
+        )
+
+    @property
+    def needs_images(self) -> bool:
+        """Whether any configured function looks at the images (worker processes are sent images only then)."""
+        return self.scorer.needs_images
+
+    def score(self, samples: list[Any]) -> RewardOutput:
+        """Score ``samples`` (RewardSample); the output keeps their order. Raises RewardError only when on_error=raise.
+
+        A data_source with no configured function raises RewardConfigError before any call (whatever on_error).
+        """
+        t0 = time.perf_counter()
+        samples = list(samples)
+        self.scorer.check({s.data_source for s in samples})
+        if self._pool is not None:
+            payload = samples if self.scorer.needs_images else [_without_images(s) for s in samples]
+            outcomes = self._pool.run(payload)
+        else:
+            assert self._inline is not None
+            outcomes = self._inline.run(samples)
+        return self._assemble(samples, outcomes, time.perf_counter() - t0)
+
+    def _assemble(self, samples: list[Any], outcomes: list[Outcome], elapsed: float) -> RewardOutput:
+        n = len(samples)
+        scores: list[float] = []
+        errors: list[str | None] = []
+        names: dict[str, None] = {}
+        for o in outcomes:
+            for key in o.components:
+                names.setdefault(key, None)
+        components = {key: [math.nan] * n for key in names}
+        kinds: Counter[str] = Counter()
+        first: dict[str, int] = {}
+        for i, o in enumerate(outcomes):
+            if o.error is not None:
+                kinds[o.error] += 1
+                first.setdefault(o.error, i)
+                scores.append(self.fallback_score)
+                errors.append(o.error)
+                continue
+            assert o.score is not None
+            scores.append(o.score)
+            errors.append(None)
+            for key, v in o.components.items():
+                components[key][i] = v
+        if kinds:
+            self._report(samples, outcomes, kinds, first)
+        metrics = _metrics(samples, scores, components, kinds, errors)
+        metrics["reward/time_s"] = elapsed
+        return RewardOutput(scores=scores, components=components, metrics=metrics, errors=errors)
+
+    def _report(self, samples: list[Any], outcomes: list[Outcome], kinds: Counter[str], first: dict[str, int]) -> None:
+        self.totals.update(kinds)
+        if self.on_error == "raise":
+            kind, i = min(first.items(), key=lambda kv: kv[1])
+            s = samples[i]
+            raise RewardError(
+                f"reward {kind} on sample {i} (data_source={s.data_source!r}, response={excerpt(s.response)}): "
+                f"{outcomes[i].message}\n(set reward.on_error=fallback to score failures with reward.fallback_score)"
+            )
+        for kind, i in first.items():
+            if kind in self._seen_kinds:
+                continue
+            self._seen_kinds.add(kind)
+            s = samples[i]
+            log.warning(
+                "reward %s on sample %d (data_source=%r, response=%s), scored %g; later %s errors are only counted "
+                "(metric reward/%s):\n%s",
+                kind,
+                i,
+                s.data_source,
+                excerpt(s.response),
+                self.fallback_score,
+                kind,
+                _plural(kind),
+                outcomes[i].message,
+            )
+        summary = ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items()))
+        log.warning("reward: %d of %d samples failed this step (%s)", sum(kinds.values()), len(samples), summary)
+
+    def close(self) -> None:
+        """Stop the worker processes / watchdog thread."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _without_images(sample: Any) -> Any:
+    if dataclasses.is_dataclass(sample) and getattr(sample, "images", None):
+        return dataclasses.replace(sample, images=[])
+    return sample
+
+
+def _plural(kind: str) -> str:
+    return {TIMEOUT: "timeouts", "exception": "exceptions"}.get(kind, kind)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    return mean, math.sqrt(var)
+
+
+def _metrics(
+    samples: list[Any],
+    scores: list[float],
+    components: dict[str, list[float]],
+    kinds: Counter[str],
+    errors: list[str | None],
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if scores:
+        mean, std = _mean_std(scores)
+        out.update({"reward/score/mean": mean, "reward/score/std": std})
+        out.update({"reward/score/min": min(scores), "reward/score/max": max(scores)})
+    for key, values in components.items():
+        mean, std = _mean_std(values)
+        out[f"reward/{key}/mean"] = mean
+        out[f"reward/{key}/std"] = std
+    out["reward/errors"] = float(sum(kinds.values()))
+    for kind in ERROR_KINDS:
+        out[f"reward/{_plural(kind)}"] = float(kinds.get(kind, 0))
+    sources: dict[str, list[float]] = {}
+    for s, v in zip(samples, scores):
+        sources.setdefault(s.data_source, []).append(v)
+    if 1 < len(sources) <= 32:
+        for ds, values in sources.items():
+            out[f"reward/source/{ds}/mean"] = sum(values) / len(values)
+    return out
