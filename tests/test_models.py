@@ -149,3 +149,35 @@ def test_vllm_samples_with_image_and_logprobs_match_hf_forward(tiny_model_dir, t
     lp1d = torch.log_softmax(out[:, -R - 1 : -1].float(), -1).gather(-1, x.responses[..., None]).squeeze(-1)
     wrong = max(float((lp1d[i, : len(r)] - torch.tensor(r)).abs().max()) for i, r in enumerate(rb.logprobs))
     assert wrong > 10 * max(worst, 1e-6), (wrong, worst)
+
+
+def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_processor, tiny_model_dir):
+    """Running each prompt once (KV cache shared by its samples) gives the same log-probs and gradients as running
+    every sample's full sequence, with images, two-image prompts, text-only prompts and uneven lengths."""
+    torch.manual_seed(2)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts = [
+        make_prompt(tiny_processor, "What colour is the shape?", [solid((0, 200, 0))], 0),
+        make_prompt(tiny_processor, "Two pictures, longer question text here.", [noise(5), noise(6, (56, 112))], 1),
+        make_prompt(tiny_processor, "Text only.", [], 2),
+        # the same token ids as prompt 0 with another image: samples must not share prompt 0's KV
+        make_prompt(tiny_processor, "What colour is the shape?", [solid((200, 0, 0))], 3),
+    ]
+    rb = HFRollout(model.eval(), tiny_processor).generate(prompts, SamplingSpec(n=3, max_tokens=9))
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    x = build_inputs(prompts, rb, process_images(tiny_processor, prompts), tiny_processor.tokenizer.pad_token_id)
+    rows = [1, 0, 4, 3, 8, 6, 7, 9, 11]  # mixed order, a prompt split over positions, one sample of prompt 1 dropped
+    x = x.select(rows)
+    out = {}
+    for share in (False, True):
+        model.zero_grad()
+        lp, _, extra = response_logprobs(model, x, ids, share_prompt=share)
+        (-(lp * x.response_mask).sum() + extra).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        out[share] = (lp.detach() * x.response_mask, grads)
+    assert torch.allclose(out[True][0], out[False][0], atol=2e-5), (out[True][0] - out[False][0]).abs().max()
+    assert torch.allclose(out[True][1], out[False][1], atol=1e-4, rtol=1e-3)
+    # and both equal the log-probs the sampler reported
+    for k, r in enumerate(rows):
+        ref = torch.tensor(rb.logprobs[r])
+        assert (out[True][0][k, : len(ref)] - ref).abs().max() < 1e-5

@@ -280,6 +280,82 @@ def forward_logits(
     return model(input_ids=input_ids, **kwargs).logits
 
 
+def rope_position_ids(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision_ids: VisionTokenIds,
+    image_grid_thw: torch.Tensor | None,
+) -> torch.Tensor:
+    """3-D M-RoPE position ids [3, B, T] of a padded batch, from the model's own ``get_rope_index`` (its signature is
+    feature-detected: transformers 5 takes ``mm_token_type_ids``, transformers 4 does not)."""
+    inner = inner_model(model)
+    has_images = image_grid_thw is not None and image_grid_thw.numel() > 0
+    if not has_images:  # text only: plain positions over the real tokens, the same on all three axes
+        pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return pos.unsqueeze(0).expand(3, -1, -1)
+    params = inspect.signature(inner.get_rope_index).parameters
+    kwargs: dict[str, Any] = {"image_grid_thw": image_grid_thw, "attention_mask": attention_mask}
+    if "mm_token_type_ids" in params:
+        kwargs["mm_token_type_ids"] = mm_token_type_ids(input_ids, vision_ids)
+    return inner.get_rope_index(input_ids, **kwargs)[0]
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    prompt_rows: torch.Tensor,
+    sample_prompt: torch.Tensor,
+    vision_ids: VisionTokenIds,
+    image_grid_thw: torch.Tensor | None = None,
+    image_embeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits [B, R, V] predicting each response token, running every distinct prompt ONCE.
+
+    ``input_ids`` is [B, P+R] (left-padded prompts, right-padded responses); ``prompt_rows`` [U] picks one row per
+    distinct prompt and ``sample_prompt`` [B] says which of the U prompts each row belongs to (given, not inferred:
+    prompts with equal token ids may carry different images). The prompts run as a batch of U with a KV
+    cache; the cache is indexed out to the B samples (gradients flow back through it) and only the R response columns
+    run per sample. The n samples of a GRPO group then cost one prompt pass instead of n. ``image_grid_thw`` /
+    ``image_embeds`` cover the images of the U prompts in order.
+    """
+    P = input_ids.shape[1] - response_len
+    rows = prompt_rows.to(input_ids.device)
+    p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
+    inv = sample_prompt.to(input_ids.device)
+    if not bool((input_ids[:, :P] == p_ids[inv]).all()):
+        raise ValueError("shared-prompt forward: a sample's prompt ids differ from its prompt's")
+    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, image_grid_thw)
+    last = p_pos.amax(dim=(0, 2))  # [U] highest prompt position; responses continue from it
+    offs = (attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
+    r_pos = (last[inv].unsqueeze(-1) + 1 + offs).unsqueeze(0).expand(3, -1, -1)
+    kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
+    if image_grid_thw is not None and image_grid_thw.numel() > 0:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        kwargs["image_grid_thw"] = image_grid_thw
+        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
+    out = model(input_ids=p_ids, **kwargs)
+    first = out.logits[:, -1][inv]  # predicts each sample's first response token
+    cache = out.past_key_values
+    cache.batch_select_indices(inv)
+    resp = model(
+        input_ids=input_ids[:, P:],
+        attention_mask=attention_mask,
+        position_ids=r_pos,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first.unsqueeze(1), resp[:, :-1]], dim=1)
+
+
+def supports_shared_prompt(model: torch.nn.Module) -> bool:
+    """The shared-prompt forward needs precomputed image features (``mm_encoder_outputs``) in the model's forward."""
+    return _accepts(model.forward, "mm_encoder_outputs")
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) per position, computed in fp32 (logits[:, t] predicts targets[:, t])."""
     logits = logits.float()

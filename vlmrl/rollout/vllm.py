@@ -169,8 +169,10 @@ class VLLMRollout:
         return time.perf_counter() - t0
 
     def reset_caches(self) -> None:
-        """Drop KV blocks and image features computed with old weights."""
-        self.llm.reset_prefix_cache()
+        """Drop KV blocks and image features computed with old weights (an unfreed block would keep stale KV alive:
+        that is an error, never silently ignored)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (blocks still in use); stale KV would be reused")
         self.llm.llm_engine.reset_encoder_cache()
 
     # ----------------------------------------------------------------------------------------------- sleep/wake

@@ -77,6 +77,7 @@ _CONSOLE_KEYS = (
     ("actor/pg_clipfrac", "clip"),
     ("actor/kl_loss", "kl"),
     ("actor/grad_norm", "gnorm"),
+    ("rollout/logprob_diff", "lp_diff"),
     ("timing/step_s", "step_s"),
     ("timing/rollout_s", "gen_s"),
     ("timing/update_s", "upd_s"),
@@ -137,11 +138,27 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m vlmrl.trainer.tracking METRICS.jsonl OUT.png``: draw a curve on demand."""
     import argparse
 
-    ap = argparse.ArgumentParser(description="Plot the reward curve of a metrics.jsonl")
+    ap = argparse.ArgumentParser(description="Plot (PNG) and print the reward curve of a metrics.jsonl")
     ap.add_argument("metrics")
     ap.add_argument("png")
     a = ap.parse_args(argv)
-    print(plot_curve(a.metrics, a.png))
+    print(ascii_curve(a.metrics))
+    print(f"curve written to {plot_curve(a.metrics, a.png)}")
+
+
+
+
+def ascii_curve(jsonl_path: str | os.PathLike, key: str = "reward/mean", width: int = 60) -> str:
+    """The curve of ``key`` as text rows (step, value, bar) — what the quick start prints at the end."""
+    rows = [r for r in read_metrics(jsonl_path) if isinstance(r.get(key), (int, float))]
+    if not rows:
+        return f"(no {key} in {jsonl_path})"
+    stride = max(1, len(rows) // 20)
+    lines = [f"{key} by step"]
+    for r in rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else []):
+        v = float(r[key])
+        lines.append(f"  step {r['step']:>5}  {v:6.3f}  " + "#" * int(round(max(0.0, min(1.0, v)) * width)))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

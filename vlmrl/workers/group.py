@@ -24,6 +24,7 @@ def worker_env(device: str) -> dict[str, str]:
     env = {
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
     }
     if device == "cpu":

@@ -45,6 +45,8 @@ class ModelInputs:
     """[B] index into ``images`` of each sample's prompt."""
     images: list[PromptImages]
     """Per prompt: processed pixels."""
+    rollout_logprobs: torch.Tensor | None = None
+    """[B, R] log-probs the rollout engine reported for the sampled tokens (a drift diagnostic)."""
 
     @property
     def batch_size(self) -> int:
@@ -62,7 +64,10 @@ class ModelInputs:
         used_r = rmask.sum(0).nonzero()
         r1 = int(used_r[-1]) + 1 if len(used_r) else 1
         keep = torch.cat([torch.arange(p0, plen), torch.arange(plen, plen + r1)])
-        return ModelInputs(ids[:, keep], attn[:, keep], resp[:, :r1], rmask[:, :r1], self.prompt_of[rows], self.images)
+        rlp = None if self.rollout_logprobs is None else self.rollout_logprobs[rows][:, :r1]
+        return ModelInputs(
+            ids[:, keep], attn[:, keep], resp[:, :r1], rmask[:, :r1], self.prompt_of[rows], self.images, rlp
+        )
 
 
 def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
@@ -91,6 +96,7 @@ def build_inputs(
     attn = torch.zeros((B, P + R), dtype=torch.long)
     responses = torch.full((B, R), pad_id, dtype=torch.long)
     rmask = torch.zeros((B, R), dtype=torch.long)
+    rlp = torch.zeros((B, R), dtype=torch.float32)
     for i, (pids, rids) in enumerate(zip(rollout.prompt_ids, rollout.response_ids)):
         input_ids[i, P - len(pids) : P] = torch.tensor(pids)
         attn[i, P - len(pids) : P] = 1
@@ -99,8 +105,11 @@ def build_inputs(
             attn[i, P : P + len(rids)] = 1
             responses[i, : len(rids)] = torch.tensor(rids)
             rmask[i, : len(rids)] = 1
+            lps = rollout.logprobs[i] if i < len(rollout.logprobs) else []
+            if len(lps) == len(rids):
+                rlp[i, : len(rids)] = torch.tensor(lps)
     prompt_of = torch.arange(B) // n
-    return ModelInputs(input_ids, attn, responses, rmask, prompt_of, images)
+    return ModelInputs(input_ids, attn, responses, rmask, prompt_of, images, rlp)
 
 
 def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
@@ -112,23 +121,25 @@ def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
         x.response_mask.to(device),
         x.prompt_of,
         x.images,
+        x.rollout_logprobs,
     )
 
 
 def forward_response_logits(
-    model: torch.nn.Module, mb: ModelInputs, vision_ids: qwen_vl.VisionTokenIds
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: qwen_vl.VisionTokenIds, share_prompt: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [b, R, V] predicting each response token, and the dummy-vision term (0-valued, keeps collectives even).
 
-    Image features are computed once for each distinct prompt of the micro-batch and repeated for its samples.
-    A micro-batch without images runs the vision tower on a dummy input so every FSDP rank joins the same
-    collectives; add the returned term to the loss (it is exactly 0).
+    Image features are computed once for each distinct prompt of the micro-batch. With ``share_prompt`` (default) the
+    prompt itself also runs once and its KV cache serves all of its samples (``qwen_vl.shared_prompt_logits``);
+    otherwise every sample runs its full prompt. A micro-batch without images runs the vision tower on a dummy input
+    so every FSDP rank joins the same collectives; add the returned term to the loss (it is exactly 0).
     """
     device = mb.input_ids.device
     order = sorted(set(mb.prompt_of.tolist()))
     with_images = [p for p in order if mb.images[p].num_images > 0]
     extra = torch.zeros((), device=device)
-    embeds = grid = None
+    per_prompt: dict[int, torch.Tensor] = {}
     if with_images:
         pv = torch.cat([mb.images[p].pixel_values for p in with_images]).to(device)
         g = torch.cat([mb.images[p].image_grid_thw for p in with_images]).to(device)
@@ -136,12 +147,35 @@ def forward_response_logits(
         merge = qwen_vl.vision_tower(model).spatial_merge_size
         sizes = [sum(qwen_vl.tokens_per_image(mb.images[p].image_grid_thw, merge)) for p in with_images]
         per_prompt = dict(zip(with_images, torch.split(feats, sizes)))
-        rows = [p for p in mb.prompt_of.tolist() if p in per_prompt]
-        embeds = torch.cat([per_prompt[p] for p in rows])
-        grid = torch.cat([mb.images[p].image_grid_thw for p in rows]).to(device)
     else:
         extra = qwen_vl.dummy_vision_loss(model)
     R = mb.responses.shape[1]
+
+    def images_of(prompts: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        used = [p for p in prompts if p in per_prompt]
+        if not used:
+            return None, None
+        grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(device)
+        return torch.cat([per_prompt[p] for p in used]), grid
+
+    if share_prompt and qwen_vl.supports_shared_prompt(model):
+        first_row = {}
+        for row, p in enumerate(mb.prompt_of.tolist()):
+            first_row.setdefault(p, row)
+        embeds, grid = images_of(order)
+        logits = qwen_vl.shared_prompt_logits(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            R,
+            torch.tensor([first_row[p] for p in order]),
+            torch.tensor([order.index(p) for p in mb.prompt_of.tolist()]),
+            vision_ids,
+            image_grid_thw=grid,
+            image_embeds=embeds,
+        )
+        return logits, extra
+    embeds, grid = images_of(mb.prompt_of.tolist())
     logits = qwen_vl.forward_logits(
         model,
         mb.input_ids,
@@ -160,9 +194,10 @@ def response_logprobs(
     vision_ids: qwen_vl.VisionTokenIds,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prompt: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per-token log-probs [b, R] of the responses (and entropy [b, R] when asked), plus the dummy-vision term."""
-    logits, extra = forward_response_logits(model, mb, vision_ids)
+    logits, extra = forward_response_logits(model, mb, vision_ids, share_prompt)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -213,6 +213,10 @@ class PolicyWorker:
             )
             loss = out.loss
             ent_mean = aggregate(ent.detach(), mask, "token-mean")
+            if mb.rollout_logprobs is not None and self.temperature == 1.0:
+                # engine vs trainer log-probs of the same tokens: drifts when a weight push or M-RoPE input is wrong
+                gap = (lp.detach() - mb.rollout_logprobs.to(lp.device)).abs()
+                metrics.setdefault("rollout/logprob_diff", []).append(float(aggregate(gap, mask, "token-mean")))
             if ac.entropy_coeff:
                 loss = loss - ac.entropy_coeff * aggregate(ent, mask, ac.loss_agg_mode, **agg_kw)
             if ref is not None:

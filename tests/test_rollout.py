@@ -1,0 +1,146 @@
+"""Rollout engines on the tiny model: vLLM (CPU build, for real) and HF generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+from utils import make_prompt, noise, solid
+
+from vlmrl.config import RolloutConfig
+from vlmrl.models import qwen_vl
+from vlmrl.rollout.base import SamplingSpec
+from vlmrl.rollout.hf import HFRollout
+from vlmrl.workers.inputs import build_inputs, process_images, response_logprobs
+
+pytestmark = pytest.mark.vllm
+
+GREEDY = SamplingSpec(n=1, max_tokens=12, greedy=True)
+
+
+def _engine(path: str, limit_images: int = 2):
+    from vlmrl.rollout.vllm import VLLMRollout
+
+    return VLLMRollout(path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=limit_images)
+
+
+def _hf_logprob_gap(model, processor, prompts, rb) -> float:
+    ids = qwen_vl.vision_token_ids(processor.tokenizer)
+    x = build_inputs(prompts, rb, process_images(processor, prompts), processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp, _, _ = response_logprobs(model, x, ids)
+    return max(float((lp[i, : len(r)] - torch.tensor(r)).abs().max()) for i, r in enumerate(rb.logprobs) if r)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return _engine(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    return AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def test_translate_engine_kwargs_maps_verl_cache_flag_and_rejects_unknown():
+    from vlmrl.rollout.vllm import default_cache_off, translate_engine_kwargs
+
+    assert translate_engine_kwargs({"disable_mm_preprocessor_cache": True}) == {"mm_processor_cache_gb": 0}
+    assert default_cache_off() == {"mm_processor_cache_gb": 0}
+    assert translate_engine_kwargs({"enable_prefix_caching": False}) == {"enable_prefix_caching": False}
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        translate_engine_kwargs({"enable_prefix_cachin": True})
+
+
+def test_engine_runs_with_preprocessor_cache_off(engine):
+    cfg = engine.llm.llm_engine.vllm_config.model_config.multimodal_config
+    assert cfg.mm_processor_cache_gb == 0
+
+
+def test_n_samples_with_one_and_two_images_match_hf_forward(engine, hf, tiny_processor):
+    prompts = [
+        make_prompt(tiny_processor, "What colour?", [solid((0, 0, 255))], 0),
+        make_prompt(tiny_processor, "Which picture is brighter?", [noise(1), noise(2, (56, 112))], 1),
+    ]
+    rb = engine.generate(prompts, SamplingSpec(n=3, max_tokens=10))
+    assert len(rb) == 6 and rb.n == 3
+    pad = qwen_vl.vision_token_ids(tiny_processor.tokenizer).image_pad
+    enc = tiny_processor(text=[prompts[1].prompt_text], images=prompts[1].images, return_tensors="pt")
+    assert rb.prompt_ids[3] == enc["input_ids"][0].tolist()
+    assert rb.prompt_ids[3].count(pad) == sum(qwen_vl.tokens_per_image(enc["image_grid_thw"], 2))
+    assert set(rb.finish_reasons) <= {"stop", "length"}
+    assert all(len(lp) == len(r) for lp, r in zip(rb.logprobs, rb.response_ids))
+    gap = _hf_logprob_gap(hf, tiny_processor, prompts, rb)
+    print(f"two-image prompt: max |lp_vllm - lp_hf| = {gap:.2e}")
+    assert gap <= 1e-4
+
+
+def test_greedy_hf_and_vllm_agree(engine, hf, tiny_processor):
+    prompts = [make_prompt(tiny_processor, "Name the colour.", [solid((200, 30, 30))], i) for i in range(2)]
+    prompts.append(make_prompt(tiny_processor, "Text only prompt.", [], 2))
+    a = engine.generate(prompts, GREEDY)
+    b = HFRollout(hf, tiny_processor).generate(prompts, GREEDY)
+    assert a.response_ids == b.response_ids
+    assert a.prompt_ids == b.prompt_ids
+
+
+def _push(engine, model) -> float:
+    return engine.update_weights((qwen_vl.engine_weight_name(n), p.detach()) for n, p in model.named_parameters())
+
+
+def test_image_pad_is_never_generated_even_when_the_model_prefers_it(engine, tiny_model_dir, tiny_processor):
+    """Weights whose head strongly prefers vision tokens still never sample one (logit bias / suppress_tokens)."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    original = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    with torch.no_grad():
+        for t in ids.never_sample:
+            model.lm_head.weight[t] = 3.0  # a huge logit for these ids at every position
+    p = make_prompt(tiny_processor, "Hi", [solid((0, 255, 0))])
+    with torch.no_grad():  # unconstrained, the model's greedy choice is a vision token
+        enc = tiny_processor(text=[p.prompt_text], images=p.images, return_tensors="pt")
+        assert model(**enc).logits[0, -1].argmax().item() in ids.never_sample
+    hf_rb = HFRollout(model, tiny_processor).generate([p], SamplingSpec(n=4, max_tokens=8))
+    try:
+        _push(engine, model)
+        v_rb = engine.generate([p], SamplingSpec(n=4, max_tokens=8))
+    finally:
+        _push(engine, original)
+    for rb in (hf_rb, v_rb):
+        flat = [t for r in rb.response_ids for t in r]
+        assert flat and not set(flat) & set(ids.never_sample)
+
+
+def test_weight_push_equals_fresh_weights_including_cache_traps(engine, tiny_model_dir, tiny_processor):
+    """After pushes (LM change, then vision-only change) with the SAME prompt and image repeated, the running engine
+    behaves exactly like the pushed weights: greedy samples equal HF generate on those weights and log-probs equal an
+    HF forward (a fresh vLLM engine equals HF to ~5e-7, see test_models). Stale prefix KV or image features would
+    show here."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    original = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompt = make_prompt(tiny_processor, "What colour is the shape?", [noise(11)], 0)
+    before = engine.generate([prompt], GREEDY)  # fills prefix + encoder caches with the old weights
+
+    def perturb(pred, scale):
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if pred(n):
+                    p.add_(torch.randn(p.shape, generator=g) * scale * (p.std() if p.numel() > 1 else 1.0))
+
+    pushed = []
+    try:
+        for pred, scale in ((lambda n: "visual" not in n, 0.5), (lambda n: "visual" in n, 2.0)):
+            perturb(pred, scale)
+            assert _push(engine, model) > 0
+            got = engine.generate([prompt], GREEDY)
+            sampled = engine.generate([prompt], SamplingSpec(n=4, max_tokens=12))
+            ref = HFRollout(model, tiny_processor).generate([prompt], GREEDY)
+            assert got.response_ids == ref.response_ids
+            assert _hf_logprob_gap(model, tiny_processor, [prompt], got) <= 1e-4
+            assert _hf_logprob_gap(model, tiny_processor, [prompt], sampled) <= 1e-4
+            pushed.append(got)
+    finally:
+        _push(engine, original)
+    assert pushed[0].logprobs != before.logprobs, "the push changed nothing"
+    assert pushed[1].logprobs != pushed[0].logprobs, "the vision-only push was not seen (stale encoder cache)"
