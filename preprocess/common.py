@@ -1,0 +1,478 @@
+"""Shared parts of the preprocess scripts: verl's record schema, image checks and encoding, the parallel validate-and-
+build pipeline (rejects with reasons, ``--strict``), deterministic parquet output and the closing report.
+
+Every script turns source rows into records of verl's schema::
+
+    data_source: str
+    prompt: [{role, content}]                  # one "<image>" per image in the text
+    images: [{bytes, path}]                    # encoded bytes, source encoding kept (or paths with --store-paths)
+    ability: str
+    reward_model: {style: "rule", ground_truth: str}
+    extra_info: {split, index, answer, question, ...}
+
+A row that cannot become a valid record is rejected with one of ``REJECT_REASONS``, written to ``rejects.jsonl``
+beside the output and counted in the report; nothing is dropped silently. ``--strict`` stops at the first one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+IMAGE_PLACEHOLDER = "<image>"
+"""The image placeholder in prompt text (verl's convention); one per image."""
+
+INSTRUCTION_FOLLOWING = (
+    r"You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
+    r"The reasoning process MUST BE enclosed within <think> </think> tags. "
+    r"The final answer MUST BE put in \boxed{}."
+)
+"""verl's geo3k instruction, appended to the problem after one space."""
+
+REJECT_REASONS: dict[str, str] = {
+    "missing_field": "a required field (question, answer, images) is absent or null",
+    "empty_question": "the question text is empty",
+    "empty_answer": "the answer is empty",
+    "unreadable_image": "an image file cannot be read (missing, permission, neither bytes nor path)",
+    "corrupt_image": "image bytes that Pillow cannot decode (unknown format, truncated)",
+    "image_too_large": "Pillow's decompression-bomb guard refused the image (MAX_IMAGE_PIXELS)",
+    "bad_aspect_ratio": "an image whose long/short side ratio exceeds Qwen's limit of 200",
+    "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
+    "invalid_record": "the source row is not a record at all (bad JSON, wrong types)",
+}
+"""Every reason a source row can be rejected for, with what it means."""
+
+MAX_ASPECT_RATIO = 200
+"""qwen-vl-utils refuses images whose long/short side ratio is above this."""
+
+DEFAULT_ROW_GROUP_SIZE = 100
+"""Rows per parquet row group (``datasets`` uses 100 for image datasets): the dataset reads images a group at a time."""
+
+
+class RecordError(Exception):
+    """A source row that cannot become a record: ``reason`` is a key of ``REJECT_REASONS``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"unknown reject reason {reason!r}")
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class PreprocessError(RuntimeError):
+    """A preprocessing run that must stop (``--strict`` hit a bad row, an unreadable input)."""
+
+
+# ------------------------------------------------------------------------------------------------------ images
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """An image that decoded fully: its encoded bytes (when read), size and Pillow format."""
+
+    data: bytes | None
+    width: int
+    height: int
+    format: str | None
+
+
+def check_image(data: bytes | None = None, path: str | os.PathLike | None = None) -> CheckedImage:
+    """Decode an image completely (bytes preferred, else the file at ``path``) and return its size and format.
+
+    Raises ``RecordError`` with reason unreadable_image, corrupt_image, image_too_large or bad_aspect_ratio.
+    Pillow's decompression-bomb guard stays on."""
+    if not data:  # None or empty: the file at path
+        if path is None or str(path) == "":
+            raise RecordError("unreadable_image", "image has neither bytes nor path")
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise RecordError("unreadable_image", f"{path}: {type(e).__name__}: {e.strerror or e}") from None
+    where = f"{path}: " if path else ""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt = im.format
+            im.load()
+            w, h = im.size
+    except Image.DecompressionBombError as e:
+        raise RecordError("image_too_large", f"{where}{e}") from None
+    except (OSError, SyntaxError, ValueError) as e:  # UnidentifiedImageError is an OSError; truncated files too
+        raise RecordError("corrupt_image", f"{where}{type(e).__name__}: {e}") from None
+    if min(w, h) < 1 or max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
+        raise RecordError("bad_aspect_ratio", f"{where}{w}x{h} (limit {MAX_ASPECT_RATIO}:1)")
+    return CheckedImage(data, w, h, fmt)
+
+
+def encode_pil(image: Image.Image, fmt: str = "PNG") -> bytes:
+    """Encode a Pillow image (PNG by default, which is lossless and deterministic)."""
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+_EXT = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp", "TIFF": "tiff"}
+
+
+def image_struct(
+    checked: CheckedImage,
+    *,
+    source_path: str | os.PathLike | None,
+    source_name: str | None,
+    store_paths: bool,
+    output_dir: str | os.PathLike,
+    spill_name: str,
+) -> dict[str, Any]:
+    """The ``{bytes, path}`` struct stored for one image.
+
+    By default the encoded bytes are stored as they came (no re-encoding) with ``source_name`` as the informative path.
+    With ``store_paths`` only a path is stored, relative to ``output_dir`` (the dataset resolves relative paths against
+    the parquet file's folder): the source file when it exists, else the bytes are written to
+    ``output_dir/images/<spill_name>.<ext>`` first."""
+    if not store_paths:
+        return {"bytes": checked.data, "path": source_name}
+    out = Path(output_dir)
+    if source_path is not None and Path(source_path).is_file():
+        target = Path(source_path).resolve()
+    else:
+        target = out / "images" / f"{spill_name}.{_EXT.get(checked.format or '', 'img')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(checked.data or b"")
+    return {"bytes": None, "path": os.path.relpath(target.resolve(), out.resolve())}
+
+
+# ----------------------------------------------------------------------------------------------------- records
+
+
+def count_placeholders(text: str) -> int:
+    """Number of ``<image>`` placeholders in a text."""
+    return text.count(IMAGE_PLACEHOLDER)
+
+
+def require_text(value: Any, name: str, empty_reason: str) -> str:
+    """A required string field: missing_field when absent/null, ``empty_reason`` when blank, invalid_record if not
+    a string."""
+    if value is None:
+        raise RecordError("missing_field", f"{name} is missing")
+    if not isinstance(value, str):
+        raise RecordError("invalid_record", f"{name} is {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise RecordError(empty_reason, f"{name} is empty")
+    return value
+
+
+def check_placeholders(question: str, num_images: int) -> None:
+    """Raise image_count_mismatch unless the question holds one ``<image>`` per image."""
+    n = count_placeholders(question)
+    if n != num_images:
+        raise RecordError("image_count_mismatch", f"{n} {IMAGE_PLACEHOLDER} placeholder(s) for {num_images} image(s)")
+
+
+def build_record(
+    *,
+    data_source: str,
+    question: str,
+    answer: str,
+    images: list[dict[str, Any]],
+    split: str,
+    index: int,
+    ability: str,
+    instruction: str | None = None,
+    extra_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One record in verl's schema (the same structure verl's geo3k script writes).
+
+    The prompt is a single user message: ``question`` followed by one space and ``instruction`` when given."""
+    content = question if not instruction else f"{question} {instruction}"
+    info = {"split": split, "index": index, "answer": answer, "question": question}
+    info.update(extra_info or {})
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content}],
+        "images": images,
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": info,
+    }
+
+
+def record_features(extra_info: dict[str, Any] | None = None) -> Any:
+    """``datasets.Features`` of the record schema (``extra_info``: extra fields beyond split/index/answer/question).
+
+    Its arrow schema carries the ``huggingface`` metadata, so ``datasets`` reads ``images`` as a list of ``Image``
+    exactly as it reads verl's output."""
+    import datasets
+
+    v = datasets.Value
+    info = {"split": v("string"), "index": v("int64"), "answer": v("string"), "question": v("string")}
+    info.update(extra_info or {})
+    return datasets.Features(
+        {
+            "data_source": v("string"),
+            "prompt": datasets.List({"role": v("string"), "content": v("string")}),
+            "images": datasets.List(datasets.Image()),
+            "ability": v("string"),
+            "reward_model": {"style": v("string"), "ground_truth": v("string")},
+            "extra_info": info,
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- pipeline
+
+
+@dataclass
+class Reject:
+    """A source row that was not written."""
+
+    split: str
+    source: str
+    """Where the row came from (file and row/line), for a human to find it."""
+    reason: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        """The line written to ``rejects.jsonl``."""
+        return {"split": self.split, "source": self.source, "reason": self.reason, "detail": self.detail}
+
+
+@dataclass
+class SplitResult:
+    """What one output split got: records written, rows rejected."""
+
+    split: str
+    path: Path
+    written: int = 0
+    rejects: list[Reject] = field(default_factory=list)
+
+    @property
+    def rows_read(self) -> int:
+        """Source rows seen."""
+        return self.written + len(self.rejects)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work: a picklable payload and the human-readable source it came from."""
+
+    source: str
+    payload: Any
+
+
+_WORKER_FN: Callable[[Any], dict[str, Any]] | None = None
+
+
+def _init_worker(fn: Callable[[Any], dict[str, Any]]) -> None:
+    global _WORKER_FN
+    _WORKER_FN = fn
+
+
+def _run_one(item: Item, fn: Callable[[Any], dict[str, Any]] | None = None) -> tuple[str, Any]:
+    fn = fn or _WORKER_FN
+    assert fn is not None
+    try:
+        return "ok", fn(item.payload)
+    except RecordError as e:
+        return "reject", (item.source, e.reason, e.detail)
+
+
+def _pool_run_one(item: Item) -> tuple[str, Any]:
+    return _run_one(item)
+
+
+def _windows(items: Iterable[Item], size: int) -> Iterable[list[Item]]:
+    buf: list[Item] = []
+    for it in items:
+        buf.append(it)
+        if len(buf) >= size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def run_split(
+    split: str,
+    items: Iterable[Item],
+    build: Callable[[Any], dict[str, Any]],
+    output_path: str | os.PathLike,
+    features: Any,
+    *,
+    total: int | None = None,
+    num_proc: int = 1,
+    strict: bool = False,
+    progress: bool = True,
+    row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
+) -> SplitResult:
+    """Build the records of one split with ``build(payload) -> record`` (which raises ``RecordError`` for a bad row)
+    on ``num_proc`` processes and stream them to ``output_path`` (written atomically), with a progress bar.
+
+    Output order equals input order and the file's bytes are the same whatever ``num_proc`` is. Memory stays bounded:
+    items are handed to the workers a window at a time and records are written a row group at a time. ``strict``
+    raises ``PreprocessError`` naming the first bad row in input order (and writes nothing)."""
+    from tqdm.auto import tqdm
+
+    path = Path(output_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    schema = features.arrow_schema
+    result = SplitResult(split, path)
+    rows: list[dict[str, Any]] = []
+    writer = pq.ParquetWriter(tmp, schema, compression="snappy")
+    bar = tqdm(total=total, desc=split, unit="rec", disable=not progress, file=sys.stderr, mininterval=0.5)
+
+    def flush() -> None:
+        if rows:
+            writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=row_group_size)
+            rows.clear()
+
+    def consume(outcomes: Iterable[tuple[str, Any]]) -> None:
+        for kind, value in outcomes:
+            bar.update(1)
+            if kind == "ok":
+                rows.append(value)
+                result.written += 1
+                if len(rows) >= row_group_size:
+                    flush()
+                continue
+            source, reason, detail = value
+            if strict:
+                raise PreprocessError(f"--strict: {source}: rejected ({reason}): {detail}")
+            result.rejects.append(Reject(split, source, reason, detail))
+
+    ok = False
+    try:
+        if num_proc <= 1:
+            consume(_run_one(it, build) for it in items)
+        else:
+            ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            with ctx.Pool(num_proc, initializer=_init_worker, initargs=(build,)) as pool:
+                for window in _windows(items, 64 * num_proc):
+                    consume(pool.imap(_pool_run_one, window, chunksize=8))
+        flush()
+        ok = True
+    finally:
+        bar.close()
+        writer.close()
+        if ok:
+            os.replace(tmp, path)
+        else:
+            tmp.unlink(missing_ok=True)
+    return result
+
+
+def write_report(
+    output_dir: str | os.PathLike,
+    results: Sequence[SplitResult],
+    *,
+    name: str,
+    config: dict[str, Any] | None = None,
+    started: float | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Write ``rejects.jsonl`` (always, maybe empty) and ``report.json`` into ``output_dir``, print the closing
+    report, and return the report dict."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"script": name, "output_dir": str(out), "splits": {}, "config": config or {}}
+    # runs writing other splits into the same folder (jsonl.py --split test after --split train) keep their entries
+    now = {res.split for res in results}
+    kept: list[str] = []
+    if (out / "rejects.jsonl").exists():
+        for line in (out / "rejects.jsonl").read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("split") not in now:
+                    kept.append(line)
+            except (json.JSONDecodeError, AttributeError):
+                continue
+    if (out / "report.json").exists():
+        try:
+            old = json.loads((out / "report.json").read_text(encoding="utf-8"))
+            report["splits"].update({k: v for k, v in old.get("splits", {}).items() if k not in now})
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    with open(out / "rejects.jsonl", "w", encoding="utf-8") as f:
+        for line in kept:
+            f.write(line + "\n")
+        for res in results:
+            for rej in res.rejects:
+                f.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
+    for res in results:
+        report["splits"][res.split] = {
+            "file": str(res.path),
+            "rows_read": res.rows_read,
+            "written": res.written,
+            "rejected": len(res.rejects),
+            "rejected_by_reason": dict(sorted(Counter(r.reason for r in res.rejects).items())),
+        }
+    report["seconds"] = round(time.perf_counter() - started, 3) if started is not None else None
+    with open(out / "report.json", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    if not quiet:
+        print(format_report(report))
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The closing report as text: records written per split, rejects per reason."""
+    lines = [f"[{report['script']}] output: {report['output_dir']}"]
+    width = max((len(s) for s in report["splits"]), default=5)
+    for split, s in report["splits"].items():
+        why = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())
+        lines.append(
+            f"  {split:<{width}}  {s['written']:>7} written  {s['rejected']:>5} rejected"
+            + (f" ({why})" if why else "")
+            + f"  -> {s['file']}"
+        )
+    total_rej = sum(s["rejected"] for s in report["splits"].values())
+    lines.append(f"  rejects: {total_rej} -> {Path(report['output_dir']) / 'rejects.jsonl'}")
+    if report.get("seconds") is not None:
+        lines.append(f"  time: {report['seconds']:.2f} s")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------- cli
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every preprocess script takes."""
+    parser.add_argument("--output-dir", required=True, help="folder for <split>.parquet, rejects.jsonl, report.json")
+    parser.add_argument("--num-proc", type=int, default=1, help="worker processes (output is the same for any value)")
+    parser.add_argument("--strict", action="store_true", help="stop at the first bad row, naming it")
+    parser.add_argument(
+        "--store-paths",
+        action="store_true",
+        help="store image paths (relative to the output folder) instead of encoded bytes",
+    )
+    parser.add_argument("--row-group-size", type=int, default=DEFAULT_ROW_GROUP_SIZE, help="rows per row group")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cli_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
+    """Run a script's ``main``; a ``PreprocessError`` becomes a one-line message and exit status 2."""
+    try:
+        main(argv)
+    except PreprocessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def isfinite_number(x: Any) -> bool:
+    """True for an int/float that is finite (used to validate box coordinates)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,221 @@
+"""Generic JSON-lines records + an image folder → parquet in verl's record schema.
+
+Each line is an object with a question (holding one ``<image>`` per image), an answer, ``images`` (a list of paths
+relative to ``--image-dir``, or one path) and optionally ``boxes`` (``[x1, y1, x2, y2]`` or a list of them, in
+original image pixels; kept in ``extra_info.boxes``). Field names are configurable. Multi-image prompts are fine.
+
+    python preprocess/jsonl.py --input records.jsonl --image-dir images/ --output-dir data/mine --split train
+
+A non-string answer (a number, a box) is stored as its JSON text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vlmrl.preprocess.common import (
+    IMAGE_PLACEHOLDER,
+    Item,
+    PreprocessError,
+    RecordError,
+    add_common_args,
+    build_record,
+    check_image,
+    check_placeholders,
+    cli_main,
+    count_placeholders,
+    image_struct,
+    isfinite_number,
+    record_features,
+    require_text,
+    run_split,
+    write_report,
+)
+
+
+def extra_info_features() -> dict[str, Any]:
+    """``datasets`` features of the extra_info fields beyond split/index/answer/question."""
+    import datasets
+
+    return {"boxes": datasets.List(datasets.List(datasets.Value("float64")))}
+
+
+@dataclass(frozen=True)
+class JsonlOptions:
+    """What decides one record (picklable: shipped to worker processes)."""
+
+    split: str
+    image_dir: str
+    output_dir: str
+    data_source: str
+    ability: str
+    instruction: str | None
+    question_field: str
+    answer_field: str
+    images_field: str
+    boxes_field: str
+    prepend_images: bool
+    store_paths: bool
+
+
+def _answer_text(value: Any, field: str) -> str:
+    if value is None:
+        raise RecordError("missing_field", f"{field} is missing")
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (int, float, list, dict)) and not isinstance(value, bool):
+        text = json.dumps(value)
+    else:
+        raise RecordError("invalid_record", f"{field} is {type(value).__name__}")
+    if not text.strip() or text in ("[]", "{}"):
+        raise RecordError("empty_answer", f"{field} is empty")
+    return text
+
+
+def _boxes(value: Any, field: str) -> list[list[float]]:
+    if value is None:
+        return []
+    if isinstance(value, list) and len(value) == 4 and all(isfinite_number(x) for x in value):
+        value = [value]
+    if not isinstance(value, list) or not all(
+        isinstance(b, list) and len(b) == 4 and all(isfinite_number(x) for x in b) for b in value
+    ):
+        raise RecordError("invalid_record", f"{field} must be [x1, y1, x2, y2] or a list of them, got {value!r:.80}")
+    return [[float(x) for x in b] for b in value]
+
+
+def build_line(payload: tuple[int, str], opts: JsonlOptions) -> dict[str, Any]:
+    """One JSON line → one verl record (raises ``RecordError`` for a bad line)."""
+    index, line = payload
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RecordError("invalid_record", f"not JSON: {e}") from None
+    if not isinstance(rec, dict):
+        raise RecordError("invalid_record", f"line is a JSON {type(rec).__name__}, expected an object")
+    question = require_text(rec.get(opts.question_field), opts.question_field, "empty_question")
+    answer = _answer_text(rec.get(opts.answer_field), opts.answer_field)
+    paths = rec.get(opts.images_field)
+    if paths is None:
+        paths = []
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise RecordError("invalid_record", f"{opts.images_field} must be a list of paths")
+    if opts.prepend_images and paths and count_placeholders(question) == 0:
+        question = IMAGE_PLACEHOLDER * len(paths) + question
+    check_placeholders(question, len(paths))
+    boxes = _boxes(rec.get(opts.boxes_field), opts.boxes_field)
+    structs = []
+    for k, rel in enumerate(paths):
+        if not rel.strip():
+            raise RecordError("unreadable_image", f"{opts.images_field}[{k}] is an empty path")
+        full = Path(opts.image_dir) / rel
+        checked = check_image(path=full)
+        structs.append(
+            image_struct(
+                checked,
+                source_path=full,
+                source_name=rel,
+                store_paths=opts.store_paths,
+                output_dir=opts.output_dir,
+                spill_name=f"{opts.split}/{index:07d}_{k}",
+            )
+        )
+    return build_record(
+        data_source=opts.data_source,
+        question=question,
+        answer=answer,
+        images=structs,
+        split=opts.split,
+        index=index,
+        ability=opts.ability,
+        instruction=opts.instruction,
+        extra_info={"boxes": boxes},
+    )
+
+
+def read_lines(path: Path) -> Iterator[Item]:
+    """Non-blank lines as work items; the record index counts non-blank lines, the source names the line number."""
+    index = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            yield Item(f"{path}:{lineno}", (index, line))
+            index += 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True, help="records, one JSON object per line")
+    p.add_argument("--image-dir", default=None, help="folder the image paths are relative to (default: the input's)")
+    add_common_args(p)
+    p.add_argument("--split", default="train", help="output split name: OUT/<split>.parquet")
+    p.add_argument("--data-source", default=None, help="data_source of every record (default: jsonl/<input stem>)")
+    p.add_argument("--ability", default="visual", help="ability field of every record")
+    p.add_argument("--instruction", default=None, help="text appended to every question after a space")
+    p.add_argument("--question-field", default="question")
+    p.add_argument("--answer-field", default="answer")
+    p.add_argument("--images-field", default="images")
+    p.add_argument("--boxes-field", default="boxes")
+    p.add_argument(
+        "--prepend-images",
+        action="store_true",
+        help=f"a question without {IMAGE_PLACEHOLDER} gets one per image in front (else it is rejected)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Entry point: read the lines, build and validate records, write parquet and the report."""
+    a = parse_args(argv)
+    started = time.perf_counter()
+    src = Path(a.input)
+    if not src.is_file():
+        raise PreprocessError(f"{src}: no such file")
+    image_dir = Path(a.image_dir) if a.image_dir else src.parent
+    if not image_dir.is_dir():
+        raise PreprocessError(f"--image-dir {image_dir}: no such folder")
+    opts = JsonlOptions(
+        split=a.split,
+        image_dir=str(image_dir),
+        output_dir=str(a.output_dir),
+        data_source=a.data_source or f"jsonl/{src.stem}",
+        ability=a.ability,
+        instruction=a.instruction,
+        question_field=a.question_field,
+        answer_field=a.answer_field,
+        images_field=a.images_field,
+        boxes_field=a.boxes_field,
+        prepend_images=a.prepend_images,
+        store_paths=a.store_paths,
+    )
+    with open(src, encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    result = run_split(
+        a.split,
+        read_lines(src),
+        functools.partial(build_line, opts=opts),
+        Path(a.output_dir) / f"{a.split}.parquet",
+        record_features(extra_info_features()),
+        total=total,
+        num_proc=a.num_proc,
+        strict=a.strict,
+        progress=not a.no_progress,
+        row_group_size=a.row_group_size,
+    )
+    config = {"input": str(src), "image_dir": str(image_dir), "split": a.split, "data_source": opts.data_source}
+    return write_report(a.output_dir, [result], name="jsonl", config=config, started=started)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli_main(main))

@@ -1,0 +1,447 @@
+"""``RLDataset``: verl-schema parquet files → ``PromptSample`` (chat, prompt ids with one image pad per image, resized
+images), decoded lazily.
+
+At construction every record is checked and measured cheaply: chats are built and rendered, tokenised in batches,
+and image token counts come from image headers only (no pixel decoding). Overlong prompts are filtered and counted;
+a prompt holding images is never truncated. ``ds[i]`` then decodes and resizes that record's images once with
+qwen-vl-utils' rules; the same resized images go to the rollout engine and the trainer's processor.
+
+Memory stays bounded however large the files: the non-image columns are kept as Arrow tables (text), the image
+column is read one row group at a time through a small LRU, and no decoded image is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlmrl.batch import PromptSample
+from vlmrl.data.records import DataError, build_messages, decode_image, image_entries, image_size, where
+from vlmrl.data.template import ChatRenderer
+from vlmrl.models import qwen_vl
+
+TRUNCATION_MODES = ("error", "left", "right")
+"""``data.truncation`` values: what happens to an overlong text-only prompt that is not filtered."""
+
+_SCAN_BATCH = 512  # rows per construction-time scan batch (bounded memory, batched tokenisation)
+
+
+class _LRU:
+    """A small thread-safe least-recently-used cache (prompt renderings and token ids repeat across records and
+    epochs)."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.data: OrderedDict[Any, Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self.lock:
+            value = self.data.get(key)
+            if value is not None:
+                self.data.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self.lock:
+            self.data[key] = value
+            if len(self.data) > self.maxsize:
+                self.data.popitem(last=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"maxsize": self.maxsize}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["maxsize"])
+
+
+def normalize_files(files: Any) -> list[str]:
+    """``data.train_files`` as a list of paths (a path, a list, a tuple or an OmegaConf ListConfig)."""
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        return [os.fspath(files)]
+    return [os.fspath(f) for f in files]
+
+
+class ParquetSource:
+    """One parquet file: non-image columns in memory as an Arrow table; the image column read a row group at a time
+    (memory-mapped file, LRU of ``cache_row_groups`` groups, Arrow buffers only: nothing decoded is kept)."""
+
+    def __init__(self, path: str, image_key: str, cache_row_groups: int = 2) -> None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"data file not found: {path}")
+        self.path = path
+        self.base_dir = str(Path(path).resolve().parent)
+        self.image_key = image_key
+        self.cache_row_groups = max(1, cache_row_groups)
+        pf = self._file()
+        md = pf.metadata
+        self.num_rows = md.num_rows
+        self.columns = pf.schema_arrow.names
+        self.has_images = image_key in self.columns
+        sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        self.group_starts = np.cumsum([0, *sizes])
+        self.meta = pf.read(columns=[c for c in self.columns if c != image_key])
+        self._cache: OrderedDict[int, pa.ChunkedArray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _file(self) -> pq.ParquetFile:
+        pf = getattr(self, "_pf", None)
+        if pf is None:
+            pf = self._pf = pq.ParquetFile(self.path, memory_map=True)
+        return pf
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_pf", None)
+        state["_cache"] = OrderedDict()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def row(self, r: int) -> dict[str, Any]:
+        """The non-image columns of row ``r`` as Python values."""
+        return self.meta.slice(r, 1).to_pylist()[0]
+
+    def images(self, r: int) -> list[Any]:
+        """The image entries (``{bytes, path}`` structs) of row ``r``."""
+        if not self.has_images:
+            return []
+        g = int(np.searchsorted(self.group_starts, r, side="right")) - 1
+        with self._lock:
+            col = self._cache.get(g)
+            if col is None:
+                col = self._file().read_row_group(g, columns=[self.image_key]).column(0)
+                self._cache[g] = col
+                while len(self._cache) > self.cache_row_groups:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(g)
+        return image_entries(col[r - int(self.group_starts[g])].as_py())
+
+    def scan_images(self, batch_size: int) -> Any:
+        """Image entries of every row, in order, one batch at a time (construction-time scan; bypasses the LRU)."""
+        if not self.has_images:
+            for start in range(0, self.num_rows, batch_size):
+                yield [[] for _ in range(min(batch_size, self.num_rows - start))]
+            return
+        for batch in self._file().iter_batches(batch_size=batch_size, columns=[self.image_key]):
+            yield [image_entries(v) for v in batch.column(0).to_pylist()]
+
+
+def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
+    return getattr(cfg, key, default) if not isinstance(cfg, dict) else cfg.get(key, default)
+
+
+class RLDataset:
+    """Prompts for RL from verl-schema parquet files.
+
+    ``ds[i]`` → ``PromptSample`` (lazy: decode + resize on access). ``ds.report`` says what construction found (rows
+    read, filtered overlong with reason counts, truncations); it is printed once.
+
+    Raises ``DataError`` naming file and row for a broken record: a ``<image>`` count that differs from the image
+    count, an unreadable/corrupt image or one refused by Pillow's decompression-bomb guard, an overlong prompt with
+    images when ``data.filter_overlong_prompts`` is off, an overlong text-only prompt with ``data.truncation=error``.
+    """
+
+    def __init__(
+        self,
+        files: Any,
+        processor: Any,
+        data_cfg: Any,
+        split: str = "train",
+        *,
+        cache_row_groups: int = 2,
+        verbose: bool = True,
+    ) -> None:
+        started = time.perf_counter()
+        self.files = normalize_files(files)
+        if not self.files:
+            raise ValueError(f"no data files given for the {split} split")
+        self.split = split
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.prompt_key = _cfg(data_cfg, "prompt_key", "prompt")
+        self.image_key = _cfg(data_cfg, "image_key", "images")
+        self.max_prompt_length = int(_cfg(data_cfg, "max_prompt_length", 1024))
+        self.filter_overlong = bool(_cfg(data_cfg, "filter_overlong_prompts", True))
+        self.truncation = str(_cfg(data_cfg, "truncation", "error"))
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={self.truncation!r}; choose one of {', '.join(TRUNCATION_MODES)}")
+        self.system_prompt = _cfg(data_cfg, "system_prompt", None) or None
+        self.renderer = ChatRenderer(processor, _cfg(data_cfg, "custom_chat_template", None))
+        ip = processor.image_processor
+        self.patch_factor = qwen_vl.patch_factor(ip)
+        self.pixel_bounds = qwen_vl.pixel_bounds(ip, _cfg(data_cfg, "min_pixels"), _cfg(data_cfg, "max_pixels"))
+        self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
+
+        self._pool: Any = None
+        self._token_lock = threading.Lock()
+        self._text_cache = _LRU(1024)
+        self._ids_cache = _LRU(1024)
+        self.sources = [ParquetSource(f, self.image_key, cache_row_groups) for f in self.files]
+        for s in self.sources:
+            if self.prompt_key not in s.columns:
+                raise DataError(f"{s.path}: no column {self.prompt_key!r} (data.prompt_key); it has {s.columns}")
+        self._scan(started)
+        if verbose:
+            print(self.format_report())
+
+    # ------------------------------------------------------------------------------------------------ construction
+
+    def _scan(self, started: float) -> None:
+        """Check and measure every record; keep the ones that fit; fill ``self.report``."""
+        kept_src: list[np.ndarray] = []
+        kept_row: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        n_imgs: list[np.ndarray] = []
+        reasons: Counter[str] = Counter()
+        truncated = 0
+        rows_read = 0
+        for si, src in enumerate(self.sources):
+            start = 0
+            for entries in src.scan_images(_SCAN_BATCH):
+                stop = start + len(entries)
+                prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
+                texts, counts, image_tokens = [], [], []
+                for k, (prompt, ents) in enumerate(zip(prompts, entries)):
+                    r = start + k
+                    text, n = self._render_checked(src, r, prompt, ents)
+                    texts.append(text)
+                    counts.append(n)
+                    image_tokens.append(sum(self._image_tokens(src, r, j, e) for j, e in enumerate(ents)))
+                ids = self._tokenize(texts)
+                rows = np.arange(start, stop)
+                length = np.empty(len(rows), dtype=np.int64)
+                keep = np.ones(len(rows), dtype=bool)
+                for k, (tid, n, itok) in enumerate(zip(ids, counts, image_tokens)):
+                    r = start + k
+                    pads = sum(1 for t in tid if t == self.image_pad_id)
+                    if pads != n:
+                        raise DataError(
+                            f"{where(src.path, r)}: the rendered prompt has {pads} image pad token(s) for {n} image(s) "
+                            "(a literal image pad in the text, or a chat template that drops image parts)"
+                        )
+                    length[k] = len(tid) - n + itok
+                    if length[k] <= self.max_prompt_length:
+                        continue
+                    if n > 0:
+                        if not self.filter_overlong:
+                            raise DataError(
+                                f"{where(src.path, r)}: prompt is {length[k]} tokens ({itok} of them image tokens) > "
+                                f"data.max_prompt_length={self.max_prompt_length}; a prompt with images is never "
+                                "truncated: set data.filter_overlong_prompts=true, raise max_prompt_length or lower "
+                                "data.max_pixels"
+                            )
+                        keep[k] = False
+                        reasons["overlong_with_images"] += 1
+                    elif self.filter_overlong:
+                        keep[k] = False
+                        reasons["overlong_text"] += 1
+                    elif self.truncation == "error":
+                        raise DataError(
+                            f"{where(src.path, r)}: text-only prompt is {length[k]} tokens > "
+                            f"data.max_prompt_length={self.max_prompt_length} and data.truncation=error; set "
+                            "data.filter_overlong_prompts=true or data.truncation=left|right"
+                        )
+                    else:
+                        truncated += 1
+                        length[k] = self.max_prompt_length
+                kept_src.append(np.full(int(keep.sum()), si, dtype=np.int32))
+                kept_row.append(rows[keep])
+                lengths.append(length[keep])
+                n_imgs.append(np.asarray(counts, dtype=np.int32)[keep])
+                rows_read += len(rows)
+                start = stop
+        self._src = np.concatenate(kept_src) if kept_src else np.zeros(0, np.int32)
+        self._row = np.concatenate(kept_row) if kept_row else np.zeros(0, np.int64)
+        self.prompt_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        """Prompt length in tokens (image tokens included) of each kept record."""
+        self.num_images = np.concatenate(n_imgs) if n_imgs else np.zeros(0, np.int32)
+        """Images of each kept record."""
+        filtered = sum(reasons.values())
+        self.report: dict[str, Any] = {
+            "split": self.split,
+            "files": list(self.files),
+            "rows_read": rows_read,
+            "kept": len(self),
+            "filtered_overlong": filtered,
+            "filtered_by_reason": dict(sorted(reasons.items())),
+            "truncated_text_prompts": truncated,
+            "truncation": self.truncation,
+            "max_prompt_length": self.max_prompt_length,
+            "prompt_length_max": int(self.prompt_lengths.max()) if len(self) else 0,
+            "prompt_length_mean": round(float(self.prompt_lengths.mean()), 1) if len(self) else 0.0,
+            "max_images_per_prompt": self.max_images_per_prompt,
+            "text_only_prompts": int((self.num_images == 0).sum()),
+            "pixel_bounds": list(self.pixel_bounds),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+
+    def _render_checked(self, src: ParquetSource, r: int, prompt: Any, entries: list[Any]) -> tuple[str, int]:
+        try:
+            messages, n = build_messages(prompt, self.system_prompt)
+        except TypeError as e:
+            raise DataError(f"{where(src.path, r)}: bad {self.prompt_key!r} column value: {e}") from None
+        if n != len(entries):
+            raise DataError(
+                f"{where(src.path, r)}: {n} <image> placeholder(s) in the prompt but {len(entries)} image(s) "
+                f"in column {self.image_key!r}"
+            )
+        try:
+            return self._render(messages), n
+        except Exception as e:  # noqa: BLE001 - a template error names the record
+            raise DataError(f"{where(src.path, r)}: chat template failed: {type(e).__name__}: {e}") from None
+
+    def _image_tokens(self, src: ParquetSource, r: int, j: int, entry: Any) -> int:
+        try:
+            w, h = image_size(entry, src.base_dir)
+            return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
+        except DataError as e:
+            raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
+        except ValueError as e:  # smart_resize: aspect ratio over 200
+            raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        """The chat template's text for ``messages`` (cached: many datasets repeat prompts)."""
+        key = repr(messages)
+        text = self._text_cache.get(key)
+        if text is None:
+            text = self.renderer.render(messages)
+            self._text_cache.put(key, text)
+        return text
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of many prompt texts (identical texts are tokenised once)."""
+        unique = list(dict.fromkeys(texts))
+        ids = self.tokenizer(unique, add_special_tokens=False)["input_ids"] if unique else []
+        table = dict(zip(unique, ids))
+        return [table[t] for t in texts]
+
+    # --------------------------------------------------------------------------------------------------- access
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        """The most images any kept prompt holds (the engine's ``limit_mm_per_prompt``)."""
+        return int(self.num_images.max()) if len(self) else 0
+
+    def source_of(self, index: int) -> tuple[str, int]:
+        """(file, row) of a kept record."""
+        return self.sources[int(self._src[index])].path, int(self._row[index])
+
+    def __getitem__(self, index: int) -> PromptSample:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} prompts")
+        index = int(index) % len(self)
+        src = self.sources[int(self._src[index])]
+        r = int(self._row[index])
+        try:
+            return self._build(index, src, r)
+        except DataError as e:
+            msg = str(e)
+            raise DataError(msg if msg.startswith(src.path) else f"{where(src.path, r)}: {msg}") from None
+
+    def get_batch(self, indices: Sequence[int], num_workers: int = 0) -> list[PromptSample]:
+        """``[ds[i] for i in indices]``; with ``num_workers`` > 1 the records are built on that many threads (Pillow
+        releases the GIL while decoding and resizing, so this scales with cores). Same result, same order."""
+        if num_workers <= 1 or len(indices) <= 1:
+            return [self[int(i)] for i in indices]
+        pool = self._pool
+        if pool is None or pool._max_workers != num_workers:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if pool is not None:
+                pool.shutdown(wait=False)
+            pool = self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="vlmrl-data")
+        return list(pool.map(self.__getitem__, [int(i) for i in indices]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state.pop("_token_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._token_lock = threading.Lock()
+
+    def _build(self, index: int, src: ParquetSource, r: int) -> PromptSample:
+        row = src.row(r)
+        entries = src.images(r)
+        messages, n = build_messages(row[self.prompt_key], self.system_prompt)
+        if n != len(entries):
+            raise DataError(f"{n} <image> placeholder(s) but {len(entries)} image(s)")
+        images, sizes = [], []
+        for j, entry in enumerate(entries):
+            try:
+                raw = decode_image(entry, src.base_dir)
+                sizes.append(raw.size)
+                images.append(qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds))
+                raw.close()
+            except DataError as e:
+                raise DataError(f"image {j}: {e}") from None
+            except ValueError as e:
+                raise DataError(f"image {j}: {e}") from None
+        with self._token_lock:  # a fast tokenizer must not be entered from two threads at once ("Already borrowed")
+            prompt_text = self._render(messages)
+            ids = self._ids_cache.get(prompt_text)
+            if ids is None:
+                try:
+                    ids = tuple(qwen_vl.engine_prompt_ids(self.tokenizer, prompt_text, n))
+                except ValueError as e:
+                    raise DataError(str(e)) from None
+                self._ids_cache.put(prompt_text, ids)
+        ids = list(ids)
+        if n == 0 and len(ids) > self.max_prompt_length:
+            if self.truncation == "error":  # only reachable when the files changed since construction
+                raise DataError(f"text-only prompt is {len(ids)} tokens > {self.max_prompt_length}")
+            ids = ids[-self.max_prompt_length :] if self.truncation == "left" else ids[: self.max_prompt_length]
+            with self._token_lock:
+                prompt_text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        reward = row.get("reward_model") or {}
+        return PromptSample(
+            index=index,
+            uid=f"{src.path}:{r}",
+            data_source=str(row.get("data_source") or "unknown"),
+            messages=messages,
+            prompt_text=prompt_text,
+            prompt_ids=ids,
+            images=images,
+            original_sizes=[(int(w), int(h)) for w, h in sizes],
+            ground_truth=reward.get("ground_truth") if isinstance(reward, dict) else None,
+            extra_info=dict(row.get("extra_info") or {}),
+        )
+
+    # --------------------------------------------------------------------------------------------------- report
+
+    def format_report(self) -> str:
+        """The construction report as one or two lines of text."""
+        r = self.report
+        why = ", ".join(f"{k}: {v}" for k, v in r["filtered_by_reason"].items())
+        text = (
+            f"[data:{r['split']}] {r['rows_read']} rows from {len(r['files'])} file(s) -> {r['kept']} prompts; "
+            f"filtered {r['filtered_overlong']} overlong (> {r['max_prompt_length']} tokens)"
+            + (f" ({why})" if why else "")
+            + f"; prompt length max {r['prompt_length_max']} mean {r['prompt_length_mean']}; "
+            f"max images/prompt {r['max_images_per_prompt']}; {r['seconds']:.2f} s"
+        )
+        if r["truncated_text_prompts"]:
+            n, mode = r["truncated_text_prompts"], r["truncation"]
+            text += f"\n[data:{r['split']}] truncated {n} overlong text-only prompts (data.truncation={mode})"
+        return text
