@@ -146,8 +146,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"curve written to {plot_curve(a.metrics, a.png)}")
 
 
-
-
 def ascii_curve(jsonl_path: str | os.PathLike, key: str = "reward/mean", width: int = 60) -> str:
     """The curve of ``key`` as text rows (step, value, bar) — what the quick start prints at the end."""
     rows = [r for r in read_metrics(jsonl_path) if isinstance(r.get(key), (int, float))]

@@ -1,0 +1,237 @@
+"""One TRL ``GRPOTrainer`` run on the tiny Qwen2.5-VL and the synthetic colour task, timed step by step.
+
+Started by ``benchmarks/bench_trl.py`` in TRL's own environment (``PYTHONPATH=.cache/trl-pkgs`` over vlmrl's
+interpreter, so torch and transformers are exactly vlmrl's). Not meant to be run by hand, but it can be:
+
+    PYTHONPATH=.cache/trl-pkgs .venv/bin/python benchmarks/trl_runner.py --model DIR --data DIR --out result.json
+
+Timing: wall time per optimizer step (callback), and where it goes: TRL's methods are wrapped to time generation
+(``_generate``: processor + HF ``generate``), scoring (``_calculate_rewards``), the whole generate-and-score stage,
+the loss forward (``compute_loss``), the backward pass (``accelerator.backward``) and the rest (optimizer, logging).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def load_records(data_dir: Path, limit: int | None = None) -> dict[str, list[Any]]:
+    """The verl-schema parquet as TRL columns: conversational ``prompt`` (text, TRL inserts the image), ``image``,
+    ``ground_truth`` and ``choices`` (passed to the reward function)."""
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    df = pd.read_parquet(data_dir / "train.parquet")
+    if limit:
+        df = df.iloc[:limit]
+    cols: dict[str, list[Any]] = {"prompt": [], "image": [], "ground_truth": [], "choices": []}
+    for _, row in df.iterrows():
+        msgs = [dict(m) for m in row["prompt"]]
+        images = list(row["images"])
+        if len(images) != 1:
+            raise ValueError(f"the TRL benchmark expects one image per record, got {len(images)}")
+        for m in msgs:
+            m["content"] = str(m["content"]).replace("<image>", "").strip()
+        cols["prompt"].append(msgs)
+        cols["image"].append(Image.open(io.BytesIO(images[0]["bytes"])).convert("RGB"))
+        cols["ground_truth"].append(str(row["reward_model"]["ground_truth"]))
+        extra = row["extra_info"] or {}
+        choices = extra.get("choices")
+        cols["choices"].append([str(c) for c in (choices.tolist() if hasattr(choices, "tolist") else choices or [])])
+    return cols
+
+
+def colour_reward(prompts: list, completions: list, ground_truth: list, choices: list, **_: Any) -> list[float]:
+    """vlmrl's synthetic-task reward (label families: exactly one candidate named and it is the truth)."""
+    from vlmrl.rewards.format import answer_span
+    from vlmrl.rewards.synthetic import label_score
+
+    out = []
+    for comp, truth, labels in zip(completions, ground_truth, choices, strict=True):
+        text = comp[0]["content"] if isinstance(comp, list) else str(comp)
+        out.append(label_score(answer_span(text), truth, list(labels)))
+    return out
+
+
+class Timers:
+    """Accumulates seconds per named stage within the current optimizer step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj: Any, name: str, key: str) -> None:
+        """Replace ``obj.name`` with a timed version adding to ``key``."""
+        fn: Callable[..., Any] = getattr(obj, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[key] += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+    def take(self) -> dict[str, float]:
+        """This step's totals, then reset."""
+        out = dict(self.current)
+        self.current = defaultdict(float)
+        return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train with TRL's GRPOTrainer and write per-step timings and rewards as JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True, help="result JSON")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--time-budget-s", type=float, default=0, help="stop after this much training time (0 = none)")
+    ap.add_argument("--stop-reward", type=float, default=0, help="stop once the 5-step mean reward reaches this")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per optimizer step")
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--micro", type=int, default=64, help="samples per forward/backward (per_device_train_batch_size)")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--equal-lengths", action="store_true", help="min_new_tokens = max tokens (ignore_eos)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    import datasets
+    import trl
+    from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    samples = a.prompts * a.n
+    if samples % a.micro:
+        raise SystemExit(f"--micro {a.micro} must divide prompts x n = {samples}")
+    accum = samples // a.micro
+    cols = load_records(Path(a.data))
+    feats = datasets.Features(
+        {
+            "prompt": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+            "image": datasets.Image(),
+            "ground_truth": datasets.Value("string"),
+            "choices": datasets.List(datasets.Value("string")),
+        }
+    )
+    ds = datasets.Dataset.from_dict(cols, features=feats)
+    processor = AutoProcessor.from_pretrained(a.model)
+    model = AutoModelForImageTextToText.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa")
+    gen_kwargs = {"min_new_tokens": a.max_tokens} if a.equal_lengths else None
+    out_dir = Path(a.out).with_suffix(".trainer")
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        per_device_train_batch_size=a.micro,
+        gradient_accumulation_steps=accum,
+        num_generations=a.n,
+        max_completion_length=a.max_tokens,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=a.lr,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=a.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=a.seed,
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        generation_kwargs=gen_kwargs,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=colour_reward, args=args, train_dataset=ds, processing_class=processor
+    )
+    timers = Timers()
+    timers.wrap(trainer, "_generate", "generate_s")
+    timers.wrap(trainer, "_calculate_rewards", "reward_s")
+    timers.wrap(trainer, "_generate_and_score_completions", "generate_and_score_s")
+    timers.wrap(trainer, "compute_loss", "loss_forward_s")
+    timers.wrap(trainer, "training_step", "training_step_s")
+    timers.wrap(trainer.accelerator, "backward", "backward_s")
+
+    steps: list[dict[str, Any]] = []
+    rewards: list[float] = []
+    lengths: list[float] = []
+
+    class StepClock(TrainerCallback):
+        """Wall time between optimizer steps, the stage timers, and the logged reward of each step."""
+
+        def __init__(self) -> None:
+            self.t_last = time.perf_counter()
+            self.t_first = self.t_last
+
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            self.t_last = self.t_first = time.perf_counter()
+
+        def on_step_end(self, _args: Any, state: Any, control: Any, **__: Any) -> None:
+            t = time.perf_counter()
+            row = {"step": state.global_step, "step_s": t - self.t_last, **timers.take()}
+            self.t_last = t
+            steps.append(row)
+            elapsed = t - self.t_first
+            if a.time_budget_s and elapsed > a.time_budget_s:
+                control.should_training_stop = True
+
+        def on_log(self, _args: Any, _state: Any, control: Any, logs: dict | None = None, **__: Any) -> None:
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
+                lengths.append(float(logs.get("completions/mean_length", float("nan"))))
+            if a.stop_reward and len(rewards) >= 5 and sum(rewards[-5:]) / 5 >= a.stop_reward:
+                control.should_training_stop = True
+
+    trainer.add_callback(StepClock())
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    result = {
+        "trl_version": trl.__version__,
+        "threads": a.threads,
+        "config": {
+            "prompts": a.prompts,
+            "n": a.n,
+            "micro": a.micro,
+            "gradient_accumulation_steps": accum,
+            "max_tokens": a.max_tokens,
+            "equal_lengths": a.equal_lengths,
+            "lr": a.lr,
+        },
+        "steps": steps,
+        "rewards": rewards,
+        "mean_lengths": lengths,
+        "train_wall_s": wall,
+        "pid": os.getpid(),
+    }
+    Path(a.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
