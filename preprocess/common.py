@@ -53,7 +53,7 @@ REJECT_REASONS: dict[str, str] = {
     "image_too_large": "Pillow's decompression-bomb guard refused the image (MAX_IMAGE_PIXELS)",
     "bad_aspect_ratio": "an image whose long/short side ratio exceeds Qwen's limit of 200",
     "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
-    "invalid_record": "the source row is not a record at all (bad JSON, wrong types)",
+    "invalid_record": "the source row is not a record at all (bad JSON, text that is not UTF-8, wrong types)",
 }
 """Every reason a source row can be rejected for, with what it means."""
 
@@ -99,12 +99,16 @@ def check_image(data: bytes | None = None, path: str | os.PathLike | None = None
     Pillow's decompression-bomb guard stays on."""
     if not data:  # None or empty: the file at path
         if path is None or str(path) == "":
+            if data is not None:
+                raise RecordError("corrupt_image", "empty image bytes (0 bytes) and no path")
             raise RecordError("unreadable_image", "image has neither bytes nor path")
         try:
             data = Path(path).read_bytes()
         except OSError as e:
             raise RecordError("unreadable_image", f"{path}: {type(e).__name__}: {e.strerror or e}") from None
     where = f"{path}: " if path else ""
+    if not data:
+        raise RecordError("corrupt_image", f"{where}empty image (0 bytes)")
     try:
         with Image.open(io.BytesIO(data)) as im:
             fmt = im.format
@@ -112,7 +116,11 @@ def check_image(data: bytes | None = None, path: str | os.PathLike | None = None
             w, h = im.size
     except Image.DecompressionBombError as e:
         raise RecordError("image_too_large", f"{where}{e}") from None
-    except (OSError, SyntaxError, ValueError) as e:  # UnidentifiedImageError is an OSError; truncated files too
+    except Image.UnidentifiedImageError:  # its message names an in-memory buffer: say what the bytes are instead
+        raise RecordError(
+            "corrupt_image", f"{where}not an image Pillow can identify ({len(data)} bytes starting {data[:8]!r})"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as e:  # truncated files, broken chunks, bad CRCs
         raise RecordError("corrupt_image", f"{where}{type(e).__name__}: {e}") from None
     if min(w, h) < 1 or max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
         raise RecordError("bad_aspect_ratio", f"{where}{w}x{h} (limit {MAX_ASPECT_RATIO}:1)")
@@ -173,6 +181,7 @@ def require_text(value: Any, name: str, empty_reason: str) -> str:
         raise RecordError("invalid_record", f"{name} is {type(value).__name__}, expected a string")
     if not value.strip():
         raise RecordError(empty_reason, f"{name} is empty")
+    check_utf8(value, name)
     return value
 
 
@@ -201,7 +210,7 @@ def build_record(
     content = question if not instruction else f"{question} {instruction}"
     info = {"split": split, "index": index, "answer": answer, "question": question}
     info.update(extra_info or {})
-    return {
+    record = {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
         "images": images,
@@ -209,6 +218,27 @@ def build_record(
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": info,
     }
+    check_utf8(record)
+    return record
+
+
+def check_utf8(value: Any, name: str = "record") -> None:
+    """Raise invalid_record when a string anywhere in ``value`` cannot be written as UTF-8 (a lone surrogate such as
+    JSON's ``"\\udcff"``): parquet would refuse it when the row group is written, failing the whole run."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = value[e.start : e.end].encode("utf-8", "backslashreplace").decode("ascii")
+            raise RecordError(
+                "invalid_record", f"{name} is not valid UTF-8 text ({bad} at character {e.start})"
+            ) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_utf8(v, f"{name}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for k, v in enumerate(value):
+            check_utf8(v, f"{name}[{k}]")
 
 
 def record_features(extra_info: dict[str, Any] | None = None) -> Any:

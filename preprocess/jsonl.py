@@ -29,6 +29,7 @@ from vlmrl.preprocess.common import (
     build_record,
     check_image,
     check_placeholders,
+    check_utf8,
     cli_main,
     count_placeholders,
     image_struct,
@@ -76,6 +77,7 @@ def _answer_text(value: Any, field: str) -> str:
         raise RecordError("invalid_record", f"{field} is {type(value).__name__}")
     if not text.strip() or text in ("[]", "{}"):
         raise RecordError("empty_answer", f"{field} is empty")
+    check_utf8(text, field)
     return text
 
 
@@ -91,9 +93,22 @@ def _boxes(value: Any, field: str) -> list[list[float]]:
     return [[float(x) for x in b] for b in value]
 
 
-def build_line(payload: tuple[int, str], opts: JsonlOptions) -> dict[str, Any]:
-    """One JSON line → one verl record (raises ``RecordError`` for a bad line)."""
-    index, line = payload
+def decode_line(raw: bytes | str) -> str:
+    """A source line as text: UTF-8 (a leading byte-order mark dropped), else ``RecordError`` (invalid_record) naming
+    the first bad byte and its column."""
+    if isinstance(raw, str):
+        return raw.removeprefix("\ufeff")
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start : e.start + 1].hex()
+        raise RecordError("invalid_record", f"line is not UTF-8 text (byte 0x{bad} at byte {e.start + 1})") from None
+
+
+def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str, Any]:
+    """One JSON line (raw bytes or text) → one verl record (raises ``RecordError`` for a bad line)."""
+    index, raw = payload
+    line = decode_line(raw)
     try:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
@@ -104,6 +119,12 @@ def build_line(payload: tuple[int, str], opts: JsonlOptions) -> dict[str, Any]:
     answer = _answer_text(rec.get(opts.answer_field), opts.answer_field)
     paths = rec.get(opts.images_field)
     if paths is None:
+        wanted = count_placeholders(question)
+        if wanted:
+            raise RecordError(
+                "missing_field",
+                f"{opts.images_field} is missing but the question has {wanted} {IMAGE_PLACEHOLDER} placeholder(s)",
+            )
         paths = []
     if isinstance(paths, str):
         paths = [paths]
@@ -142,14 +163,21 @@ def build_line(payload: tuple[int, str], opts: JsonlOptions) -> dict[str, Any]:
     )
 
 
+def _blank(raw: bytes) -> bool:
+    return not raw.decode("utf-8", "replace").strip()
+
+
 def read_lines(path: Path) -> Iterator[Item]:
-    """Non-blank lines as work items; the record index counts non-blank lines, the source names the line number."""
+    """Non-blank lines as work items; the record index counts non-blank lines, the source names the line number.
+
+    Lines are read as bytes and decoded one by one (``build_line``), so a line that is not UTF-8 is rejected with its
+    line number instead of stopping the run."""
     index = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if _blank(raw):
                 continue
-            yield Item(f"{path}:{lineno}", (index, line))
+            yield Item(f"{path}:{lineno}", (index, raw))
             index += 1
 
 
@@ -199,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         prepend_images=a.prepend_images,
         store_paths=a.store_paths,
     )
-    with open(src, encoding="utf-8") as f:
-        total = sum(1 for line in f if line.strip())
+    with open(src, "rb") as f:
+        total = sum(1 for raw in f if not _blank(raw))
     result = run_split(
         a.split,
         read_lines(src),

@@ -25,7 +25,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlmrl.batch import PromptSample
-from vlmrl.data.records import DataError, build_messages, decode_image, image_entries, image_size, where
+from vlmrl.data.records import (
+    DataError,
+    build_messages,
+    decode_image,
+    ground_truth_problem,
+    image_entries,
+    image_size,
+    where,
+)
 from vlmrl.data.template import ChatRenderer
 from vlmrl.models import qwen_vl
 
@@ -33,6 +41,9 @@ TRUNCATION_MODES = ("error", "left", "right")
 """``data.truncation`` values: what happens to an overlong text-only prompt that is not filtered."""
 
 _SCAN_BATCH = 512  # rows per construction-time scan batch (bounded memory, batched tokenisation)
+
+REWARD_KEY = "reward_model"
+"""Column holding ``{style, ground_truth}``: every rule-scored record needs a non-empty ground truth."""
 
 
 class _LRU:
@@ -94,6 +105,8 @@ class ParquetSource:
         self.meta = pf.read(columns=[c for c in self.columns if c != image_key])
         self._cache: OrderedDict[int, pa.ChunkedArray] = OrderedDict()
         self._lock = threading.Lock()
+        for name in self.meta.column_names:
+            check_text(self.meta.column(name), self.path, name)
 
     def _file(self) -> pq.ParquetFile:
         pf = getattr(self, "_pf", None)
@@ -133,13 +146,45 @@ class ParquetSource:
         return image_entries(col[r - int(self.group_starts[g])].as_py())
 
     def scan_images(self, batch_size: int) -> Any:
-        """Image entries of every row, in order, one batch at a time (construction-time scan; bypasses the LRU)."""
+        """Image entries of every row, in order, one batch at a time (construction-time scan; bypasses the LRU).
+
+        Raises ``DataError`` naming file, row and column for a value that is not images or a path that is not
+        UTF-8."""
         if not self.has_images:
             for start in range(0, self.num_rows, batch_size):
                 yield [[] for _ in range(min(batch_size, self.num_rows - start))]
             return
+        start = 0
         for batch in self._file().iter_batches(batch_size=batch_size, columns=[self.image_key]):
-            yield [image_entries(v) for v in batch.column(0).to_pylist()]
+            col = batch.column(0)
+            check_text(col, self.path, self.image_key, start)
+            entries = []
+            for k, value in enumerate(col.to_pylist()):
+                try:
+                    entries.append(image_entries(value))
+                except DataError as e:
+                    raise DataError(f"{where(self.path, start + k)}: column {self.image_key!r}: {e}") from None
+            yield entries
+            start += len(col)
+
+
+def check_text(col: pa.Array | pa.ChunkedArray, path: str, name: str, first_row: int = 0) -> None:
+    """Raise ``DataError`` naming file, row and column when a string in ``col`` is not valid UTF-8 (parquet stores
+    strings unchecked; Python would fail on them later, naming nothing). ``first_row`` is the row of ``col[0]``."""
+    try:
+        col.validate(full=True)
+        return
+    except pa.ArrowInvalid as e:
+        problem = str(e)
+    for r in range(len(col)):
+        try:
+            col[r].as_py()
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{where(path, first_row + r)}: column {name!r} holds text that is not valid UTF-8 ({e.reason}: "
+                f"byte 0x{e.object[e.start : e.start + 1].hex()} at byte {e.start + 1})"
+            ) from None
+    raise DataError(f"{path}: column {name!r} is not valid: {problem}")
 
 
 def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
@@ -196,6 +241,14 @@ class RLDataset:
         for s in self.sources:
             if self.prompt_key not in s.columns:
                 raise DataError(f"{s.path}: no column {self.prompt_key!r} (data.prompt_key); it has {s.columns}")
+            if REWARD_KEY not in s.columns:
+                raise DataError(
+                    f"{s.path}: no column {REWARD_KEY!r} ({{style, ground_truth}}: the answer rewards score against); "
+                    f"it has {s.columns}"
+                )
+            info = s.meta.schema.field("extra_info").type if "extra_info" in s.columns else pa.null()
+            if not (pa.types.is_struct(info) or pa.types.is_map(info) or pa.types.is_null(info)):
+                raise DataError(f"{s.path}: column 'extra_info' is {info}, expected a struct (a dict per record)")
         self._scan(started)
         if verbose:
             print(self.format_report())
@@ -216,9 +269,16 @@ class RLDataset:
             for entries in src.scan_images(_SCAN_BATCH):
                 stop = start + len(entries)
                 prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
+                rewards = src.meta.column(REWARD_KEY).slice(start, stop - start).to_pylist()
                 texts, counts, image_tokens = [], [], []
-                for k, (prompt, ents) in enumerate(zip(prompts, entries)):
+                for k, (prompt, ents, reward) in enumerate(zip(prompts, entries, rewards)):
                     r = start + k
+                    problem = ground_truth_problem(reward)
+                    if problem is not None:
+                        raise DataError(
+                            f"{where(src.path, r)}: {problem}; a record without an answer cannot be scored (drop or "
+                            "fix it: the preprocess scripts reject such rows into rejects.jsonl)"
+                        )
                     text, n = self._render_checked(src, r, prompt, ents)
                     texts.append(text)
                     counts.append(n)
@@ -297,9 +357,10 @@ class RLDataset:
         except TypeError as e:
             raise DataError(f"{where(src.path, r)}: bad {self.prompt_key!r} column value: {e}") from None
         if n != len(entries):
+            missing = "" if src.has_images else f" (the file has no column {self.image_key!r}: data.image_key)"
             raise DataError(
                 f"{where(src.path, r)}: {n} <image> placeholder(s) in the prompt but {len(entries)} image(s) "
-                f"in column {self.image_key!r}"
+                f"in column {self.image_key!r}{missing}"
             )
         try:
             return self._render(messages), n

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -92,12 +93,15 @@ def build_messages(prompt: Any, system_prompt: str | None = None) -> tuple[list[
 
 
 def image_entries(value: Any) -> list[Any]:
-    """The list of image entries of a record's image column (None → [])."""
+    """The list of image entries of a record's image column (None → []); ``DataError`` for a value that is not
+    images at all (a number, a bool)."""
     if value is None:
         return []
     if isinstance(value, (dict, str, bytes)):
         return [value]
-    return list(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise DataError(f"image column value is {type(value).__name__}, expected a list of {{bytes, path}} structs")
 
 
 def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path | None]:
@@ -113,11 +117,17 @@ def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path
         path = entry
     else:
         raise DataError(f"image entry is {type(entry).__name__}, expected {{bytes, path}}")
+    if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DataError(f"image entry's bytes are {type(data).__name__}, expected bytes")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise DataError(f"image entry's path is {type(path).__name__}, expected a string")
     if data:
         return bytes(data), None
     if path:
         p = Path(str(path).removeprefix("file://")).expanduser()
         return None, p if p.is_absolute() else Path(base_dir) / p
+    if data is not None:
+        raise DataError("image is empty (0 bytes) and has no path")
     raise DataError("image entry has neither bytes nor path")
 
 
@@ -129,7 +139,12 @@ def _open(entry: Any, base_dir: str | os.PathLike) -> Image.Image:
         raise DataError(f"image refused by Pillow's decompression-bomb guard: {e}") from None
     except FileNotFoundError:
         raise DataError(f"image file not found: {path}") from None
-    except OSError as e:  # UnidentifiedImageError, permission...
+    except Image.UnidentifiedImageError:  # its message names an in-memory buffer: say what the bytes are instead
+        if data is None and path is not None and path.is_file() and path.stat().st_size == 0:
+            raise DataError(f"image file is empty (0 bytes): {path}") from None
+        what = f"{len(data)} bytes starting {data[:8]!r}" if data is not None else str(path)
+        raise DataError(f"image cannot be read (not an image Pillow can identify: {what})") from None
+    except OSError as e:  # permission, a folder...
         raise DataError(f"image cannot be read ({type(e).__name__}: {e})") from None
 
 
@@ -139,13 +154,66 @@ def image_size(entry: Any, base_dir: str | os.PathLike) -> tuple[int, int]:
         return im.size
 
 
+_HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """An 8-bit RGB image of any Pillow mode.
+
+    16-bit, 32-bit and float greyscale are scaled to 8 bits (``convert`` would clip them: a 16-bit image turns
+    white); transparency (RGBA, LA, PA, a palette or tRNS colour) is composited over white, as qwen-vl-utils does
+    for RGBA; CMYK, YCbCr, palette and bilevel images are converted. An RGB image is returned as is."""
+    if im.mode == "RGB":
+        return im
+    if im.mode in _HIGH_DEPTH_MODES:
+        arr = np.asarray(im, dtype=np.float64)
+        top = float(arr.max()) if arr.size else 0.0
+        if top > 255:
+            arr = arr * (255.0 / (65535.0 if top <= 65535 else top))
+        grey = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8))
+        return grey.convert("RGB")
+    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info:
+        rgba = im.convert("RGBA")
+        out = Image.new("RGB", im.size, (255, 255, 255))
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return im.convert("RGB")
+
+
 def decode_image(entry: Any, base_dir: str | os.PathLike) -> Image.Image:
-    """Decode an image entry fully (RGB conversion and resizing are the caller's: ``qwen_vl.resize_image``)."""
+    """Decode an image entry fully into 8-bit RGB (``to_rgb``); resizing is the caller's (``qwen_vl.resize_image``)."""
     im = _open(entry, base_dir)
     try:
         im.load()
+        rgb = to_rgb(im)
     except Image.DecompressionBombError as e:
+        im.close()
         raise DataError(f"image refused by Pillow's decompression-bomb guard: {e}") from None
     except (OSError, SyntaxError, ValueError) as e:
+        im.close()
         raise DataError(f"image cannot be decoded ({type(e).__name__}: {e})") from None
-    return im
+    if rgb is not im:
+        im.close()
+    return rgb
+
+
+# ------------------------------------------------------------------------------------------------------ answers
+
+
+def ground_truth_problem(reward: Any) -> str | None:
+    """Why a record's ``reward_model`` value cannot score it, or None when it can.
+
+    A rule-scored record (``style`` "rule" or absent) needs a non-empty ``ground_truth``: without one every response
+    scores the same and the record silently teaches nothing. A model-scored one (another ``style``) needs none."""
+    if reward is None:
+        return "reward_model is missing (null)"
+    if not isinstance(reward, dict):
+        return f"reward_model is {type(reward).__name__}, expected {{style, ground_truth}}"
+    if reward.get("style") not in (None, "rule"):
+        return None
+    truth = reward.get("ground_truth")
+    if truth is None:
+        return "reward_model.ground_truth (the answer) is missing"
+    if (isinstance(truth, str) and not truth.strip()) or (isinstance(truth, (list, tuple, dict)) and not truth):
+        return "reward_model.ground_truth (the answer) is empty"
+    return None
