@@ -201,10 +201,10 @@ def get_policy_loss(name: str) -> PolicyLossFn:
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate. k1: logp - ref; k2 / mse: 0.5 (logp - ref)^2; abs: |logp - ref|;
+    """Per-token KL(pi || ref) estimate. k1 / kl: logp - ref; k2 / mse: 0.5 (logp - ref)^2; abs: |logp - ref|;
     low_var_kl / k3: exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10] as verl does."""
     d = logp - ref_logp
-    if kind == "k1":
+    if kind in ("k1", "kl"):
         return d
     if kind == "abs":
         return d.abs()
@@ -213,4 +213,4 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     if kind in ("low_var_kl", "k3"):
         r = (-d).clamp(-20.0, 20.0)
         return (r.exp() - r - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"actor.kl_loss_type={kind!r}: use k1 | k2 | low_var_kl | abs | mse")
+    raise ValueError(f"actor.kl_loss_type={kind!r}: use k1 (kl) | k2 (mse) | low_var_kl (k3) | abs")
