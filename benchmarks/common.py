@@ -143,33 +143,11 @@ def bench_env(threads: int = 1) -> dict[str, str]:
 
 
 def tiny_model(seed: int = 0, **spec: Any) -> Path:
-    """The cached tiny Qwen2.5-VL (built once under ``$VLMRL_CACHE``); ``spec`` overrides TinySpec fields.
-
-    Non-default shapes are cached under a name derived from a SHA-256 of the spec, so every benchmark process finds
-    the same folder (``ensure_tiny_model`` tags them with Python's per-process salted ``hash()``, which rebuilds the
-    model in every new process)."""
-    import hashlib
-    import shutil
-    from dataclasses import asdict
-
+    """The cached tiny Qwen2.5-VL (built once under ``$VLMRL_CACHE``); ``spec`` overrides TinySpec fields."""
     os.environ.setdefault("VLMRL_CACHE", str(ROOT / ".cache" / "vlmrl"))
-    from vlmrl.models.tiny import BUILDER_VERSION, TinySpec, build_tiny_model, cache_root, ensure_tiny_model
+    from vlmrl.models.tiny import TinySpec, ensure_tiny_model
 
-    ts = TinySpec(**spec)
-    if ts == TinySpec():
-        return ensure_tiny_model(seed=seed)
-    digest = hashlib.sha256(json.dumps(asdict(ts), sort_keys=True).encode()).hexdigest()[:12]
-    final = cache_root() / f"bench-qwen25vl-v{BUILDER_VERSION}-seed{seed}-{digest}"
-    if (final / "vlmrl_tiny.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
-    try:
-        build_tiny_model(tmp, seed, ts)
-        os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return ensure_tiny_model(seed=seed, spec=TinySpec(**spec))
 
 
 def synthetic_data(out: Path, train: int, test: int = 32, image_size: int = 56, families: str = "colour") -> Path:

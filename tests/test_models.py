@@ -151,7 +151,7 @@ def test_vllm_samples_with_image_and_logprobs_match_hf_forward(tiny_model_dir, t
     assert wrong > 10 * max(worst, 1e-6), (wrong, worst)
 
 
-def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_processor, tiny_model_dir):
+def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_processor, tiny_model_dir, monkeypatch):
     """Running each prompt once (KV cache shared by its samples) gives the same log-probs and gradients as running
     every sample's full sequence, with images, two-image prompts, text-only prompts and uneven lengths."""
     torch.manual_seed(2)
@@ -169,14 +169,20 @@ def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_pr
     rows = [1, 0, 4, 3, 8, 6, 7, 9, 11]  # mixed order, a prompt split over positions, one sample of prompt 1 dropped
     x = x.select(rows)
     out = {}
-    for share in (False, True):
+    for share in (False, True, "no-precomputed-features"):
         model.zero_grad()
-        lp, _, extra = response_logprobs(model, x, ids, share_prompt=share)
+        if share == "no-precomputed-features":  # transformers versions whose forward takes no image features
+            monkeypatch.setattr(qwen_vl, "supports_shared_prompt", lambda m: False)
+        lp, _, extra = response_logprobs(model, x, ids, share_prompt=bool(share))
         (-(lp * x.response_mask).sum() + extra).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         out[share] = (lp.detach() * x.response_mask, grads)
-    assert torch.allclose(out[True][0], out[False][0], atol=2e-5), (out[True][0] - out[False][0]).abs().max()
-    assert torch.allclose(out[True][1], out[False][1], atol=1e-4, rtol=1e-3)
+    for other in (False, "no-precomputed-features"):
+        assert torch.allclose(out[True][0], out[other][0], atol=2e-5), (
+            other,
+            (out[True][0] - out[other][0]).abs().max(),
+        )
+        assert torch.allclose(out[True][1], out[other][1], atol=1e-4, rtol=1e-3), other
     # and both equal the log-probs the sampler reported
     for k, r in enumerate(rows):
         ref = torch.tensor(rb.logprobs[r])

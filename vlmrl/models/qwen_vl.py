@@ -87,6 +87,18 @@ def pixel_bounds(image_processor: Any, min_pixels: int | None = None, max_pixels
     return int(lo), int(hi)
 
 
+def apply_pixel_bounds(image_processor: Any, min_pixels: int, max_pixels: int) -> None:
+    """Make the image processor resize with the data's bounds (``data.min_pixels``/``data.max_pixels``), so images the
+    dataset already resized pass through unchanged and their token counts match the prompt's."""
+    if hasattr(image_processor, "min_pixels"):
+        image_processor.min_pixels = int(min_pixels)
+    if hasattr(image_processor, "max_pixels"):
+        image_processor.max_pixels = int(max_pixels)
+    size = dict(getattr(image_processor, "size", None) or {})
+    size.update(shortest_edge=int(min_pixels), longest_edge=int(max_pixels))
+    image_processor.size = size
+
+
 def resized_size(width: int, height: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(width, height) an image is resized to by qwen-vl-utils' ``smart_resize``."""
     from qwen_vl_utils.vision_process import smart_resize
@@ -162,10 +174,15 @@ def _accepts(fn: Any, name: str) -> bool:
         return False
 
 
+def _forward(model: torch.nn.Module) -> Any:
+    """The HF model's own ``forward`` (a peft wrapper's is ``(*args, **kwargs)`` and says nothing)."""
+    return (model.get_base_model() if hasattr(model, "get_base_model") else model).forward
+
+
 def uses_mm_token_type_ids(model: torch.nn.Module) -> bool:
     """True where the installed transformers builds 3-D M-RoPE positions from ``mm_token_type_ids`` (transformers 5);
     False where position ids must come from ``get_rope_index`` (transformers 4)."""
-    return _accepts(model.forward, "mm_token_type_ids")
+    return _accepts(_forward(model), "mm_token_type_ids")
 
 
 def mm_token_type_ids(input_ids: torch.Tensor, ids: VisionTokenIds) -> torch.Tensor:
@@ -269,14 +286,8 @@ def forward_logits(
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
-    elif has_images:  # older transformers: scatter the features into the embeddings here
-        inner = inner_model(model)
-        embeds = inner.get_input_embeddings()(input_ids)
-        mask = (input_ids == vision_ids.image_pad).unsqueeze(-1).expand_as(embeds)
-        if int(mask[..., 0].sum()) != image_embeds.shape[0]:
-            raise ValueError(f"image tokens ({int(mask[..., 0].sum())}) and features ({image_embeds.shape[0]}) differ")
-        kwargs["inputs_embeds"] = embeds.masked_scatter(mask, image_embeds.to(embeds.dtype))
-        return model(**kwargs).logits
+    elif has_images:  # calling the embedding outside the root forward would bypass FSDP2's gathering
+        raise ValueError("this transformers version takes no precomputed image features: pass pixel_values")
     return model(input_ids=input_ids, **kwargs).logits
 
 
@@ -353,7 +364,7 @@ def shared_prompt_logits(
 
 def supports_shared_prompt(model: torch.nn.Module) -> bool:
     """The shared-prompt forward needs precomputed image features (``mm_encoder_outputs``) in the model's forward."""
-    return _accepts(model.forward, "mm_encoder_outputs")
+    return _accepts(_forward(model), "mm_encoder_outputs")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

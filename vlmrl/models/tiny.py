@@ -13,6 +13,7 @@ Tests, examples and benchmarks share one cached copy per seed: ``ensure_tiny_mod
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -91,6 +92,36 @@ class TinySpec:
     min_pixels: int = 28 * 28 * 4
     max_pixels: int = 28 * 28 * 16
     head_init_std: float = 0.02
+    intermediate: int = 0
+    """MLP width of the language model (0 = 2 x hidden)."""
+    vision_intermediate: int = 0
+    """MLP width of the vision blocks (0 = 2 x vision_hidden)."""
+    model_vocab_size: int = 0
+    """Embedding rows (0 = the tokenizer's size; real checkpoints pad theirs, e.g. 151936)."""
+    fullatt_blocks: tuple[int, ...] = ()
+    """Vision blocks with full attention (others are windowed); empty = the last block."""
+    tie_word_embeddings: bool = False
+    """Share the input embedding and the LM head (Qwen2.5-VL-3B does)."""
+
+
+QWEN25_VL_3B = TinySpec(
+    vocab_size=512,
+    hidden=2048,
+    layers=36,
+    heads=16,
+    kv_heads=2,
+    vision_hidden=1280,
+    vision_depth=32,
+    vision_heads=16,
+    min_pixels=28 * 28 * 4,
+    max_pixels=28 * 28 * 256,
+    intermediate=11008,
+    vision_intermediate=3420,
+    model_vocab_size=151936,
+    fullatt_blocks=(7, 15, 23, 31),
+    tie_word_embeddings=True,
+)
+"""The shape of Qwen2.5-VL-3B-Instruct (random weights; the tiny tokenizer) for GPU benchmarks."""
 
 
 def _corpus(seed: int) -> list[str]:
@@ -155,18 +186,18 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     return Qwen2_5_VLProcessor(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
 
 
-def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
-    """A randomly initialised ``Qwen2_5_VLForConditionalGeneration`` (vision tower, patch merger, M-RoPE)."""
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
+    """The ``Qwen2_5_VLConfig`` of a spec (token ids from ``tokenizer``)."""
+    from transformers import Qwen2_5_VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = spec.hidden // spec.heads
     half = head_dim // 2  # mrope_section (t, h, w) sums to head_dim / 2
     mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
     text = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=spec.model_vocab_size or len(tokenizer),
         hidden_size=spec.hidden,
-        intermediate_size=2 * spec.hidden,
+        intermediate_size=spec.intermediate or 2 * spec.hidden,
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads,
@@ -176,12 +207,12 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tie_word_embeddings,
     )
     vision = dict(
         depth=spec.vision_depth,
         hidden_size=spec.vision_hidden,
-        intermediate_size=2 * spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
         num_heads=spec.vision_heads,
         out_hidden_size=spec.hidden,
         patch_size=14,
@@ -189,7 +220,7 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
         temporal_patch_size=2,
         in_channels=3,
         window_size=112,
-        fullatt_block_indexes=[spec.vision_depth - 1],
+        fullatt_block_indexes=list(spec.fullatt_blocks) or [spec.vision_depth - 1],
         tokens_per_second=2,
     )
     config = Qwen2_5_VLConfig(
@@ -199,15 +230,19 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tie_word_embeddings,
     )
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # older readers look at the top level
         setattr(config, k, text[k])
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).float()
-    with torch.no_grad():  # small head: a near-uniform first policy that explores
-        model.lm_head.weight.normal_(0.0, spec.head_init_std)
-    model.generation_config = GenerationConfig(
+    return config
+
+
+def generation_config(tokenizer):
+    """Qwen's generation defaults (both end tokens stop; plain sampling)."""
+    from transformers import GenerationConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    return GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
@@ -216,6 +251,18 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
         top_k=0,
         top_p=1.0,
     )
+
+
+def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
+    """A randomly initialised ``Qwen2_5_VLForConditionalGeneration`` (vision tower, patch merger, M-RoPE)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    config = model_config(tokenizer, spec)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).float()
+    with torch.no_grad():  # small head: a near-uniform first policy that explores
+        model.lm_head.weight.normal_(0.0, spec.head_init_std)
+    model.generation_config = generation_config(tokenizer)
     return model
 
 
@@ -241,7 +288,11 @@ def cache_root() -> Path:
 
 def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # noqa: B008
     """The cached tiny model for ``seed`` (built once, atomically, so parallel processes can share it)."""
-    tag = "" if spec == TinySpec() else "-" + format(abs(hash(json.dumps(asdict(spec), sort_keys=True))), "x")[:10]
+    tag = (
+        ""
+        if spec == TinySpec()
+        else "-" + hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
+    )
     final = cache_root() / f"tiny-qwen25vl-v{BUILDER_VERSION}-seed{seed}{tag}"
     if (final / "vlmrl_tiny.json").exists():
         return final

@@ -18,6 +18,14 @@ from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec
 
 
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - FSDP2 ships with torch >= 2.6
+        return False
+    return isinstance(model, FSDPModule)
+
+
 class HFRollout:
     """Rollouts with ``model.generate`` on a (possibly shared) transformers model."""
 
@@ -81,7 +89,16 @@ class HFRollout:
                 top_p=spec.top_p,
                 top_k=spec.top_k if spec.top_k > 0 else 0,
             )
-        out = self.model.generate(**enc, **gen_kwargs)
+        # generating with the trainer's FSDP2 module: gather the root's own weights (embeddings, head, norm) for the
+        # whole generate call; a peft wrapper's generate bypasses the root forward whose hook would gather them
+        root = self.model if _is_fsdp(self.model) else None
+        if root is not None:
+            root.unshard()
+        try:
+            out = self.model.generate(**enc, **gen_kwargs)
+        finally:
+            if root is not None:
+                root.reshard()
         plen = enc["input_ids"].shape[1]
         seqs = out.sequences[:, plen:]
         # raw logits -> log-probs of the chosen tokens (vLLM reports raw log-probs too)

@@ -76,6 +76,7 @@ class VLLMRollout:
         seed: int = 0,
         distributed: bool = False,
         trust_remote_code: bool = False,
+        pixel_bounds: tuple[int, int] | None = None,
     ) -> None:
         set_engine_env(on_cpu=device == "cpu")
         from vllm import LLM
@@ -93,9 +94,12 @@ class VLLMRollout:
             limit_mm_per_prompt={"image": max(1, limit_images), "video": 0},
             seed=seed,
             trust_remote_code=trust_remote_code,
-            tensor_parallel_size=rollout_cfg.tensor_model_parallel_size,
+            tensor_parallel_size=1,  # one engine per worker, fed that worker's prompts (see grpo.check_config)
             enable_prefix_caching=True,
         )
+        if pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
+            lo, hi = pixel_bounds
+            kwargs["mm_processor_kwargs"] = {"size": {"shortest_edge": lo, "longest_edge": hi}}
         if device == "cuda":
             kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.sleep_enabled
@@ -131,7 +135,7 @@ class VLLMRollout:
             logprobs=0,
             logit_bias={t: _NEVER for t in self.vision_ids.never_sample},
             ignore_eos=spec.ignore_eos,
-            stop_token_ids=self.eos_ids,
+            stop_token_ids=[] if spec.ignore_eos else self.eos_ids,  # vLLM stops on these even with ignore_eos
             skip_special_tokens=True,
             detokenize=False,
         )

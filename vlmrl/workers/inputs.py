@@ -140,14 +140,15 @@ def forward_response_logits(
     with_images = [p for p in order if mb.images[p].num_images > 0]
     extra = torch.zeros((), device=device)
     per_prompt: dict[int, torch.Tensor] = {}
-    if with_images:
+    precomputed = qwen_vl.supports_shared_prompt(model)  # the model's forward takes image features
+    if with_images and precomputed:
         pv = torch.cat([mb.images[p].pixel_values for p in with_images]).to(device)
         g = torch.cat([mb.images[p].image_grid_thw for p in with_images]).to(device)
         feats = qwen_vl.image_embeddings(model, pv, g)
         merge = qwen_vl.vision_tower(model).spatial_merge_size
         sizes = [sum(qwen_vl.tokens_per_image(mb.images[p].image_grid_thw, merge)) for p in with_images]
         per_prompt = dict(zip(with_images, torch.split(feats, sizes)))
-    else:
+    elif not with_images:
         extra = qwen_vl.dummy_vision_loss(model)
     R = mb.responses.shape[1]
 
@@ -158,7 +159,18 @@ def forward_response_logits(
         grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(device)
         return torch.cat([per_prompt[p] for p in used]), grid
 
-    if share_prompt and qwen_vl.supports_shared_prompt(model):
+    if not precomputed:
+        # transformers without ``mm_encoder_outputs``: each sample's images are encoded inside the root forward
+        # (where FSDP2 has gathered the embedding table), at the cost of encoding them once per sample
+        used = [p for p in mb.prompt_of.tolist() if mb.images[p].num_images > 0]
+        pv = torch.cat([mb.images[p].pixel_values for p in used]).to(device) if used else None
+        grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(device) if used else None
+        logits = qwen_vl.forward_logits(
+            model, mb.input_ids, mb.attention_mask, vision_ids, pixel_values=pv, image_grid_thw=grid,
+            logits_to_keep=R + 1,
+        )  # fmt: skip
+        return logits[:, :-1], extra
+    if share_prompt:
         first_row = {}
         for row, p in enumerate(mb.prompt_of.tolist()):
             first_row.setdefault(p, row)
