@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from PIL import Image
 
 
@@ -86,22 +85,14 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.response_ids)
 
-
-@dataclass
-class TrainBatch:
-    """Right-padded token tensors of a batch of samples, as the policy worker consumes them."""
-
-    input_ids: torch.Tensor
-    """[B, T] prompt (expanded) + response, right-padded."""
-    attention_mask: torch.Tensor
-    """[B, T] 1 on real tokens."""
-    response_mask: torch.Tensor
-    """[B, T] 1 where the token at t+1... see ``loss_mask``: 1 on positions whose NEXT token is a response token."""
-    prompt_index: torch.Tensor
-    """[B] index of each sample's prompt in ``images`` (samples of one prompt share image features)."""
-    advantages: torch.Tensor
-    """[B] sequence-level advantage of each sample."""
-    old_logprobs: torch.Tensor | None = None
-    """[B, T] log-probs under the rollout policy, aligned with ``response_mask``."""
-    ref_logprobs: torch.Tensor | None = None
-    """[B, T] log-probs under the reference, aligned with ``response_mask``."""
+    def select_groups(self, groups: list[int]) -> RolloutBatch:
+        """The samples of the given prompt groups (prompt ``g`` owns samples ``g*n .. g*n+n-1``), in that order."""
+        rows = [g * self.n + j for g in groups for j in range(self.n)]
+        return RolloutBatch(
+            [self.prompt_ids[i] for i in rows],
+            [self.response_ids[i] for i in rows],
+            [self.logprobs[i] for i in rows],
+            [self.finish_reasons[i] for i in rows],
+            n=self.n,
+            timing=dict(self.timing),
+        )

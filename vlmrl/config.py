@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,15 @@ class DataConfig:
     """A system message prepended to every prompt that has none."""
     dataloader_num_workers: int = 0
     """Threads that decode and resize a batch's images (``RLDataset.get_batch``); 0 or 1 = the calling thread."""
+    gen_batch_size: int | None = None
+    """verl/DAPO: prompts per rollout batch with ``algorithm.filter_groups``. vlmrl rolls out train_batch_size
+    prompts per batch, so only None or the value of train_batch_size is accepted."""
+    return_raw_chat: bool = False
+    """verl compatibility: vlmrl always keeps each prompt's chat messages (rewards see them); accepted either way."""
+    return_raw_input_ids: bool = False
+    """verl compatibility (re-tokenising for a reward model; vlmrl has none): accepted either way, no effect."""
+    return_full_prompt: bool = False
+    """verl compatibility: rewards always get the rendered prompt (``RewardSample.prompt``); accepted either way."""
 
 
 # ---------------------------------------------------------------------------------------------- actor/rollout/ref
@@ -76,6 +86,12 @@ class ModelConfig:
     """LoRA alpha."""
     target_modules: Any = "all-linear"
     """LoRA target modules (peft syntax) inside the language model."""
+    use_liger: bool = False
+    """verl's Liger-kernel patching; not implemented, True is rejected."""
+    use_fused_kernels: bool = False
+    """verl's fused log-prob/entropy kernels; not implemented, True is rejected."""
+    enable_activation_offload: bool = False
+    """verl's activation offloading to CPU; not implemented, True is rejected (use enable_gradient_checkpointing)."""
 
 
 @dataclass
@@ -104,15 +120,25 @@ class FSDPConfig:
     """Keep optimizer state on CPU (implied by param_offload in FSDP2)."""
     reshard_after_forward: bool = True
     """Free gathered parameters after each forward (ZeRO-3 style)."""
+    fsdp_size: int = -1
+    """verl's FSDP group size; -1 = shard over all workers, the only layout vlmrl has (other values are rejected)."""
 
 
 @dataclass
 class ActorConfig:
+    strategy: str = "fsdp2"
+    """Training backend: fsdp | fsdp2 (both mean PyTorch FSDP2 in vlmrl); megatron is rejected."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (x rollout.n samples), as in verl."""
     ppo_micro_batch_size_per_gpu: int = 8
     """Samples per forward/backward pass on one worker."""
+    use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches; not implemented, True is rejected (padding is trimmed per micro-batch)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """verl's token budget for use_dynamic_bsz; accepted and unused (use_dynamic_bsz must be False)."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl's Ulysses sequence parallelism; not implemented, only 1 is accepted."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     clip_ratio: float = 0.2
@@ -144,8 +170,16 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
+    strategy: str = "fsdp2"
+    """Reference model backend: fsdp | fsdp2 (both mean FSDP2); megatron is rejected."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per reference forward; None = actor.ppo_micro_batch_size_per_gpu."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches; not implemented, True is rejected."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl's token budget for log_prob_use_dynamic_bsz; accepted and unused."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl's Ulysses sequence parallelism; not implemented, only 1 is accepted."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -164,9 +198,17 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    """verl's multi-turn / tool-calling rollout; not implemented (one response per prompt), True is rejected."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"
     """Rollout engine: vllm | hf."""
+    mode: str = "sync"
+    """verl's rollout mode: sync (the engine runs in each worker's process, the only mode); async is rejected."""
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
@@ -180,7 +222,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """vLLM's share of GPU memory (weights + KV cache)."""
     tensor_model_parallel_size: int = 1
-    """vLLM tensor parallel size."""
+    """verl key, used as 1: each worker runs its own engine with the whole model (a larger value is warned about)."""
     max_model_len: int | None = None
     """Engine context length; None = max_prompt_length + max_response_length."""
     max_num_batched_tokens: int | None = None
@@ -193,6 +235,10 @@ class RolloutConfig:
     """On GPU, put the engine to sleep (free KV cache, offload weights) while training."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per old-log-prob forward; None = actor.ppo_micro_batch_size_per_gpu."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches; not implemented, True is rejected."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl's token budget for log_prob_use_dynamic_bsz; accepted and unused."""
     limit_images: int | None = None
     """Max images per prompt for the engine; None = read from the data."""
     ignore_eos: bool = False
@@ -202,6 +248,7 @@ class RolloutConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
     """Extra engine arguments: ``engine_kwargs.vllm.<arg>`` pass to ``vllm.LLM``; unknown ones are an error."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -228,6 +275,21 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class KLCtrlConfig:
+    """verl's controller of the in-reward KL coefficient; vlmrl has no in-reward KL, so these are accepted and unused
+    (as in verl with ``algorithm.use_kl_in_reward=False``)."""
+
+    type: str = "fixed"
+    """fixed | adaptive (unused)."""
+    kl_coef: float = 0.001
+    """In-reward KL coefficient (unused; the KL loss uses actor.kl_loss_coef)."""
+    horizon: int = 10000
+    """Adaptive controller horizon (unused)."""
+    target_kl: float = 0.1
+    """Adaptive controller target (unused)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | dr_grpo | rloo | reinforce_plus_plus, or ``path/to/file.py:fn``."""
@@ -235,6 +297,13 @@ class AlgorithmConfig:
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     use_kl_in_reward: bool = False
     """verl's in-reward KL penalty; not supported (use actor.use_kl_loss), True is rejected."""
+    kl_penalty: str = "kl"
+    """verl's estimator for the in-reward KL; accepted and unused (the KL loss uses actor.kl_loss_type)."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gamma: float = 1.0
+    """Discount factor. The estimators here score whole responses (outcome reward, gamma 1): only 1.0 is accepted."""
+    lam: float = 1.0
+    """GAE's lambda; vlmrl has no GAE (no critic), so it is accepted and unused, as verl ignores it for GRPO."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
@@ -276,6 +345,16 @@ class RewardConfig:
     """Score given to a sample whose reward failed."""
 
 
+@dataclass
+class RewardModelConfig:
+    """verl's ``reward_model`` section. Only the rule-based path exists: no reward model, one reward manager."""
+
+    enable: bool = False
+    """verl's model-based reward; not supported, True is rejected (use reward.function or custom_reward_function)."""
+    reward_manager: str = "naive"
+    """verl's reward manager: only naive (score each sample with the reward function, what vlmrl's manager does)."""
+
+
 # --------------------------------------------------------------------------------------------------------- trainer
 
 
@@ -304,7 +383,9 @@ class TrainerConfig:
     save_freq: int = -1
     """Checkpoint every N steps (-1 = never, except at the end if > 0)."""
     max_ckpt_to_keep: int | None = None
-    """Keep only the newest N checkpoints."""
+    """Keep only the newest N checkpoints (None = all)."""
+    max_actor_ckpt_to_keep: int | None = None
+    """verl's name for max_ckpt_to_keep (used when that is unset)."""
     resume_mode: str = "auto"
     """auto (latest in default_local_dir) | disable | resume_path."""
     resume_from_path: str | None = None
@@ -317,12 +398,22 @@ class TrainerConfig:
     """Validate before the first step."""
     val_only: bool = False
     """Only validate (a checkpoint or the initial model), then exit."""
+    log_val_generations: int = 16
+    """Validation samples shown in the HTML gallery written at each validation (0 = no gallery)."""
     rollout_data_dir: str | None = None
     """Dump every step's samples (prompt, response, rewards) as JSON lines here."""
     critic_warmup: int = 0
     """verl compatibility: GRPO has no critic, only 0 is accepted."""
+    balance_batch: bool = True
+    """verl compatibility (reorders samples to balance tokens per worker): vlmrl splits each batch's prompts evenly
+    over the workers in order; accepted either way, no effect."""
+    default_hdfs_dir: str | None = None
+    """verl's HDFS checkpoint copy; not implemented, only None is accepted."""
     ray_address: str | None = None
     """Ray cluster address (None = start or join a local one; ``auto`` = the running cluster)."""
+    use_ray: bool = True
+    """False = one hybrid worker in the driver's own process (one device; cpu_workers / n_gpus_per_node are ignored;
+    no Ray needed: debugging, a single GPU)."""
 
 
 @dataclass
@@ -332,18 +423,87 @@ class VLMRLConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 # --------------------------------------------------------------------------------------------------------- helpers
 
-# keys of verl that name features vlmrl does not implement: an override naming them gets this message
+_MEGATRON = "vlmrl trains with FSDP2 only (Megatron is not supported)"
+_DYN_BSZ = (
+    "token-budget micro-batches are not implemented; size micro-batches with the matching "
+    "*micro_batch_size_per_gpu key instead (padding is trimmed per micro-batch)"
+)
+_REWARD_MODEL = (
+    "model-based reward models are not supported; use a reward function: reward.function, reward.components or "
+    "custom_reward_function.path"
+)
+_OVERLONG = (
+    "DAPO's overlong penalty is the length_penalty reward component in vlmrl: reward.components=[{function: "
+    "<task reward>}, {function: length_penalty, kwargs: {buffer_len: N, penalty_factor: F}}]"
+)
+
+# keys of verl that are not in the schema and name features vlmrl does not implement: an override naming one (or a key
+# below it; the longest matching entry wins) is rejected with this reason. Checked after the schema, so e.g.
+# ``reward_model.enable`` (a schema key) is accepted while any other ``reward_model.*`` key gets the reason.
 UNSUPPORTED: dict[str, str] = {
-    "actor_rollout_ref.actor.strategy": "vlmrl trains with FSDP2 only (Megatron is not supported)",
     "critic": "GRPO-family estimators need no critic; vlmrl has none",
-    "reward_model.enable": "model-based reward models are not supported; use a reward function",
-    "actor_rollout_ref.actor.megatron": "Megatron is not supported; vlmrl trains with FSDP2",
-    "actor_rollout_ref.ref.megatron": "Megatron is not supported; vlmrl trains with FSDP2",
+    "actor_rollout_ref.actor.megatron": _MEGATRON,
+    "actor_rollout_ref.ref.megatron": _MEGATRON,
+    "reward_model": _REWARD_MODEL,
+    "reward_model.overlong_buffer": _OVERLONG,
+    "actor_rollout_ref.rollout.multi_turn": "multi-turn / tool-calling rollouts are not implemented (only "
+    "actor_rollout_ref.rollout.multi_turn.enable=False is accepted)",
+    "actor_rollout_ref.model.custom_chat_template": "vlmrl reads the chat template from data.custom_chat_template",
+}
+
+# schema keys kept for verl launch lines whose other values name features vlmrl does not implement:
+# key -> (accepted values, reason). ``reject_unsupported_values`` (called by ``to_object``) enforces them.
+UNSUPPORTED_VALUES: dict[str, tuple[tuple[Any, ...], str]] = {
+    "actor_rollout_ref.actor.strategy": (("fsdp", "fsdp2"), _MEGATRON),
+    "actor_rollout_ref.ref.strategy": (("fsdp", "fsdp2"), _MEGATRON),
+    "actor_rollout_ref.actor.use_dynamic_bsz": ((False,), _DYN_BSZ),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": ((False,), _DYN_BSZ),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ((False,), _DYN_BSZ),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ((1,), "sequence parallelism is not implemented"),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ((1,), "sequence parallelism is not implemented"),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": ((-1,), "vlmrl shards over all workers (no hybrid sharding)"),
+    "actor_rollout_ref.ref.fsdp_config.fsdp_size": ((-1,), "vlmrl shards over all workers (no hybrid sharding)"),
+    "actor_rollout_ref.model.use_liger": ((False,), "Liger kernels are not integrated"),
+    "actor_rollout_ref.model.use_fused_kernels": ((False,), "fused log-prob/entropy kernels are not integrated"),
+    "actor_rollout_ref.model.enable_activation_offload": (
+        (False,),
+        "activation offloading is not implemented; use actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    ),
+    "actor_rollout_ref.rollout.mode": (
+        ("sync",),
+        "the async (agent-loop server) rollout is not implemented; vLLM runs inside each worker (sync)",
+    ),
+    "actor_rollout_ref.rollout.multi_turn.enable": (
+        (False,),
+        "multi-turn / tool-calling rollouts are not implemented; vlmrl samples one response per prompt",
+    ),
+    "algorithm.use_kl_in_reward": (
+        (False,),
+        "the in-reward KL penalty is not implemented; use actor_rollout_ref.actor.use_kl_loss=True "
+        "(the KL loss against the reference model) instead",
+    ),
+    "algorithm.gamma": ((1.0,), "the estimators here score whole responses (outcome reward): nothing to discount"),
+    "reward_model.enable": ((False,), _REWARD_MODEL),
+    "reward_model.reward_manager": (
+        ("naive",),
+        "vlmrl's reward manager scores every sample with the reward function (verl's naive); for DAPO's overlong "
+        "penalty add the length_penalty component to reward.components, for parallel scoring set reward.num_workers",
+    ),
+    "trainer.default_hdfs_dir": ((None,), "copying checkpoints to HDFS is not implemented"),
+}
+
+# mandatory keys (MISSING in the schema) and how to set them
+_REQUIRED_HINTS: dict[str, str] = {
+    "actor_rollout_ref.model.path": "point it at a Qwen2.5-VL folder or hub id, "
+    "e.g. actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-3B-Instruct",
+    "data.train_files": "give a parquet file or a list of them (preprocess/ writes them), "
+    "e.g. data.train_files=$HOME/data/geo3k/train.parquet",
 }
 
 # dict-typed fields: any key below them is valid (passed through and checked by their consumer)
@@ -359,23 +519,23 @@ def register() -> None:
 
 def leaf_keys(cls: type = VLMRLConfig, prefix: str = "") -> list[str]:
     """All dotted leaf key paths of a config dataclass."""
-    out: list[str] = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        sub = _dataclass_type(cls, f)
-        if sub is not None:
-            out.extend(leaf_keys(sub, key + "."))
-        else:
-            out.append(key)
-    return out
+    return list(_leaf_keys(cls, prefix))
 
 
-def _dataclass_type(cls: type, f: dataclasses.Field) -> type | None:
+@functools.cache
+def _leaf_keys(cls: type, prefix: str) -> tuple[str, ...]:
     import typing
 
     hints = typing.get_type_hints(cls)
-    t = hints.get(f.name)
-    return t if dataclasses.is_dataclass(t) else None
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        sub = hints.get(f.name)
+        if dataclasses.is_dataclass(sub):
+            out.extend(_leaf_keys(sub, key + "."))
+        else:
+            out.append(key)
+    return tuple(out)
 
 
 def nearest_key(key: str) -> str | None:
@@ -395,21 +555,25 @@ class ConfigError(ValueError):
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError when ``key`` (a dotted path, maybe ``+``/``++``/``~`` prefixed) is not in the schema."""
+    """Raise ConfigError when ``key`` (a dotted path, maybe ``+``/``++``/``~`` prefixed) is not in the schema.
+
+    A key of a verl feature vlmrl does not implement (``UNSUPPORTED``) gets the reason; any other unknown key gets
+    the nearest valid key.
+    """
     key = key.lstrip("+~")
     if key.startswith("hydra.") or key == "hydra":
         return
-    for bad, why in UNSUPPORTED.items():
-        if key == bad or key.startswith(bad + "."):
-            raise ConfigError(f"'{key}': {why}.")
     if any(key == d or key.startswith(d + ".") for d in _OPEN_DICTS):
         return
-    valid = set(leaf_keys())
+    valid = _leaf_keys(VLMRLConfig, "")
     if key in valid:
         return
     # a group node (e.g. actor_rollout_ref.actor.optim) given a whole dict is fine too
     if any(v.startswith(key + ".") for v in valid):
         return
+    for bad in sorted(UNSUPPORTED, key=len, reverse=True):
+        if key == bad or key.startswith(bad + "."):
+            raise ConfigError(f"'{key}': {UNSUPPORTED[bad]}.")
     near = nearest_key(key)
     hint = f" Did you mean '{near}'?" if near else ""
     raise ConfigError(f"Unknown config key '{key}'.{hint} (valid keys: python -m vlmrl.train --help)")
@@ -423,11 +587,57 @@ def validate_overrides(overrides: list[str]) -> None:
         check_key(ov.split("=", 1)[0])
 
 
+def normalize_overrides(overrides: list[str]) -> list[str]:
+    """Let a plain ``key=value`` set a new key below a dict-typed field (``actor_rollout_ref.rollout.engine_kwargs``,
+    ``custom_reward_function.reward_kwargs``, ``reward.dispatch``): it becomes Hydra's ``++key=value``.
+
+    verl's own config lists some of these keys (e.g. ``engine_kwargs.vllm.disable_mm_preprocessor_cache``), so verl
+    launch lines set them with or without ``+``; both work here.
+    """
+    out = []
+    for ov in overrides:
+        key = ov.split("=", 1)[0]
+        if "=" in ov and not ov.startswith(("+", "~", "-")) and any(key.startswith(d + ".") for d in _OPEN_DICTS):
+            ov = "++" + ov
+        out.append(ov)
+    return out
+
+
+def reject_unsupported_values(cfg: VLMRLConfig) -> None:
+    """Raise ConfigError, with the reason, for each schema key set to a value vlmrl does not implement
+    (``UNSUPPORTED_VALUES``: e.g. ``actor_rollout_ref.rollout.multi_turn.enable=True``, ``strategy=megatron``)."""
+    problems = []
+    for key, (accepted, why) in UNSUPPORTED_VALUES.items():
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value not in accepted:
+            ok = " | ".join(repr(a) if isinstance(a, str) else str(a) for a in accepted)
+            problems.append(f"{key}={value!r}: {why}; accepted: {ok}.")
+    gen, bs = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen is not None and gen != bs:
+        problems.append(
+            f"data.gen_batch_size={gen}: vlmrl rolls out data.train_batch_size={bs} prompts per batch (also with "
+            f"algorithm.filter_groups; max_num_gen_batches bounds the extra batches); unset it or set it to {bs}."
+        )
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def to_object(cfg: DictConfig) -> VLMRLConfig:
-    """Resolve interpolations and turn a DictConfig into the typed VLMRLConfig."""
+    """Resolve interpolations and turn a DictConfig into the typed VLMRLConfig.
+
+    Raises ConfigError when a mandatory key is unset (saying how to set it) or a key has a value vlmrl does not
+    implement (``reject_unsupported_values``).
+    """
     merged = OmegaConf.merge(OmegaConf.structured(VLMRLConfig), cfg)
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        what = "".join(f"\n  {k}: {_REQUIRED_HINTS.get(k, f'set it, e.g. {k}=...')}" for k in missing)
+        raise ConfigError(f"Required setting(s) not given:{what}")
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, VLMRLConfig)
+    reject_unsupported_values(obj)
     return obj
 
 
@@ -437,7 +647,7 @@ def load(overrides: list[str] | None = None, config_name: str = "grpo") -> VLMRL
 
     from vlmrl import configs_dir
 
-    overrides = list(overrides or [])
+    overrides = normalize_overrides(list(overrides or []))
     validate_overrides(overrides)
     register()
     with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):

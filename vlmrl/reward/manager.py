@@ -136,7 +136,7 @@ class RewardManager:
                 components[key][i] = v
         if kinds:
             self._report(samples, outcomes, kinds, first)
-        metrics = _metrics(samples, scores, components, kinds, errors)
+        metrics = reward_metrics(samples, scores, components, kinds, errors)
         metrics["reward/time_s"] = elapsed
         return RewardOutput(scores=scores, components=components, metrics=metrics, errors=errors)
 
@@ -210,13 +210,14 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
-def _metrics(
+def reward_metrics(
     samples: list[Any],
     scores: list[float],
     components: dict[str, list[float]],
     kinds: Counter[str],
     errors: list[str | None],
 ) -> dict[str, float]:
+    """The ``reward/*`` metrics of scored samples (see ``RewardOutput.metrics``); ``kinds`` counts errors by kind."""
     out: dict[str, float] = {}
     if scores:
         mean, std = _mean_std(scores)

@@ -6,8 +6,11 @@ sample prompts → rollout (n per prompt, on every worker) → rewards (driver) 
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from tqdm import tqdm
 from vlmrl.algos.core import compute_advantages, get_advantage_fn
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
+from vlmrl.trainer import checkpoint as ckpt
 
 # ------------------------------------------------------------------------------------------------------ checks
 
@@ -29,7 +33,11 @@ def check_config(cfg: VLMRLConfig) -> None:
     if not path or path == "???":
         raise ConfigError("actor_rollout_ref.model.path is not set: point it at a Qwen2.5-VL folder or hub id")
     if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or os.sep in path and path.count("/") != 1):
-        raise ConfigError(f"actor_rollout_ref.model.path={path!r} does not exist")
+        raise ConfigError(
+            f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen2.5-VL folder "
+            "(python -m vlmrl.models.tiny --output DIR builds a tiny one) or a hub id such as "
+            "Qwen/Qwen2.5-VL-3B-Instruct"
+        )
     if os.path.isdir(path):
         import json
 
@@ -45,6 +53,16 @@ def check_config(cfg: VLMRLConfig) -> None:
             )
     if not data.train_files or data.train_files == "???":
         raise ConfigError("data.train_files is not set: give a parquet file or a list (preprocess/ makes them)")
+    for key in ("train_files", "val_files"):
+        files = getattr(data, key)
+        for f in [files] if isinstance(files, str) else list(files or []):
+            if f and not os.path.isfile(os.path.expanduser(str(f))):
+                raise ConfigError(
+                    f"data.{key}: {str(f)!r} does not exist or is not a file "
+                    "(make it with a preprocess/ script, e.g. python preprocess/synthetic.py --output-dir DIR)"
+                )
+    if tr.val_only and not data.val_files:
+        raise ConfigError("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>")
     get_advantage_fn(alg.adv_estimator)
     if alg.adv_estimator in ("grpo", "dr_grpo", "rloo") and arr.rollout.n < 2:
         raise ConfigError(
@@ -69,17 +87,28 @@ def check_config(cfg: VLMRLConfig) -> None:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
             f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers"
         )
+    if arr.rollout.tensor_model_parallel_size != 1:
+        print(
+            f"[vlmrl] warning: actor_rollout_ref.rollout.tensor_model_parallel_size="
+            f"{arr.rollout.tensor_model_parallel_size} is used as 1: each worker runs its own vLLM engine holding the "
+            "whole model, fed that worker's share of the prompts (tensor-parallel rollout is not implemented)",
+            flush=True,
+        )
     if arr.rollout.name not in ("vllm", "hf"):
         raise ConfigError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
     if tr.resume_mode not in ("auto", "disable", "resume_path"):
         raise ConfigError(f"trainer.resume_mode={tr.resume_mode!r}: use auto | disable | resume_path")
     out = Path(tr.default_local_dir)
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not probe.is_dir():
+        raise ConfigError(f"trainer.default_local_dir={str(out)!r} cannot be created: {str(probe)!r} is not a folder")
     if not os.access(probe, os.W_OK):
         raise ConfigError(f"trainer.default_local_dir={str(out)!r} is not writable (checked {str(probe)!r})")
 
 
 def _planned_world(cfg: VLMRLConfig) -> int:
+    if not cfg.trainer.use_ray:
+        return 1
     dev = cfg.trainer.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -146,6 +175,64 @@ def _stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
     }
 
 
+def _filter_values(scored: Any, metric: str) -> list[float]:
+    """Per-sample values whose within-group variance decides dynamic sampling: the total or one component."""
+    if metric in ("score", "seq_reward", "seq_final_reward", "acc") and metric not in scored.components:
+        return list(scored.scores)
+    if metric not in scored.components:
+        raise ConfigError(
+            f"algorithm.filter_groups.metric={metric!r} is neither 'score' nor a reward component "
+            f"({sorted(scored.components)})"
+        )
+    return [0.0 if math.isnan(v) else v for v in scored.components[metric]]
+
+
+def _merge_scores(chosen: list[tuple[Any, int, int, list[RewardSample]]], scored_batches: list[Any]) -> Any:
+    """Scores of the chosen groups ``(scored, group, n, samples of the group)`` taken from several rollout batches, as
+    one RewardOutput whose metrics describe exactly those samples; the error counts cover every batch scored
+    (``scored_batches``), since each of those calls happened in this step."""
+    from collections import Counter
+
+    from vlmrl.reward.manager import RewardOutput, reward_metrics
+
+    scores: list[float] = []
+    errors: list[str | None] = []
+    samples: list[RewardSample] = []
+    comps: dict[str, list[float]] = {}
+    for scored, g, n, group_samples in chosen:
+        rows = range(g * n, (g + 1) * n)
+        for k in set(comps) | set(scored.components):
+            vals = scored.components.get(k)
+            comps.setdefault(k, [float("nan")] * len(scores)).extend(
+                [vals[i] for i in rows] if vals is not None else [float("nan")] * n
+            )
+        scores += [scored.scores[i] for i in rows]
+        errors += [scored.errors[i] if scored.errors else None for i in rows]
+        samples += group_samples
+    kinds = Counter(e for b in scored_batches for e in (b.errors or []) if e is not None)
+    metrics = reward_metrics(samples, scores, comps, kinds, errors)
+    metrics["reward/time_s"] = sum(b.metrics.get("reward/time_s", 0.0) for b in scored_batches)
+    return RewardOutput(scores=scores, components=comps, metrics=metrics, errors=errors)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the lines of a metrics.jsonl up to ``last_step`` (a resumed run rewrites the steps after its checkpoint)."""
+    import json
+
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= last_step:
+                keep.append(line)
+        except (ValueError, AttributeError):
+            continue  # a line cut by a crash
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     keys = set().union(*dicts)
     out = {}
@@ -162,13 +249,13 @@ class Trainer:
     """Holds the run's pieces; ``fit()`` is the loop."""
 
     def __init__(self, cfg: VLMRLConfig) -> None:
+        check_config(cfg)  # before any heavy import: a bad config fails in a second
         from transformers import AutoProcessor
 
         from vlmrl.data import BatchSampler, RLDataset
         from vlmrl.reward import RewardManager
         from vlmrl.trainer.tracking import Tracker
 
-        check_config(cfg)
         self.cfg = cfg
         arr = cfg.actor_rollout_ref
         self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
@@ -186,6 +273,10 @@ class Trainer:
         self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.resume_from = self._find_resume()
+        self.resume_state = ckpt.read_trainer_state(self.resume_from) if self.resume_from else None
+        if self.resume_state is not None:  # the log continues where the checkpoint was taken
+            truncate_metrics(self.out_dir / "metrics.jsonl", int(self.resume_state["step"]))
         from omegaconf import OmegaConf
 
         self.tracker = Tracker(
@@ -194,12 +285,13 @@ class Trainer:
             cfg.trainer.project_name,
             cfg.trainer.experiment_name,
             OmegaConf.to_container(OmegaConf.structured(cfg)),
+            fresh=self.resume_state is None,
         )
         limit = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
-        from vlmrl.workers.group import WorkerGroup
+        from vlmrl.workers.group import make_worker_group
 
         t0 = time.perf_counter()
-        self.group = WorkerGroup(cfg, self.total_steps, limit)
+        self.group = make_worker_group(cfg, self.total_steps, limit)
         self.world = self.group.world
         print(
             f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {time.perf_counter() - t0:.1f} s; "
@@ -207,6 +299,62 @@ class Trainer:
             flush=True,
         )
         self.step = 0
+        if self.resume_from is not None:
+            self._load_checkpoint(self.resume_from)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def _find_resume(self) -> Path | None:
+        tr = self.cfg.trainer
+        if tr.resume_mode == "disable":
+            return None
+        if tr.resume_mode == "resume_path":
+            if not tr.resume_from_path:
+                raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>")
+            path = Path(tr.resume_from_path)
+            if not ckpt.is_complete(path):
+                raise ConfigError(
+                    f"trainer.resume_from_path={str(path)!r} is not a complete checkpoint "
+                    "(expected trainer_state.json and actor/.metadata inside a global_step_N folder)"
+                )
+            return path
+        removed = ckpt.remove_partial(self.out_dir)
+        for p in removed:
+            print(f"[vlmrl] removed an unfinished checkpoint: {p}", flush=True)
+        return ckpt.find_resume(self.out_dir)
+
+    def _load_checkpoint(self, path: Path) -> None:
+        t0 = time.perf_counter()
+        state = self.resume_state or ckpt.read_trainer_state(path)
+        self.group.run("checkpoint load", "load_checkpoint", [(str(path),)] * self.world)
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+        ckpt.set_driver_rng_state(state["rng"])
+        print(
+            f"[vlmrl] resumed from {path} at step {self.step} ({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
+
+    def save_checkpoint(self) -> Path:
+        """Write the checkpoint of the current step atomically (see ``vlmrl.trainer.checkpoint``)."""
+        from omegaconf import OmegaConf
+
+        t0 = time.perf_counter()
+        tmp = ckpt.tmp_dir(self.out_dir, self.step)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        self.group.run("checkpoint save", "save_checkpoint", [(str(tmp),)] * self.world)
+        state = {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "rng": ckpt.driver_rng_state(),
+            "world": self.world,
+        }
+        ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+        keep = self.cfg.trainer.max_ckpt_to_keep or self.cfg.trainer.max_actor_ckpt_to_keep
+        final = ckpt.commit(self.out_dir, self.step, keep)
+        print(f"[vlmrl] checkpoint {final} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return final
 
     # ------------------------------------------------------------------------------------------------- batches
     def _batches(self):
@@ -226,6 +374,62 @@ class Trainer:
         )
         return merge_rollouts([p for p in parts if len(p) or p is parts[0]])
 
+    def collect(self, batches: Iterator[list[int]]) -> tuple[list[PromptSample], RolloutBatch, Any, dict, bool]:
+        """One step's rollout and scores. With ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) groups whose
+        metric has zero variance are dropped and more batches are rolled out until ``train_batch_size`` groups are
+        kept or ``max_num_gen_batches`` batches were tried; then the kept groups are topped up with dropped ones
+        (zero advantage) so every step trains on a full batch. Returns prompts, rollout, scores, metrics and whether
+        the samples differ from what the workers generated last (they must then be sent with the update)."""
+        cfg = self.cfg
+        fg = cfg.algorithm.filter_groups
+        metrics: dict[str, float] = {"timing/data_s": 0.0, "timing/rollout_s": 0.0, "timing/reward_s": 0.0}
+
+        def one_batch() -> tuple[list[PromptSample], RolloutBatch, list[RewardSample], Any]:
+            t0 = time.perf_counter()
+            prompts = self.train_ds.get_batch(next(batches))
+            t1 = time.perf_counter()
+            rb = self.rollout(prompts)
+            t2 = time.perf_counter()
+            samples = reward_samples(prompts, rb, self.tokenizer, cfg.data.max_response_length)
+            scored = self.rewards.score(samples)
+            metrics["timing/data_s"] += t1 - t0
+            metrics["timing/rollout_s"] += t2 - t1
+            metrics["timing/reward_s"] += time.perf_counter() - t2
+            return prompts, rb, samples, scored
+
+        prompts, rb, samples, scored = one_batch()
+        if not fg.enable:
+            return prompts, rb, scored, metrics, False
+        n, bs = rb.n, cfg.data.train_batch_size
+        kept: list[tuple] = []  # (prompt, rollout of its group, its samples, its batch's scores, group index)
+        dropped: list[tuple] = []
+        scored_batches: list[Any] = []
+        tries = 0
+        while True:
+            tries += 1
+            scored_batches.append(scored)
+            values = _filter_values(scored, fg.metric)
+            for g, p in enumerate(prompts):
+                group = (p, rb.select_groups([g]), samples[g * n : (g + 1) * n], scored, g)
+                (kept if np.std(values[g * n : (g + 1) * n]) > 0 else dropped).append(group)
+            if len(kept) >= bs or (fg.max_num_gen_batches > 0 and tries >= fg.max_num_gen_batches):
+                break
+            prompts, rb, samples, scored = one_batch()
+        metrics["filter_groups/gen_batches"] = float(tries)
+        metrics["filter_groups/kept_ratio"] = len(kept) / (tries * bs)
+        metrics["filter_groups/filled"] = float(max(0, bs - len(kept)))
+        chosen = (kept + dropped)[:bs]
+        out_prompts = [c[0] for c in chosen]
+        out_rb = RolloutBatch([], [], [], [], n=n)
+        for c in chosen:
+            out_rb.prompt_ids += c[1].prompt_ids
+            out_rb.response_ids += c[1].response_ids
+            out_rb.logprobs += c[1].logprobs
+            out_rb.finish_reasons += c[1].finish_reasons
+        out_rb.timing = rb.timing
+        merged = _merge_scores([(c[3], c[4], n, c[2]) for c in chosen], scored_batches)
+        return out_prompts, out_rb, merged, metrics, True
+
     # ----------------------------------------------------------------------------------------------------- fit
     def fit(self) -> dict[str, float]:
         """Train for ``total_steps``; returns the last step's metrics (plus the final validation)."""
@@ -233,29 +437,20 @@ class Trainer:
         n = cfg.actor_rollout_ref.rollout.n
         mini_samples = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n // self.world
         last: dict[str, float] = {}
-        if cfg.trainer.val_before_train and self.val_ds is not None:
+        if cfg.trainer.val_before_train and self.val_ds is not None and not cfg.trainer.val_only:
             self.tracker.log(self.validate(), self.step)
         if cfg.trainer.val_only:
-            return self.validate() if self.val_ds is not None else {}
+            out = self.validate()
+            self.tracker.log(out, self.step)
+            return out
         batches = self._batches()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, disable=not os.isatty(2))
         while self.step < self.total_steps:
             t_step = time.perf_counter()
             self.step += 1
-            metrics: dict[str, float] = {}
-            # 1. prompts
-            t0 = time.perf_counter()
-            prompts = self.train_ds.get_batch(next(batches))
-            metrics["timing/data_s"] = time.perf_counter() - t0
-            # 2. rollout: n samples per prompt on every worker
-            t0 = time.perf_counter()
-            rb = self.rollout(prompts)
-            metrics["timing/rollout_s"] = time.perf_counter() - t0
-            # 3. rewards (driver)
-            t0 = time.perf_counter()
+            # 1-3. prompts → rollout (n samples per prompt on every worker) → rewards (driver)
+            prompts, rb, scored, metrics, resend = self.collect(batches)
             samples = reward_samples(prompts, rb, self.tokenizer, cfg.data.max_response_length)
-            scored = self.rewards.score(samples)
-            metrics["timing/reward_s"] = time.perf_counter() - t0
             # 4. advantages (groups = the n samples of a prompt)
             scores = torch.tensor(scored.scores, dtype=torch.float32)
             group = torch.arange(len(scores)) // n
@@ -267,10 +462,21 @@ class Trainer:
                 norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
                 response_lengths=lengths,
             )
-            # 5. update + weight push on every worker (each trains on the samples it generated)
+            if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
+                raise FloatingPointError(f"step {self.step}: non-finite advantages from scores {scored.scores}")
+            # 5. update + weight push on every worker (each trains on the samples it generated, or on its share of
+            #    the kept groups after dynamic sampling)
             t0 = time.perf_counter()
             per_rank = split_even(adv.tolist(), self.world)
-            worker_metrics = self.group.run("update", "train", [(a, mini_samples) for a in per_rank])
+            if resend:
+                groups = split_even(list(range(len(prompts))), self.world)
+                args = [
+                    (a, mini_samples, ([prompts[g] for g in gs], rb.select_groups(gs)))
+                    for a, gs in zip(per_rank, groups)
+                ]
+            else:
+                args = [(a, mini_samples) for a in per_rank]
+            worker_metrics = self.group.run("update", "train", args)
             metrics["timing/train_s"] = time.perf_counter() - t0
             metrics.update(_mean_dicts(worker_metrics))
             # 6. metrics
@@ -291,6 +497,11 @@ class Trainer:
                 metrics.update(self.validate())
             if self.step == self.total_steps and self.val_ds is not None:
                 metrics.update(self.validate())
+            sf = cfg.trainer.save_freq
+            if sf > 0 and (self.step % sf == 0 or self.step == self.total_steps):
+                t0 = time.perf_counter()
+                self.save_checkpoint()
+                metrics["timing/checkpoint_s"] = time.perf_counter() - t0
             self.tracker.log(metrics, self.step)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['timing/step_s']:.2f}")
@@ -306,13 +517,31 @@ class Trainer:
         bs = self.cfg.data.val_batch_size or len(self.val_ds)
         scores: list[float] = []
         sources: list[str] = []
+        shown: list[RewardSample] = []
+        shown_components: dict[str, list[float]] = {}
+        limit = self.cfg.trainer.log_val_generations
         for start in range(0, len(self.val_ds), bs):
             prompts = self.val_ds.get_batch(list(range(start, min(start + bs, len(self.val_ds)))))
             rb = self.rollout(prompts, validate=True)
             samples = reward_samples(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
-            scores += self.rewards.score(samples).scores
+            scored = self.rewards.score(samples)
+            take = max(0, min(limit - len(shown), len(samples)))
+            for k, v in scored.components.items():
+                shown_components.setdefault(k, [float("nan")] * len(shown)).extend(v[:take])
+            shown += samples[:take]
+            for v in shown_components.values():
+                v.extend([float("nan")] * (len(shown) - len(v)))
+            scores += scored.scores
             sources += [s.data_source for s in samples]
         out = {"val/reward/mean": float(np.mean(scores)), "timing/validate_s": time.perf_counter() - t0}
+        if shown:
+            from vlmrl.trainer.gallery import write_gallery
+
+            path = self.out_dir / "val_gallery" / f"step_{self.step:06d}.html"
+            write_gallery(
+                path, self.step, shown, scores[: len(shown)], shown_components, limit=limit,
+                summary=list(zip(sources, scores)),
+            )  # fmt: skip
         for src in sorted(set(sources)):
             vals = [s for s, d in zip(scores, sources) if d == src]
             out[f"val/{src}/reward"] = float(np.mean(vals))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,18 @@ KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 class Tracker:
     """Sends each step's metrics to the configured backends. ``metrics.jsonl`` gets one JSON line per step."""
 
-    def __init__(self, loggers: list[str], out_dir: str | os.PathLike, project: str, experiment: str, config: Any):
+    def __init__(
+        self,
+        loggers: list[str],
+        out_dir: str | os.PathLike,
+        project: str,
+        experiment: str,
+        config: Any,
+        fresh: bool = False,
+    ):
+        """``fresh``: this run does not continue the log in ``out_dir`` (no resume); an existing ``metrics.jsonl`` is
+        moved aside to ``metrics.<time>.jsonl`` when the first line is written (not before: a run that fails during
+        start-up leaves the folder as it was)."""
         bad = [x for x in loggers if x not in KNOWN_LOGGERS]
         if bad:
             raise ValueError(f"trainer.logger: unknown backend(s) {bad}; choose from {list(KNOWN_LOGGERS)}")
@@ -22,7 +34,8 @@ class Tracker:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.out_dir / "metrics.jsonl"
-        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8") if "jsonl" in self.loggers else None  # noqa: SIM115
+        self._jsonl: Any = None
+        self._fresh = fresh
         self._tb = None
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
@@ -39,6 +52,12 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Record one step's metrics everywhere."""
         clean = {k: _plain(v) for k, v in metrics.items()}
+        if self._jsonl is None and "jsonl" in self.loggers:
+            if self._fresh and self.jsonl_path.exists() and self.jsonl_path.stat().st_size:
+                old = self.jsonl_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+                os.replace(self.jsonl_path, old)
+                print(f"[vlmrl] a new run: the previous metrics.jsonl was moved to {old}", flush=True)
+            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
             self._jsonl.flush()

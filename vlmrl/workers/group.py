@@ -24,7 +24,7 @@ def worker_env(device: str) -> dict[str, str]:
     env = {
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
     }
     if device == "cpu":
@@ -52,8 +52,9 @@ def init_ray(cfg: VLMRLConfig, device: str, n_workers: int) -> None:
         runtime_env={"env_vars": worker_env(device)},
         configure_logging=False,
     )
-    if cfg.trainer.ray_address:
-        kwargs["address"] = cfg.trainer.ray_address
+    address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:  # join a running cluster (ray start --head / --address=...)
+        kwargs["address"] = address
     else:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
         if os.environ.get("RAY_TMPDIR"):
@@ -151,3 +152,42 @@ class WorkerGroup:
             remove_placement_group(self.pg)
         except Exception:  # noqa: BLE001
             pass
+
+
+class LocalWorkerGroup:
+    """One hybrid worker in the driver's own process (``trainer.use_ray=false``): the same calls as
+    :class:`WorkerGroup` without Ray, for a single device, debugging and machines without Ray installed."""
+
+    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int) -> None:
+        import torch
+
+        from vlmrl.workers.hybrid import HybridWorker, free_port
+
+        req = cfg.trainer.device
+        self.device = req if req != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        cfg.trainer.device = self.device
+        self.world = 1
+        for k, v in worker_env(self.device).items():
+            os.environ.setdefault(k, v)
+        t0 = time.perf_counter()
+        self.workers = [HybridWorker(cfg, 0, 1, "127.0.0.1", free_port(), total_steps, limit_images)]
+        self.infos = [self.workers[0].info()]
+        self.startup_s = time.perf_counter() - t0
+
+    def run(self, stage: str, method: str, args: list[tuple], timeout_s: float | None = None) -> list[Any]:
+        """Call ``method(*args[0])`` on the worker; a failure raises ``WorkerError`` naming the stage."""
+        try:
+            return [getattr(self.workers[0], method)(*args[0])]
+        except Exception as e:
+            raise WorkerError(f"worker 0 failed during {stage}: {type(e).__name__}: {e}") from e
+
+    def shutdown(self) -> None:
+        """Release the worker's process group."""
+        self.workers[0].shutdown()
+
+
+def make_worker_group(cfg: VLMRLConfig, total_steps: int, limit_images: int) -> WorkerGroup | LocalWorkerGroup:
+    """The worker group the config asks for: Ray (default) or one in-process worker (``trainer.use_ray=false``)."""
+    if cfg.trainer.use_ray:
+        return WorkerGroup(cfg, total_steps, limit_images)
+    return LocalWorkerGroup(cfg, total_steps, limit_images)

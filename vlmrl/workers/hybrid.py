@@ -81,6 +81,8 @@ class HybridWorker:
         t0 = time.perf_counter()
         self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
+        bounds = qwen_vl.pixel_bounds(self.processor.image_processor, cfg.data.min_pixels, cfg.data.max_pixels)
+        qwen_vl.apply_pixel_bounds(self.processor.image_processor, *bounds)
         self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
@@ -97,6 +99,7 @@ class HybridWorker:
                 seed=arr.rollout.seed + rank,
                 distributed=True,  # one engine per rank inside the trainer's process group
                 trust_remote_code=arr.model.trust_remote_code,
+                pixel_bounds=bounds,
             )
         torch.manual_seed(cfg.trainer.seed + rank)  # vLLM reseeds the process at start; seed after it
         self.policy = PolicyWorker(cfg, self.device, total_steps, self.vision_ids)
@@ -116,6 +119,7 @@ class HybridWorker:
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
+        self.engine.wake()  # a no-op unless a second rollout of the same step follows a sleep (filter_groups)
         rb = self.engine.generate(prompts, spec)
         if not validate:
             self._last = (prompts, rb)
@@ -125,11 +129,17 @@ class HybridWorker:
         return rb
 
     # ------------------------------------------------------------------------------------------------- train
-    def train(self, advantages: list[float], mini_batch_samples: int) -> dict[str, float]:
-        """Update the policy on the last generated samples, then push the new weights into the engine."""
-        if self._last is None:
+    def train(
+        self,
+        advantages: list[float],
+        mini_batch_samples: int,
+        batch: tuple[list[PromptSample], RolloutBatch] | None = None,
+    ) -> dict[str, float]:
+        """Update the policy on the last generated samples (or on ``batch`` when the driver re-split the step's
+        samples, e.g. after dynamic sampling), then push the new weights into the engine."""
+        if batch is None and self._last is None:
             raise RuntimeError(f"worker {self.rank}: train() called before generate()")
-        prompts, rb = self._last
+        prompts, rb = batch if batch is not None else self._last
         self._last = None
         t0 = time.perf_counter()
         x = build_inputs(prompts, rb, process_images(self.processor, prompts), self.pad_id)
@@ -140,6 +150,10 @@ class HybridWorker:
         metrics = self.policy.update(x, adv, mini_batch_samples)
         metrics["timing/input_prep_s"] = t_prep
         metrics["timing/push_s"] = self.push_weights()
+        if self.device == "cuda":  # verl's names; peak since the previous step
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+            torch.cuda.reset_peak_memory_stats()
         return metrics
 
     def push_weights(self) -> float:
@@ -152,6 +166,24 @@ class HybridWorker:
         self.engine.wake(tags=["kv_cache"])
         if self.device == "cuda":
             torch.cuda.empty_cache()
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, folder: str) -> float:
+        """Policy + optimizer shards, scheduler and RNG states into ``folder``/actor; returns seconds taken."""
+        t0 = time.perf_counter()
+        actor = os.path.join(folder, "actor")
+        os.makedirs(actor, exist_ok=True)
+        self.policy.save(actor)
+        if dist.is_initialized():
+            dist.barrier()
+        return time.perf_counter() - t0
+
+    def load_checkpoint(self, folder: str) -> float:
+        """Restore a checkpoint and push its weights into the engine; returns seconds taken."""
+        t0 = time.perf_counter()
+        self.policy.load(os.path.join(folder, "actor"))
+        self.push_weights()
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------------- misc

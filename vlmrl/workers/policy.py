@@ -242,6 +242,43 @@ class PolicyWorker:
             metrics.setdefault("actor/skipped_nonfinite_grad", []).append(1.0)
         self.optimizer.zero_grad(set_to_none=True)
 
+    # -------------------------------------------------------------------------------------------- checkpoints
+    def save(self, folder: str) -> None:
+        """Sharded model + optimizer state into ``folder`` (a collective: every rank calls it with the same folder),
+        plus this rank's scheduler and RNG states."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from vlmrl.trainer.checkpoint import rng_state
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        extra = {"scheduler": self.scheduler.state_dict(), "rng": rng_state(), "world": self.world}
+        torch.save(extra, f"{folder}/extra_rank{rank}.pt")
+
+    def load(self, folder: str) -> None:
+        """Restore what ``save`` wrote (same world size for the RNG states; model and optimizer reshard freely)."""
+        import os
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from vlmrl.trainer.checkpoint import set_rng_state
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        path = f"{folder}/extra_rank{rank}.pt"
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} missing: the checkpoint was written by fewer workers than this run has")
+        extra = torch.load(path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if extra.get("world") == self.world:
+            set_rng_state(extra["rng"])
+
     # ----------------------------------------------------------------------------------------------- weights
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one at a time under the engine's names. Every rank must consume the whole

@@ -1,0 +1,422 @@
+"""The config surface a verl user meets: launch lines, unknown keys, unsupported options, ``check_config``.
+
+Fast by design: Hydra composition, ``python -m vlmrl.train ... --cfg job`` (print-config mode) and ``check_config``
+only; no Ray, no model start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from vlmrl.config import UNSUPPORTED, UNSUPPORTED_VALUES, ConfigError, VLMRLConfig, leaf_keys, load
+from vlmrl.trainer.grpo import check_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def geo3k_launch_line(home: Path) -> list[str]:
+    """verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh overrides, as the shell passes them (quotes removed)."""
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={home}/data/geo3k/train.parquet",
+        f"data.val_files={home}/data/geo3k/test.parquet",
+        "data.train_batch_size=512",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=2048",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.image_key=images",
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-7B-Instruct",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.multi_turn.enable=False",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+        "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.free_cache_engine=True",
+        "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_grpo_example_geo3k",
+        "trainer.experiment_name=qwen2_5_vl_7b_function_rm",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+    ]
+
+
+def run_cli(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """``python -m vlmrl.train *args`` in ``cwd``; returns the finished process and its wall time in seconds."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmrl.train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    return proc, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------ verl launch lines
+
+
+def test_verl_geo3k_launch_line_loads_with_typed_values(tmp_path: Path) -> None:
+    cfg = load(geo3k_launch_line(tmp_path))
+    assert isinstance(cfg, VLMRLConfig)
+    arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    assert data.train_files == f"{tmp_path}/data/geo3k/train.parquet"
+    assert data.val_files == f"{tmp_path}/data/geo3k/test.parquet"
+    assert (data.train_batch_size, data.max_prompt_length, data.max_response_length) == (512, 1024, 2048)
+    assert data.filter_overlong_prompts is True and data.truncation == "error" and data.image_key == "images"
+    assert arr.model.path == "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert arr.model.use_remove_padding is True and arr.model.enable_gradient_checkpointing is True
+    assert arr.actor.optim.lr == pytest.approx(1e-6)
+    assert (arr.actor.ppo_mini_batch_size, arr.actor.ppo_micro_batch_size_per_gpu) == (128, 10)
+    assert arr.actor.use_kl_loss is True and arr.actor.kl_loss_coef == pytest.approx(0.01)
+    assert arr.actor.kl_loss_type == "low_var_kl"
+    assert arr.actor.entropy_coeff == 0.0 and isinstance(arr.actor.entropy_coeff, float)
+    assert arr.actor.fsdp_config.param_offload is False and arr.actor.fsdp_config.optimizer_offload is False
+    ro = arr.rollout
+    assert ro.n == 5 and ro.name == "vllm" and ro.tensor_model_parallel_size == 2
+    assert ro.log_prob_micro_batch_size_per_gpu == 20 and ro.gpu_memory_utilization == pytest.approx(0.6)
+    assert ro.engine_kwargs["vllm"]["disable_mm_preprocessor_cache"] is True
+    assert ro.multi_turn.enable is False
+    assert ro.enable_chunked_prefill is False and ro.enforce_eager is False and ro.free_cache_engine is True
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == 20 and arr.ref.fsdp_config.param_offload is True
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.use_kl_in_reward is False
+    assert tr.logger == ["console", "wandb"]
+    assert (tr.project_name, tr.experiment_name) == ("verl_grpo_example_geo3k", "qwen2_5_vl_7b_function_rm")
+    assert (tr.n_gpus_per_node, tr.nnodes, tr.save_freq, tr.test_freq, tr.total_epochs) == (8, 1, 20, 5, 15)
+    assert tr.critic_warmup == 0
+    assert tr.default_local_dir == "checkpoints/verl_grpo_example_geo3k/qwen2_5_vl_7b_function_rm"
+
+
+def test_engine_kwargs_without_plus_as_newer_verl_scripts_write_it(tmp_path: Path) -> None:
+    line = [o.lstrip("+") for o in geo3k_launch_line(tmp_path)]
+    line.append("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4")
+    kw = load(line).actor_rollout_ref.rollout.engine_kwargs["vllm"]
+    assert kw == {"disable_mm_preprocessor_cache": True, "swap_space": 4}
+
+
+def test_verl_geo3k_launch_line_through_the_cli_print_config(tmp_path: Path) -> None:
+    proc, _ = run_cli(*geo3k_launch_line(tmp_path), "trainer.device=cpu", "--cfg", "job", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.actor_rollout_ref.rollout.n == 5
+    assert printed.actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache is True
+    assert list(printed.trainer.logger) == ["console", "wandb"]
+    assert printed.trainer.device == "cpu" and printed.data.train_batch_size == 512
+    assert list(tmp_path.iterdir()) == [], "print-config mode must not create run folders"
+
+
+def test_verl_dapo_and_common_keys_are_accepted(tmp_path: Path) -> None:
+    """Keys verl's DAPO recipe and common launch lines pass, at the values vlmrl implements."""
+    cfg = load(
+        geo3k_launch_line(tmp_path)
+        + [
+            "data.gen_batch_size=512",
+            "data.return_raw_chat=True",
+            "data.return_raw_input_ids=False",
+            "data.return_full_prompt=False",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.ref.strategy=fsdp",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+            "actor_rollout_ref.actor.clip_ratio_low=0.2",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "actor_rollout_ref.actor.clip_ratio_c=10.0",
+            "actor_rollout_ref.actor.grad_clip=1.0",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+            "actor_rollout_ref.actor.optim.weight_decay=0.1",
+            "actor_rollout_ref.actor.use_dynamic_bsz=False",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=False",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576",
+            "actor_rollout_ref.rollout.mode=sync",
+            "actor_rollout_ref.rollout.temperature=1.0",
+            "actor_rollout_ref.rollout.top_p=1.0",
+            "actor_rollout_ref.rollout.top_k=-1",
+            "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+            "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
+            "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.val_kwargs.n=1",
+            "actor_rollout_ref.hybrid_engine=True",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=acc",
+            "algorithm.filter_groups.max_num_gen_batches=10",
+            "algorithm.kl_ctrl.kl_coef=0.0",
+            "algorithm.norm_adv_by_std_in_grpo=True",
+            "algorithm.gamma=1.0",
+            "algorithm.lam=1.0",
+            "reward_model.enable=False",
+            "reward_model.reward_manager=naive",
+            "custom_reward_function.path=my_reward.py",
+            "custom_reward_function.name=compute_score",
+            "trainer.val_before_train=True",
+            "trainer.max_actor_ckpt_to_keep=2",
+            "trainer.resume_mode=auto",
+            "trainer.balance_batch=True",
+            "trainer.log_val_generations=10",
+            "trainer.total_training_steps=100",
+        ]
+    )
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.loss_agg_mode == "seq-mean-token-sum-norm" and arr.actor.clip_ratio_high == pytest.approx(0.28)
+    assert arr.actor.strategy == "fsdp2" and arr.ref.strategy == "fsdp" and arr.actor.fsdp_config.fsdp_size == -1
+    assert arr.rollout.val_kwargs.do_sample is True and arr.rollout.val_kwargs.top_p == pytest.approx(0.7)
+    assert cfg.algorithm.filter_groups.enable is True and cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.algorithm.filter_groups.max_num_gen_batches == 10
+    assert cfg.reward_model.enable is False and cfg.reward_model.reward_manager == "naive"
+    assert cfg.data.return_raw_chat is True and cfg.data.gen_batch_size == 512
+    assert cfg.trainer.val_before_train is True and cfg.trainer.max_actor_ckpt_to_keep == 2
+
+
+def test_every_value_rule_names_a_schema_key_and_no_unsupported_key_shadows_one() -> None:
+    keys = set(leaf_keys())
+    assert set(UNSUPPORTED_VALUES) <= keys, set(UNSUPPORTED_VALUES) - keys
+    # an UNSUPPORTED entry must not be a schema key (schema keys are checked first and would never reach it)
+    assert not set(UNSUPPORTED) & keys
+    # defaults pass their own rules
+    load(["data.train_files=x", "actor_rollout_ref.model.path=m"])
+
+
+# -------------------------------------------------------------------------------------------------- unknown keys
+
+
+@pytest.mark.parametrize(
+    "override,nearest",
+    [
+        ("actor_rollout_ref.rollout.temprature=1", "actor_rollout_ref.rollout.temperature"),
+        ("actor_rollout_ref.actor.ppo_mini_batchsize=8", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        ("trainer.total_epoch=3", "trainer.total_epochs"),
+        ("+data.max_promt_length=64", "data.max_prompt_length"),
+    ],
+)
+def test_unknown_key_names_the_nearest_key(override: str, nearest: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(["data.train_files=x", "actor_rollout_ref.model.path=m", override])
+    bad = override.split("=")[0].lstrip("+")
+    assert f"Unknown config key '{bad}'" in str(e.value)
+    assert f"Did you mean '{nearest}'?" in str(e.value)
+
+
+def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> None:
+    proc, took = run_cli(
+        "data.train_files=x", "actor_rollout_ref.model.path=m", "actor_rollout_ref.rollout.temprature=1", cwd=tmp_path
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Unknown config key 'actor_rollout_ref.rollout.temprature'" in proc.stderr
+    assert "Did you mean 'actor_rollout_ref.rollout.temperature'?" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert took < 10, f"the key check took {took:.1f}s: it must run before anything expensive"
+
+
+# ------------------------------------------------------------------------------------------ unsupported options
+
+
+@pytest.mark.parametrize(
+    "override,reason",
+    [
+        ("actor_rollout_ref.actor.strategy=megatron", "Megatron is not supported"),
+        ("actor_rollout_ref.ref.strategy=megatron", "Megatron is not supported"),
+        ("+actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron is not supported"),
+        ("critic.optim.lr=1e-5", "need no critic"),
+        ("+critic.model.path=Qwen/Qwen2.5-VL-7B-Instruct", "need no critic"),
+        ("reward_model.enable=True", "model-based reward models are not supported"),
+        ("reward_model.model.path=some/rm", "model-based reward models are not supported"),
+        ("algorithm.use_kl_in_reward=True", "use actor_rollout_ref.actor.use_kl_loss=True"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn / tool-calling rollouts are not implemented"),
+        ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5", "multi-turn / tool-calling rollouts"),
+        ("actor_rollout_ref.rollout.mode=async", "async (agent-loop server) rollout is not implemented"),
+        ("actor_rollout_ref.actor.use_dynamic_bsz=True", "token-budget micro-batches are not implemented"),
+        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "token-budget micro-batches"),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "sequence parallelism is not implemented"),
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "no hybrid sharding"),
+        ("actor_rollout_ref.model.use_liger=True", "Liger kernels are not integrated"),
+        ("reward_model.reward_manager=dapo", "add the length_penalty component"),
+        ("reward_model.overlong_buffer.enable=True", "length_penalty reward component"),
+        ("actor_rollout_ref.model.custom_chat_template=x", "data.custom_chat_template"),
+        ("algorithm.gamma=0.99", "nothing to discount"),
+        ("trainer.default_hdfs_dir=hdfs://x", "HDFS is not implemented"),
+        ("data.gen_batch_size=1536", "rolls out data.train_batch_size=512 prompts per batch"),
+    ],
+)
+def test_unsupported_option_is_rejected_with_the_reason(tmp_path: Path, override: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(geo3k_launch_line(tmp_path) + [override])
+    msg = str(e.value)
+    assert override.split("=")[0].lstrip("+") in msg and reason in msg, msg
+
+
+def test_unsupported_value_through_the_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
+    proc, took = run_cli(*geo3k_launch_line(tmp_path), "actor_rollout_ref.actor.strategy=megatron", cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "actor_rollout_ref.actor.strategy='megatron'" in proc.stderr
+    assert "Megatron is not supported" in proc.stderr and "Traceback" not in proc.stderr
+    assert took < 20, f"took {took:.1f}s: an unsupported value must be refused before the trainer starts"
+
+
+def test_missing_mandatory_keys_say_how_to_set_them() -> None:
+    with pytest.raises(ConfigError) as e:
+        load(["data.val_files=x"])
+    msg = str(e.value)
+    assert "actor_rollout_ref.model.path: point it at a Qwen2.5-VL folder or hub id" in msg
+    assert "data.train_files: give a parquet file" in msg
+
+
+def test_missing_model_path_through_the_cli_exits_2(tmp_path: Path) -> None:
+    proc, _ = run_cli("data.train_files=x", cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "actor_rollout_ref.model.path: point it at" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -------------------------------------------------------------------------------------------------- check_config
+
+
+@pytest.fixture
+def good(tiny_model_dir: str, tmp_path: Path) -> VLMRLConfig:
+    """A configuration check_config accepts (tiny model, 2 CPU workers, checkpoints under tmp_path)."""
+    (tmp_path / "train.parquet").write_bytes(b"PAR1")  # check_config only checks that the file is there
+    cfg = load(
+        [
+            f"data.train_files={tmp_path / 'train.parquet'}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.device=cpu",
+            "trainer.cpu_workers=2",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        ],
+        config_name="tiny_cpu",
+    )
+    check_config(cfg)
+    return cfg
+
+
+def test_check_config_accepts_the_good_config(good: VLMRLConfig) -> None:
+    check_config(good)  # the cases below each break one thing of this
+
+
+def test_check_config_missing_model_path(good: VLMRLConfig) -> None:
+    good.actor_rollout_ref.model.path = ""
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path is not set: point it at a Qwen2.5-VL"):
+        check_config(good)
+
+
+def test_check_config_model_path_that_does_not_exist(good: VLMRLConfig, tmp_path: Path) -> None:
+    good.actor_rollout_ref.model.path = str(tmp_path / "no" / "such-model")
+    with pytest.raises(ConfigError) as e:
+        check_config(good)
+    assert "actor_rollout_ref.model.path=" in str(e.value) and "such-model" in str(e.value)
+    assert "does not exist" in str(e.value)
+
+
+def test_check_config_train_file_that_does_not_exist(good: VLMRLConfig, tmp_path: Path) -> None:
+    good.data.train_files = [str(tmp_path / "train.parquet"), str(tmp_path / "missing.parquet")]
+    with pytest.raises(ConfigError, match=r"data.train_files: '.*missing.parquet' does not exist .*preprocess/"):
+        check_config(good)
+
+
+def test_check_config_model_folder_without_config_json(good: VLMRLConfig, tmp_path: Path) -> None:
+    (tmp_path / "empty-model").mkdir()
+    good.actor_rollout_ref.model.path = str(tmp_path / "empty-model")
+    with pytest.raises(ConfigError, match="has no config.json"):
+        check_config(good)
+
+
+def test_check_config_rejects_a_non_qwen_vl_model(good: VLMRLConfig, tmp_path: Path) -> None:
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    good.actor_rollout_ref.model.path = str(llama)
+    with pytest.raises(ConfigError) as e:
+        check_config(good)
+    assert "'llama'" in str(e.value) and "qwen2_5_vl" in str(e.value)
+
+
+def test_check_config_batch_not_divisible_by_workers(good: VLMRLConfig) -> None:
+    good.data.train_batch_size = 3
+    with pytest.raises(ConfigError) as e:
+        check_config(good)
+    assert "data.train_batch_size=3 must be divisible by the 2 workers" in str(e.value)
+    assert "trainer.cpu_workers" in str(e.value)
+
+
+def test_check_config_grpo_needs_two_samples_per_prompt(good: VLMRLConfig) -> None:
+    good.actor_rollout_ref.rollout.n = 1
+    with pytest.raises(ConfigError) as e:
+        check_config(good)
+    assert "algorithm.adv_estimator=grpo" in str(e.value)
+    assert "set actor_rollout_ref.rollout.n >= 2 (got 1)" in str(e.value)
+
+
+def test_check_config_rejects_kl_in_reward(good: VLMRLConfig) -> None:
+    good.algorithm.use_kl_in_reward = True
+    with pytest.raises(ConfigError, match=r"use_kl_in_reward=True is not supported; use actor_rollout_ref"):
+        check_config(good)
+
+
+def test_check_config_unwritable_checkpoint_dir(
+    good: VLMRLConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores the mode bits: answer for it as the kernel would for a user
+            real = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+        good.trainer.default_local_dir = str(locked / "run")
+        with pytest.raises(ConfigError) as e:
+            check_config(good)
+        assert "trainer.default_local_dir=" in str(e.value) and "is not writable" in str(e.value)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_check_config_checkpoint_dir_under_a_regular_file(good: VLMRLConfig, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    good.trainer.default_local_dir = str(tmp_path / "afile" / "sub")
+    with pytest.raises(ConfigError) as e:
+        check_config(good)
+    msg = str(e.value)
+    assert "trainer.default_local_dir=" in msg and "afile" in msg and "not a folder" in msg
+
+
+def test_fit_refuses_a_bad_config_before_loading_anything(good: VLMRLConfig) -> None:
+    from vlmrl.trainer.grpo import fit
+
+    good.actor_rollout_ref.rollout.n = 1
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="rollout.n >= 2"):
+        fit(good)
+    assert time.perf_counter() - t0 < 5
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()

@@ -1,0 +1,103 @@
+"""The validation gallery: a self-contained, escaped HTML page with images, scores and components."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from PIL import Image
+
+from vlmrl.batch import RewardSample
+from vlmrl.trainer.gallery import write_gallery
+
+NAN = float("nan")
+
+
+def _samples() -> tuple[list[RewardSample], list[float], dict[str, list[float]]]:
+    red = Image.new("RGB", (640, 320), (255, 0, 0))
+    blue = Image.new("RGB", (32, 48), (0, 0, 255))
+    rgba = Image.new("RGBA", (20, 20), (0, 255, 0, 128))
+    samples = [
+        RewardSample(
+            response="<script>alert(1)</script> Größe ≈ 3 — 答案",
+            prompt="What is <b>shown</b>?",
+            ground_truth="3",
+            data_source="geo",
+            images=[red, blue],
+        ),
+        RewardSample(response="no image here", prompt="plain text prompt", ground_truth=[1, 2], data_source="text"),
+        RewardSample(
+            response="third sample response",
+            prompt="p3",
+            ground_truth={"box": [1, 2, 3, 4]},
+            data_source="geo",
+            images=[rgba],
+        ),
+    ]
+    scores = [1.0, 0.25, 0.5]
+    components = {"accuracy": [1.0, 0.0, 0.5], "iou": [0.875, NAN, 0.125]}
+    return samples, scores, components
+
+
+def _cards(html: str) -> list[str]:
+    return html.split("<div class='card'>")[1:]
+
+
+def test_gallery_full(tmp_path: Path):
+    samples, scores, components = _samples()
+    out = write_gallery(tmp_path / "g" / "step_000007.html", 7, samples, scores, components)
+    assert out == tmp_path / "g" / "step_000007.html" and out.is_file()
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temp file left behind
+    html = out.read_text(encoding="utf-8")
+
+    # escaping: the response's script tag and the prompt's <b> are shown as text, never as markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script" not in html.lower()
+    assert "What is &lt;b&gt;shown&lt;/b&gt;?" in html
+    assert "Größe ≈ 3 — 答案" in html
+    # self-contained: no external references
+    assert "http://" not in html and "https://" not in html and 'src="data:' in html
+
+    cards = _cards(html)
+    assert len(cards) == 3
+    # one inlined <img> per image: two, none, one
+    assert [c.count("<img") for c in cards] == [2, 0, 1]
+    assert [c.count('src="data:image/') for c in cards] == [2, 0, 1]
+    assert html.count("<img") == 3
+    assert "data:image/png;base64," in cards[2] and "data:image/jpeg;base64," in cards[0]
+    # thumbnails are downscaled: the 640x320 image becomes 256x128, small ones keep their size
+    assert 'width="256" height="128"' in cards[0] and 'width="32" height="48"' in cards[0]
+
+    # per-sample text, score and components (NaN as a dash)
+    assert "plain text prompt" in cards[1] and "no image here" in cards[1] and "[1, 2]" in cards[1]
+    assert "{&quot;box&quot;: [1, 2, 3, 4]}" in cards[2]
+    assert "score 1.0000" in cards[0] and "score 0.2500" in cards[1]
+    assert "<td>iou</td><td>0.8750</td>" in cards[0]
+    assert "<td>iou</td><td>\u2013</td>" in cards[1]
+    assert "<td>accuracy</td><td>0.0000</td>" in cards[1]
+    assert "\u2013" not in cards[0] and "\u2013" not in cards[2]
+    assert "· geo ·" in cards[0] and "· text ·" in cards[1]
+
+    # header: step, count, means overall and per data_source
+    assert "step 7" in html
+    assert "samples: 3 (showing 3)" in html
+    assert re.search(r"<b class='mean'>([^<]*)</b>", html).group(1) == f"{(1.0 + 0.25 + 0.5) / 3:.4f}"
+    rows = dict(
+        (m[0], (int(m[1]), m[2])) for m in re.findall(r"<tr><td>(\w+)</td><td>(\d+)</td><td>([^<]*)</td>", html)
+    )
+    assert rows == {"geo": (2, "0.7500"), "text": (1, "0.2500")}
+
+
+def test_gallery_limit_and_overwrite(tmp_path: Path):
+    samples, scores, components = _samples()
+    path = tmp_path / "step.html"
+    path.write_text("old contents")
+    write_gallery(str(path), 3, samples, scores, components, limit=1)
+    html = path.read_text(encoding="utf-8")
+    assert "old contents" not in html
+    cards = _cards(html)
+    assert len(cards) == 1
+    assert html.count("<img") == 2  # only the first sample's two images
+    assert "no image here" not in html and "third sample response" not in html
+    assert "samples: 3 (showing 1)" in html  # header still summarises everything passed
+    assert "step 3" in html

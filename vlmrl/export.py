@@ -1,0 +1,82 @@
+"""Export a training checkpoint's policy as a Hugging Face folder (loadable by transformers and by vLLM).
+
+    python -m vlmrl.export --checkpoint runs/quickstart/global_step_40 --output exported/ [--dtype bfloat16]
+
+Reads the run's ``config.yaml`` inside the checkpoint for the base model path and LoRA settings, loads the sharded
+policy weights (any number of training workers; no process group needed), merges LoRA adapters into the base weights,
+and writes ``model.safetensors`` + config + processor/tokenizer files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export_checkpoint(checkpoint: str | Path, output: str | Path, dtype: str = "float32") -> Path:
+    """Write the policy of ``checkpoint`` (a ``global_step_N`` folder, or a run folder: its latest checkpoint) as an HF
+    model folder at ``output``; returns ``output``."""
+    import torch.distributed.checkpoint as dcp
+    from omegaconf import OmegaConf
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from vlmrl.models import qwen_vl
+    from vlmrl.trainer import checkpoint as ckpt
+
+    src = Path(checkpoint)
+    if not ckpt.is_complete(src):
+        latest = ckpt.find_resume(src)
+        if latest is None:
+            raise FileNotFoundError(f"{src} is neither a complete global_step_N checkpoint nor a run folder with one")
+        src = latest
+    if dtype not in _DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: use one of {sorted(_DTYPES)}")
+    cfg = OmegaConf.load(src / "config.yaml")
+    mcfg = cfg.actor_rollout_ref.model
+    path, trust = str(mcfg.path), bool(mcfg.get("trust_remote_code", False))
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    qwen_vl.check_model_type(config, f"{src}/config.yaml actor_rollout_ref.model.path={path}")
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
+    if int(mcfg.get("lora_rank", 0) or 0) > 0:
+        from vlmrl.workers.lora import apply_lora
+
+        model = apply_lora(model, mcfg)
+    wanted = {k: v for k, v in model.state_dict().items()}
+    state = {"model": wanted}
+    dcp.load(state, checkpoint_id=str(src / "actor"), planner=DefaultLoadPlanner(allow_partial_load=False))
+    model.load_state_dict(state["model"])
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(_DTYPES[dtype]).save_pretrained(out)
+    AutoProcessor.from_pretrained(path, trust_remote_code=trust).save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m vlmrl.export --checkpoint DIR --output DIR [--dtype float32|bfloat16|float16]``."""
+    ap = argparse.ArgumentParser(prog="python -m vlmrl.export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="a global_step_N folder, or a run folder (its latest)")
+    ap.add_argument("--output", required=True, help="folder for the HF model")
+    ap.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="saved weight dtype")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        out = export_checkpoint(a.checkpoint, a.output, a.dtype)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"vlmrl.export: {e}", file=sys.stderr)
+        return 2
+    print(f"[vlmrl] exported {a.checkpoint} -> {out} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Validation gallery: one self-contained HTML page of sample generations (images inlined, no external assets)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vlmrl.batch import RewardSample
+
+_THUMB = 256  # max side of an inlined image, pixels
+_DASH = "\u2013"  # shown for NaN (a component that does not apply)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:1em;margin:1em 0}
+.card img{max-width:256px;max-height:256px;margin:0 .5em .5em 0;border:1px solid #ccc}
+pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;padding:.5em;margin:.2em 0 .8em}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}
+.meta{color:#555}
+"""
+
+
+def _fmt(x: float) -> str:
+    """A score for display: 4 decimals, ``–`` for NaN / missing."""
+    return _DASH if x is None or math.isnan(x) else f"{x:.4f}"
+
+
+def _mean(xs: list[float]) -> float:
+    """Mean of the non-NaN values (NaN when there are none)."""
+    vals = [x for x in xs if not math.isnan(x)]
+    return math.fsum(vals) / len(vals) if vals else float("nan")
+
+
+def _img_tag(im: Image.Image) -> str:
+    """An ``<img>`` with the image as a base64 data URI, downscaled so its longer side is at most ``_THUMB``."""
+    im = im.copy()
+    im.thumbnail((_THUMB, _THUMB))
+    buf = io.BytesIO()
+    if im.mode in ("RGB", "L"):
+        im.save(buf, format="JPEG", quality=85)
+        mime = "jpeg"
+    else:
+        im.save(buf, format="PNG")
+        mime = "png"
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img src="data:image/{mime};base64,{data}" width="{im.width}" height="{im.height}" alt="image">'
+
+
+def _text(x: Any) -> str:
+    """Any value as escaped display text (non-strings as JSON, falling back to ``str``)."""
+    if not isinstance(x, str):
+        x = json.dumps(x, ensure_ascii=False, default=str)
+    return escape(x)
+
+
+def write_gallery(
+    path: str | Path,
+    step: int,
+    samples: list[RewardSample],
+    scores: list[float],
+    components: dict[str, list[float]],
+    limit: int = 16,
+    summary: list[tuple[str, float]] | None = None,
+) -> Path:
+    """Write an HTML gallery of validation samples to ``path`` (atomically) and return the path.
+
+    The header summarises all ``samples`` (count, mean score overall and per data_source); cards are drawn for
+    the first ``limit`` of them: images, prompt, response, ground truth, data_source, total score and every
+    reward component (NaN, i.e. "does not apply", shown as ``–``). All sample text is HTML-escaped.
+    ``scores[i]`` and ``components[name][i]`` belong to ``samples[i]``. ``summary`` — (data_source, score) of every
+    validation sample — replaces ``samples`` in the header when only the shown samples were kept in memory.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scores = [float(s) for s in scores[: len(samples)]]
+    every = summary if summary is not None else [(s.data_source, sc) for s, sc in zip(samples, scores)]
+    by_src: dict[str, list[float]] = {}
+    for src, sc in every:
+        by_src.setdefault(src, []).append(float(sc))
+    src_rows = "".join(
+        f"<tr><td>{escape(src)}</td><td>{len(v)}</td><td>{_fmt(_mean(v))}</td></tr>"
+        for src, v in sorted(by_src.items())
+    )
+    shown = samples[: max(0, limit)]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Validation step {step}</title>"
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Validation gallery \u2014 step {step}</h1>",
+        f"<p class='meta'>samples: {len(every)} (showing {len(shown)}) \u00b7 "
+        f"mean score: <b class='mean'>{_fmt(_mean([sc for _, sc in every]))}</b></p>",
+        f"<table><tr><th>data_source</th><th>n</th><th>mean score</th></tr>{src_rows}</table>",
+    ]
+    for i, s in enumerate(shown):
+        comp_rows = "".join(
+            f"<tr><td>{escape(k)}</td><td>{_fmt(v[i] if i < len(v) else float('nan'))}</td></tr>"
+            for k, v in sorted(components.items())
+        )
+        score = scores[i] if i < len(scores) else float("nan")
+        parts.append(
+            f"<div class='card'><h3>#{i} \u00b7 {escape(s.data_source)} \u00b7 score {_fmt(score)}</h3>"
+            f"<div>{''.join(_img_tag(im) for im in s.images)}</div>"
+            f"<b>prompt</b><pre>{_text(s.prompt)}</pre>"
+            f"<b>response</b> <span class='meta'>({s.response_length} tokens, {escape(s.finish_reason)})</span>"
+            f"<pre>{_text(s.response)}</pre>"
+            f"<b>ground truth</b><pre>{_text(s.ground_truth)}</pre>"
+            f"<table><tr><th>component</th><th>value</th></tr>{comp_rows}</table></div>"
+        )
+    parts.append("</body></html>\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text("".join(parts), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
