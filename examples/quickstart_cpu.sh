@@ -15,7 +15,8 @@ export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/vlmrl-ray-XXXX)}
 
 MODEL=$("$PY" -c "from vlmrl.models.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
 echo "[quickstart] tiny model: $MODEL"
-"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour --train-size 4096 --test-size 96 --seed 0
+"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour --train-size 4096 --test-size 96 \
+  --image-size 112 --seed 0
 
 "$PY" -m vlmrl.train --config-name tiny_cpu \
   data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/test.parquet" \

@@ -78,7 +78,8 @@ def rewards_file(tmp_path_factory) -> Path:
 
 
 def make_cfg(model: str, data: Path, out: Path, *overrides: str):
-    """tiny_cpu composed the way the CLI does, shrunk to a few-second in-process run."""
+    """tiny_cpu composed the way the CLI does, shrunk to a few-second in-process run (validation only where a test
+    asks for it, no entropy bonus)."""
     return load(
         [
             f"data.train_files={data / 'train.parquet'}",
@@ -92,6 +93,9 @@ def make_cfg(model: str, data: Path, out: Path, *overrides: str):
             f"actor_rollout_ref.actor.ppo_mini_batch_size={BS}",
             f"data.max_response_length={MAX_RESP}",
             "trainer.total_training_steps=2",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "actor_rollout_ref.actor.entropy_coeff=0",  # the plain GRPO loss: expected values are stated for it
             "trainer.logger=[jsonl]",
             *overrides,
         ],

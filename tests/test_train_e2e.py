@@ -1,0 +1,266 @@
+"""End-to-end runs of ``python -m vlmrl.train`` as a user launches it: learning, exact resume after a kill -9 of the
+driver, a worker dying mid-step, and a crash while a checkpoint is written.
+
+Each run is a subprocess in its own session with its own Ray temp dir; every process it started is ended afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def colour_data(tmp_path_factory) -> Path:
+    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it."""
+    out = tmp_path_factory.mktemp("colour")
+    subprocess.run(
+        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(out), "--families", "colour",
+         "--image-size", "112", "--train-size", "4096", "--test-size", "96", "--seed", "0", "--no-progress"],
+        check=True, capture_output=True, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    return out
+
+
+class Run:
+    """A training subprocess and every process it spawns (Ray's included)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.ray_dir = tempfile.mkdtemp(prefix="vr", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="vlmrl-run-", suffix=".log", delete=False)  # noqa: SIM115
+        full_env = {**os.environ, **env, "RAY_TMPDIR": self.ray_dir, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vlmrl.train", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+            cwd=Path(__file__).parents[1],
+        )  # fmt: skip
+        self.seen: set[int] = set()
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.seen.update(k.pid for k in kids)
+        return kids
+
+    def workers(self) -> list[psutil.Process]:
+        out = []
+        for p in self.descendants():
+            try:
+                if "HybridWorker" in " ".join(p.cmdline()):
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.cleanup()
+            raise AssertionError(f"run did not finish within {timeout} s:\n{self.output()[-4000:]}") from None
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def cleanup(self) -> None:
+        """End the driver and everything it started (only those processes)."""
+        self.descendants()
+        for pid in [self.proc.pid, *self.seen]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=30)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def wait_for_step(run: Run, run_dir: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r.get("step", 0) >= step for r in metrics(run_dir)):
+            return
+        if run.proc.poll() is not None:
+            raise AssertionError(f"run ended (rc {run.proc.returncode}) before step {step}:\n{run.output()[-4000:]}")
+        time.sleep(0.02)
+    run.cleanup()
+    raise AssertionError(f"step {step} not reached within {timeout} s:\n{run.output()[-4000:]}")
+
+
+def base_args(model: str, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config-name", "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}",
+        "trainer.logger=[jsonl]", *extra,
+    ]  # fmt: skip
+
+
+ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+
+
+def test_quickstart_config_learns(tiny_model_dir, colour_data, tmp_path):
+    """The quick start's own config learns the colour task: well above chance (1/3) and above where it started."""
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.val_before_train=true"), ENV)
+    try:
+        rc = run.wait(timeout=900)
+    finally:
+        run.cleanup()
+    assert rc == 0, run.output()[-4000:]
+    rows = metrics(out)
+    first_val = next(r["val/reward/mean"] for r in rows if "val/reward/mean" in r)
+    final_val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r][-1]
+    train = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    assert first_val < 0.2, f"the random model should not know the task yet (val {first_val})"
+    assert final_val >= 0.9, f"greedy validation reward {final_val} after {len(train)} steps"
+    assert sum(train[-10:]) / 10 > sum(train[:10]) / 10 + 0.5, train
+    assert (out / "reward_curve.png").stat().st_size > 1000
+    assert list((out / "val_gallery").glob("step_*.html"))
+
+
+def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b], ([r["step"] for r in a], [r["step"] for r in b])
+    for ra, rb in zip(a, b):
+        for k in keys:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["step"], k, ra[k], rb[k])
+
+
+CURVE_KEYS = ("reward/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "actor/grad_norm")
+
+
+def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_data, tmp_path):
+    """kill -9 of the driver after a checkpoint; ``resume_mode=auto`` continues with the same data order and RNG:
+    the resumed run's curve equals an uninterrupted run's, step for step."""
+    extra = ("trainer.total_training_steps=6", "trainer.save_freq=2", "data.val_files=null")
+    ref_dir, cut_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
+    ref = Run(base_args(tiny_model_dir, colour_data, ref_dir, *extra), ENV)
+    try:
+        assert ref.wait(timeout=600) == 0, ref.output()[-4000:]
+    finally:
+        ref.cleanup()
+
+    cut = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
+    try:
+        wait_for_step(cut, cut_dir, 3, timeout=600)
+        os.kill(cut.proc.pid, signal.SIGKILL)  # the driver, mid-run
+    finally:
+        cut.cleanup()
+    resumed_from = int((cut_dir / "latest_checkpointed_iteration.txt").read_text())
+    assert resumed_from in (2, 4)
+    again = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
+    try:
+        assert again.wait(timeout=600) == 0, again.output()[-4000:]
+    finally:
+        again.cleanup()
+    assert f"resumed from {cut_dir / f'global_step_{resumed_from}'} at step {resumed_from}" in again.output()
+    _compare_curves(metrics(ref_dir), metrics(cut_dir), CURVE_KEYS)
+    assert sorted(p.name for p in cut_dir.glob("global_step_*")) == ["global_step_2", "global_step_4", "global_step_6"]
+
+
+def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data, tmp_path):
+    """A worker killed mid-run: the driver stops with an error naming the worker and the stage (no hang), the last
+    checkpoint stays intact and the run resumes from it; a half-written checkpoint is ignored and removed."""
+    extra = ("trainer.total_training_steps=5", "trainer.save_freq=2", "data.val_files=null",
+             "actor_rollout_ref.rollout.name=hf")  # fmt: skip
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, *extra), ENV)
+    try:
+        wait_for_step(run, out, 2, timeout=600)
+        victims = run.workers()
+        assert len(victims) == 2, [p.cmdline() for p in run.descendants()]
+        victims[1].kill()
+        t0 = time.monotonic()
+        rc = run.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        run.cleanup()
+    text = run.output()
+    assert rc != 0
+    assert took < 90, f"driver took {took:.0f} s to notice the dead worker"
+    assert "WorkerError" in text and "failed during" in text, text[-3000:]
+    assert any(f"during {stage}" in text for stage in ("rollout", "update", "checkpoint save")), text[-3000:]
+    last = int((out / "latest_checkpointed_iteration.txt").read_text())
+    assert last >= 2
+    # a crash while writing the next checkpoint leaves only a .tmp folder behind
+    partial = out / f"global_step_{last + 1}.tmp" / "actor"
+    partial.mkdir(parents=True)
+    (partial / "__0_0.distcp").write_bytes(b"\0" * 100)
+    again = Run(base_args(tiny_model_dir, colour_data, out, *extra), ENV)
+    try:
+        assert again.wait(timeout=600) == 0, again.output()[-4000:]
+    finally:
+        again.cleanup()
+    assert f"resumed from {out / f'global_step_{last}'} at step {last}" in again.output()
+    assert not partial.parent.exists()
+    steps = [r["step"] for r in metrics(out)]
+    assert steps == list(range(1, 6)), steps
+
+
+def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, colour_data, tmp_path):
+    """``python -m vlmrl.export`` turns a run's latest checkpoint into an HF folder: transformers loads it with the
+    trained (changed) weights, and vLLM serves it."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "trainer.save_freq=3",
+                        "data.val_files=null", "actor_rollout_ref.rollout.name=hf",
+                        "actor_rollout_ref.actor.optim.lr=1e-2"), ENV)  # fmt: skip
+    try:
+        assert run.wait(timeout=600) == 0, run.output()[-4000:]
+    finally:
+        run.cleanup()
+    exported = tmp_path / "exported"
+    cli = subprocess.run(
+        [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
+        capture_output=True, text=True, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "global_step_3" in cli.stdout or (out / "global_step_3").is_dir()
+    new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
+    base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).state_dict()
+    assert new.keys() == base.keys()
+    changed = [k for k in new if not torch.equal(new[k], base[k])]
+    assert len(changed) > len(new) // 2, f"training changed only {len(changed)} of {len(new)} tensors"
+    code = (
+        "import sys; from vllm import LLM, SamplingParams; "
+        "llm = LLM(model=sys.argv[1], dtype='float32', max_model_len=256, enforce_eager=True, "
+        "limit_mm_per_prompt={'image': 1, 'video': 0}); "
+        "o = llm.generate([{'prompt_token_ids': [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0)); "
+        "print('TOKENS', len(o[0].outputs[0].token_ids))"
+    )
+    served = subprocess.run([sys.executable, "-c", code, str(exported)], capture_output=True, text=True,
+                            env={**os.environ, **ENV}, timeout=300)  # fmt: skip
+    assert served.returncode == 0 and "TOKENS" in served.stdout, served.stderr[-3000:]
+    bad = subprocess.run([sys.executable, "-m", "vlmrl.export", "--checkpoint", str(tmp_path / "nothing"),
+                          "--output", str(tmp_path / "x")], capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "nothing" in bad.stderr
