@@ -6,7 +6,7 @@ images, n and lengths, at three Qwen2.5-VL shapes (random weights); plus weight 
 Every (engine, shape, round) runs in its own subprocess (clean memory, one engine at a time) holding the shared CPU
 lock; rounds alternate vLLM, HF, vLLM, HF. Inside a subprocess: engine start, one warm-up batch, then ``--repeats``
 timed batches (median). Lengths are equal: ``ignore_eos`` on both engines (vLLM: the EOS ids are also removed from
-``stop_token_ids`` here, see the README note). The vLLM subprocess then times ``update_weights`` (the full HF state
+``stop_token_ids``, see the README note). The vLLM subprocess then times ``update_weights`` (the full HF state
 dict, perturbed each time, pushed into the running engine, prefix and encoder caches reset).
 Both engines run in one process with ``--threads`` threads (default 2, the machine's cores).
 
@@ -93,19 +93,11 @@ def engine_worker(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _equal_length_vllm(model: Path, max_tokens: int) -> Any:
-    """A ``VLLMRollout`` whose ``ignore_eos`` really gives equal lengths (EOS ids dropped from ``stop_token_ids``)."""
+    """A ``VLLMRollout``: with ``ignore_eos`` it passes no EOS ``stop_token_ids``, so lengths are equal."""
     from vlmrl.config import RolloutConfig
     from vlmrl.rollout.vllm import VLLMRollout
 
-    class EqualLength(VLLMRollout):
-        def sampling_params(self, spec: Any) -> Any:
-            sp = super().sampling_params(spec)
-            if spec.ignore_eos:
-                sp.stop_token_ids = []
-                sp._all_stop_token_ids = set()
-            return sp
-
-    return EqualLength(str(model), rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=1, device="cpu")
+    return VLLMRollout(str(model), rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=1, device="cpu")
 
 
 def _time_push(engine: Any, model: Path, repeats: int) -> dict[str, Any]:
@@ -208,9 +200,8 @@ def markdown(res: dict[str, Any]) -> str:
         "running engine, prefix + encoder caches reset; median of "
         f"{c['repeats']} pushes per round after a warm-up push.",
         "",
-        "Note: `VLLMRollout.sampling_params` passes the EOS ids as `stop_token_ids`, which vLLM honours even with "
-        "`ignore_eos=True`, so `rollout.ignore_eos` does not give equal lengths in vlmrl itself (mean 15.7 of 16 "
-        "tokens on the tiny model); this benchmark drops them from `stop_token_ids` when `ignore_eos` is set.",
+        "Note: vLLM stops on `stop_token_ids` even with `ignore_eos=True`; `VLLMRollout` therefore passes no EOS "
+        "ids as stop tokens when `rollout.ignore_eos` is set, so lengths are equal.",
         "",
         common.machine_line(res),
         "Raw numbers: `benchmarks/results/rollout.json`.",
