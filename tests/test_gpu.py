@@ -32,7 +32,8 @@ def _train(model: str, data: Path, out: Path, *extra: str) -> subprocess.Complet
         sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
-        "trainer.device=cuda", "trainer.use_ray=false", "actor_rollout_ref.rollout.name=hf", *extra,
+        "trainer.device=cuda", "trainer.use_ray=false", "actor_rollout_ref.rollout.name=hf",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
