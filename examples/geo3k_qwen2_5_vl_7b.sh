@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GRPO on Geometry3K with Qwen2.5-VL-7B-Instruct: vlmrl's run of verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh,
-# with the same overrides (verl's key paths run unchanged here).
+# with the same overrides (verl's key paths run unchanged here). The pipeline is examples/geo3k_qwen2_5_vl_3b.sh's
+# (same environment variables, same extra Hydra overrides); this script only picks the 7B model and run name.
 #
 # Needs: 8 GPUs with 80 GB each (one hybrid worker per GPU: FSDP2 policy + reference + vLLM engine, colocated), vlmrl
 # and the CUDA build of vLLM installed (README, "GPU machines"), access to the Hugging Face Hub or local copies of
@@ -8,87 +9,8 @@
 #
 #   bash examples/geo3k_qwen2_5_vl_7b.sh                                   # 1 node x 8 GPUs
 #   GPUS=4 bash examples/geo3k_qwen2_5_vl_7b.sh data.train_batch_size=256  # extra arguments are Hydra overrides
-#
-# Several nodes: start a Ray cluster first, then launch on the head node only:
-#   head:    ray start --head --port=6379
-#   others:  ray start --address=HEAD_IP:6379
-#   head:    NNODES=2 bash examples/geo3k_qwen2_5_vl_7b.sh   # joins the running cluster (trainer.ray_address=auto)
-#
-# Environment: DATA (parquet folder, default ~/data/geo3k; filled by preprocess/geo3k.py unless train.parquet and
-# test.parquet are there), GEO3K (hub id or local copy for preprocess/geo3k.py, default hiyouga/geometry3k), MODEL,
-# GPUS (per node, default 8), NNODES (default 1), RAY_ADDRESS (join this cluster), LOGGER (default
-# [console,jsonl,wandb]; use [console,jsonl] without wandb), PROJECT, EXPERIMENT, PYTHON (default python).
-# VLMRL_DRY_RUN=1 prints the commands instead of running them.
+#   NNODES=2 bash examples/geo3k_qwen2_5_vl_7b.sh                          # after ray start on every node
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
-
-PYTHON=${PYTHON:-python}
-DATA=${DATA:-$HOME/data/geo3k}
-MODEL=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
-GPUS=${GPUS:-8}
-NNODES=${NNODES:-1}
-
-run() {  # run a command, or print it (shell-quoted, one line) with VLMRL_DRY_RUN=1
-  if [[ ${VLMRL_DRY_RUN:-0} == 1 ]]; then
-    printf '%q ' "$@"
-    printf '\n'
-  else
-    "$@"
-  fi
-}
-
-if [[ ! -f $DATA/train.parquet || ! -f $DATA/test.parquet ]]; then
-  run "$PYTHON" preprocess/geo3k.py --input "${GEO3K:-hiyouga/geometry3k}" --output-dir "$DATA"
-fi
-
-cluster=()
-if [[ $NNODES -gt 1 || -n ${RAY_ADDRESS:-} ]]; then
-  cluster=("trainer.ray_address=${RAY_ADDRESS:-auto}")
-fi
-
-# verl's values, except: rollout.tensor_model_parallel_size stays 1 (vlmrl runs one vLLM engine per GPU) and
-# rollout.free_cache_engine=True (in vlmrl: the engine sleeps, freeing its KV cache, while the policy trains).
-run "$PYTHON" -m vlmrl.train \
-  algorithm.adv_estimator=grpo \
-  data.train_files="$DATA/train.parquet" \
-  data.val_files="$DATA/test.parquet" \
-  data.train_batch_size=512 \
-  data.max_prompt_length=1024 \
-  data.max_response_length=2048 \
-  data.filter_overlong_prompts=True \
-  data.truncation=error \
-  data.image_key=images \
-  actor_rollout_ref.model.path="$MODEL" \
-  actor_rollout_ref.actor.optim.lr=1e-6 \
-  actor_rollout_ref.model.use_remove_padding=True \
-  actor_rollout_ref.actor.ppo_mini_batch_size=128 \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10 \
-  actor_rollout_ref.actor.use_kl_loss=True \
-  actor_rollout_ref.actor.kl_loss_coef=0.01 \
-  actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-  actor_rollout_ref.actor.entropy_coeff=0 \
-  actor_rollout_ref.model.enable_gradient_checkpointing=True \
-  actor_rollout_ref.actor.fsdp_config.param_offload=False \
-  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20 \
-  actor_rollout_ref.rollout.name=vllm \
-  +actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
-  actor_rollout_ref.rollout.enable_chunked_prefill=False \
-  actor_rollout_ref.rollout.enforce_eager=False \
-  actor_rollout_ref.rollout.free_cache_engine=True \
-  actor_rollout_ref.rollout.n=5 \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20 \
-  actor_rollout_ref.ref.fsdp_config.param_offload=True \
-  algorithm.use_kl_in_reward=False \
-  trainer.critic_warmup=0 \
-  "trainer.logger=${LOGGER:-[console,jsonl,wandb]}" \
-  trainer.project_name="${PROJECT:-vlmrl_grpo_example_geo3k}" \
-  trainer.experiment_name="${EXPERIMENT:-qwen2_5_vl_7b_function_rm}" \
-  trainer.n_gpus_per_node="$GPUS" \
-  trainer.nnodes="$NNODES" \
-  trainer.save_freq=20 \
-  trainer.test_freq=5 \
-  trainer.total_epochs=15 \
-  ${cluster[@]+"${cluster[@]}"} "$@"
+export MODEL=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
+export EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_7b_function_rm}
+exec bash "$(dirname "${BASH_SOURCE[0]}")/geo3k_qwen2_5_vl_3b.sh" "$@"

@@ -90,6 +90,17 @@ class Run:
         self.proc.wait(timeout=30)
 
 
+def run_to_end(args: list[str], timeout: float = 600) -> Run:
+    """Run training to its end and end every process it started; asserts a zero exit status (showing the log's tail)."""
+    run = Run(args, ENV)
+    try:
+        rc = run.wait(timeout=timeout)
+    finally:
+        run.cleanup()
+    assert rc == 0, run.output()[-4000:]
+    return run
+
+
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -130,12 +141,7 @@ ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
 def test_quickstart_config_learns(tiny_model_dir, colour_data, tmp_path):
     """The quick start's own config learns the colour task: well above chance (1/3) and above where it started."""
     out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.val_before_train=true"), ENV)
-    try:
-        rc = run.wait(timeout=900)
-    finally:
-        run.cleanup()
-    assert rc == 0, run.output()[-4000:]
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.val_before_train=true"), timeout=900)
     rows = metrics(out)
     first_val = next(r["val/reward/mean"] for r in rows if "val/reward/mean" in r)
     final_val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r][-1]
@@ -162,11 +168,7 @@ def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_da
     the resumed run's curve equals an uninterrupted run's, step for step."""
     extra = ("trainer.total_training_steps=6", "trainer.save_freq=2", "data.val_files=null")
     ref_dir, cut_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
-    ref = Run(base_args(tiny_model_dir, colour_data, ref_dir, *extra), ENV)
-    try:
-        assert ref.wait(timeout=600) == 0, ref.output()[-4000:]
-    finally:
-        ref.cleanup()
+    run_to_end(base_args(tiny_model_dir, colour_data, ref_dir, *extra))
 
     cut = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
     try:
@@ -176,11 +178,7 @@ def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_da
         cut.cleanup()
     resumed_from = int((cut_dir / "latest_checkpointed_iteration.txt").read_text())
     assert resumed_from in (2, 4)
-    again = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
-    try:
-        assert again.wait(timeout=600) == 0, again.output()[-4000:]
-    finally:
-        again.cleanup()
+    again = run_to_end(base_args(tiny_model_dir, colour_data, cut_dir, *extra))
     assert f"resumed from {cut_dir / f'global_step_{resumed_from}'} at step {resumed_from}" in again.output()
     _compare_curves(metrics(ref_dir), metrics(cut_dir), CURVE_KEYS)
     assert sorted(p.name for p in cut_dir.glob("global_step_*")) == ["global_step_2", "global_step_4", "global_step_6"]
@@ -214,11 +212,7 @@ def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data,
     partial = out / f"global_step_{last + 1}.tmp" / "actor"
     partial.mkdir(parents=True)
     (partial / "__0_0.distcp").write_bytes(b"\0" * 100)
-    again = Run(base_args(tiny_model_dir, colour_data, out, *extra), ENV)
-    try:
-        assert again.wait(timeout=600) == 0, again.output()[-4000:]
-    finally:
-        again.cleanup()
+    again = run_to_end(base_args(tiny_model_dir, colour_data, out, *extra))
     assert f"resumed from {out / f'global_step_{last}'} at step {last}" in again.output()
     assert not partial.parent.exists()
     steps = [r["step"] for r in metrics(out)]
@@ -232,13 +226,9 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, colour
     from transformers import AutoModelForImageTextToText
 
     out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "trainer.save_freq=3",
-                        "data.val_files=null", "actor_rollout_ref.rollout.name=hf",
-                        "actor_rollout_ref.actor.optim.lr=1e-2"), ENV)  # fmt: skip
-    try:
-        assert run.wait(timeout=600) == 0, run.output()[-4000:]
-    finally:
-        run.cleanup()
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "trainer.save_freq=3",
+                         "data.val_files=null", "actor_rollout_ref.rollout.name=hf",
+                         "actor_rollout_ref.actor.optim.lr=1e-2"))  # fmt: skip
     exported = tmp_path / "exported"
     cli = subprocess.run(
         [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],

@@ -25,10 +25,10 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, dtype: str = "
     import torch.distributed.checkpoint as dcp
     from omegaconf import OmegaConf
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
-    from vlmrl.models import qwen_vl
     from vlmrl.trainer import checkpoint as ckpt
+    from vlmrl.workers.policy import load_model
 
     src = Path(checkpoint)
     if not ckpt.is_complete(src):
@@ -41,15 +41,12 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, dtype: str = "
     cfg = OmegaConf.load(src / "config.yaml")
     mcfg = cfg.actor_rollout_ref.model
     path, trust = str(mcfg.path), bool(mcfg.get("trust_remote_code", False))
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
-    qwen_vl.check_model_type(config, f"{src}/config.yaml actor_rollout_ref.model.path={path}")
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
+    model = load_model(path, "cpu", trust, where=f"{src}/config.yaml actor_rollout_ref.model.path={path}")
     if int(mcfg.get("lora_rank", 0) or 0) > 0:
         from vlmrl.workers.lora import apply_lora
 
         model = apply_lora(model, mcfg)
-    wanted = {k: v for k, v in model.state_dict().items()}
-    state = {"model": wanted}
+    state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=str(src / "actor"), planner=DefaultLoadPlanner(allow_partial_load=False))
     model.load_state_dict(state["model"])
     if hasattr(model, "merge_and_unload"):

@@ -152,7 +152,7 @@ def reward_samples(
 
 
 def merge_rollouts(parts: list[RolloutBatch]) -> RolloutBatch:
-    """Concatenate the workers' rollouts in rank order."""
+    """Concatenate rollouts in order (the workers' in rank order, or the groups dynamic sampling kept)."""
     out = RolloutBatch([], [], [], [], n=parts[0].n)
     for p in parts:
         out.prompt_ids += p.prompt_ids
@@ -420,12 +420,7 @@ class Trainer:
         metrics["filter_groups/filled"] = float(max(0, bs - len(kept)))
         chosen = (kept + dropped)[:bs]
         out_prompts = [c[0] for c in chosen]
-        out_rb = RolloutBatch([], [], [], [], n=n)
-        for c in chosen:
-            out_rb.prompt_ids += c[1].prompt_ids
-            out_rb.response_ids += c[1].response_ids
-            out_rb.logprobs += c[1].logprobs
-            out_rb.finish_reasons += c[1].finish_reasons
+        out_rb = merge_rollouts([c[1] for c in chosen])
         out_rb.timing = rb.timing
         merged = _merge_scores([(c[3], c[4], n, c[2]) for c in chosen], scored_batches)
         return out_prompts, out_rb, merged, metrics, True

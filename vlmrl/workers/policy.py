@@ -45,12 +45,13 @@ def _fsdp_wrap(model: torch.nn.Module, device: str, offload: bool, reshard: bool
     return model
 
 
-def load_model(path: str, device: str, trust_remote_code: bool = False) -> torch.nn.Module:
-    """Load a Qwen-VL checkpoint in fp32 (the master weights) on the worker's device; rejects other models."""
+def load_model(path: str, device: str, trust_remote_code: bool = False, where: str | None = None) -> torch.nn.Module:
+    """Load a Qwen-VL checkpoint in fp32 (the master weights) on the worker's device; rejects other models, naming
+    ``where`` the path came from (default: the config key)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    qwen_vl.check_model_type(config, f"actor_rollout_ref.model.path={path}")
+    qwen_vl.check_model_type(config, where or f"actor_rollout_ref.model.path={path}")
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
     )
