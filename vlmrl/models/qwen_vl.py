@@ -367,6 +367,15 @@ def supports_shared_prompt(model: torch.nn.Module) -> bool:
     return _accepts(_forward(model), "mm_encoder_outputs")
 
 
+def checkpointing_in_training(model: torch.nn.Module) -> bool:
+    """True when the model recomputes activations in backward right now (gradient checkpointing on, training mode).
+
+    transformers then drops the KV cache (``use_cache`` is forced off and each checkpointed layer ignores
+    ``past_key_values``), so a forward that shares a prompt's KV cache among its samples cannot run."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(model.training and getattr(base, "is_gradient_checkpointing", False))
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) per position, computed in fp32 (logits[:, t] predicts targets[:, t])."""
     logits = logits.float()

@@ -132,7 +132,8 @@ def forward_response_logits(
 
     Image features are computed once for each distinct prompt of the micro-batch. With ``share_prompt`` (default) the
     prompt itself also runs once and its KV cache serves all of its samples (``qwen_vl.shared_prompt_logits``);
-    otherwise every sample runs its full prompt. A micro-batch without images runs the vision tower on a dummy input
+    otherwise, and under gradient checkpointing in training mode (transformers keeps no KV cache there), every sample
+    runs its full prompt. A micro-batch without images runs the vision tower on a dummy input
     so every FSDP rank joins the same collectives; add the returned term to the loss (it is exactly 0).
     """
     device = mb.input_ids.device
@@ -170,7 +171,7 @@ def forward_response_logits(
             logits_to_keep=R + 1,
         )  # fmt: skip
         return logits[:, :-1], extra
-    if share_prompt:
+    if share_prompt and not qwen_vl.checkpointing_in_training(model):
         first_row = {}
         for row, p in enumerate(mb.prompt_of.tolist()):
             first_row.setdefault(p, row)

@@ -118,16 +118,24 @@ class PolicyWorker:
 
     @torch.no_grad()
     def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
-        """Per-token log-probs [B, R] (aligned with ``x.responses``) under the actor or the reference."""
+        """Per-token log-probs [B, R] (aligned with ``x.responses``) under the actor or the reference.
+
+        Runs in eval mode (Qwen-VL has no dropout, so the values are the training-mode ones): there the prompt's KV
+        cache is shared by its samples even when gradient checkpointing is on."""
         model = self.model if which == "actor" else self.ref
         assert model is not None, "reference model requested but actor.use_kl_loss is off"
         size = self._micro_size(which)
         out = torch.zeros(x.responses.shape, dtype=torch.float32)
         i = 0
-        for mb in self._micro_batches(x, size):
-            lp, _, _ = response_logprobs(model, to_device(mb, self.device), self.vision_ids, self.temperature)
-            out[i : i + mb.batch_size, : lp.shape[1]] = lp.float().cpu()
-            i += mb.batch_size
+        was_training = model.training
+        model.eval()
+        try:
+            for mb in self._micro_batches(x, size):
+                lp, _, _ = response_logprobs(model, to_device(mb, self.device), self.vision_ids, self.temperature)
+                out[i : i + mb.batch_size, : lp.shape[1]] = lp.float().cpu()
+                i += mb.batch_size
+        finally:
+            model.train(was_training)
         return out
 
     def _micro_size(self, which: str) -> int:
