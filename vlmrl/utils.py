@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,12 @@ def load_callable(spec: str, what: str = "function", default_name: str | None = 
     else:
         raise ValueError(f"{what}={spec!r}: expected 'path/to/file.py:function' or 'package.module:function'")
     if target.endswith(".py") or "/" in target:
+        from vlmrl import userfiles
+
         path = Path(target).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"{what}: file {str(path)!r} does not exist (cwd: {Path.cwd()})")
-        mod_name = f"vlmrl_user_{path.stem}_{abs(hash(str(path.resolve()))):x}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            s = importlib.util.spec_from_file_location(mod_name, path)
-            assert s is not None and s.loader is not None
-            module = importlib.util.module_from_spec(s)
-            sys.modules[mod_name] = module
-            s.loader.exec_module(module)
+        module = userfiles.import_file(path)
     else:
         module = importlib.import_module(target)
     fn = getattr(module, name, None)

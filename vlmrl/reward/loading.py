@@ -1,10 +1,14 @@
 """Finding reward functions (registry name, ``file.py:fn``, ``module:fn``), adapting their signature, checking results.
 
-Two signatures are accepted and told apart by the function's parameters:
+The calling convention is told apart by the function's parameters (``detect_style``):
 
 * vlmrl's ``fn(sample, **kwargs)``: exactly one required positional parameter, a :class:`vlmrl.batch.RewardSample`.
 * verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``: a parameter named
-  ``solution_str`` (or a first parameter named ``data_source``), or three or more required positional parameters.
+  ``solution_str``. Called as verl calls it, by keyword, passing only the names the function accepts (so
+  ``compute_score(solution_str, ground_truth)`` works too); ``async def`` functions are awaited.
+* positional forms: ``fn(data_source, answer, truth[, info])`` (other names, three or more required parameters) and
+  verl's reward modules ``compute_score(predict_str, ground_truth, ...)`` (two required parameters), called
+  ``fn(solution, ground_truth)`` as verl's ``default_compute_score`` calls its modules.
 
 A function returns a number (the total) or a dict naming components, whose ``score`` (or ``overall``) entry is the
 total; non-numeric dict entries are ignored (verl lets them carry strings for logging).
@@ -16,14 +20,12 @@ or the built-in table already named.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
 import numbers
 import os
-import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -93,37 +95,19 @@ def _import_attr(target: str) -> Callable[..., Any]:
 
 
 def load_file_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
-    """Import ``name`` from the Python file at ``path`` (trusted code named by the launcher).
+    """Import ``name`` from the Python file at ``path`` (trusted code named by the launcher), once per process
+    (``vlmrl.userfiles``: its functions pickle into child processes, helpers beside it import)."""
+    from vlmrl import userfiles
 
-    The file is imported once per process under a private module name; its folder is appended to ``sys.path`` so a
-    reward file can import helpers that sit beside it.
-    """
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(full):
         raise RewardConfigError(f"reward file not found: '{path}' (resolved to '{full}', cwd '{os.getcwd()}')")
-    digest = hashlib.sha1(full.encode()).hexdigest()[:10]
-    stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(full))[0])
-    mod_name = f"vlmrl_user_reward_{stem}_{digest}"
-    module = sys.modules.get(mod_name)
-    if module is None:
-        folder = os.path.dirname(full)
-        if folder not in sys.path:
-            sys.path.append(folder)
-        spec = importlib.util.spec_from_file_location(mod_name, full)
-        if spec is None or spec.loader is None:
-            raise RewardConfigError(f"cannot import reward file '{full}'")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(mod_name, None)
-            raise
-    fn = getattr(module, name, None)
-    if fn is None or not callable(fn):
-        found = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
-        raise RewardConfigError(f"'{full}' has no function '{name}' (functions there: {found})")
-    return fn
+    try:
+        return userfiles.load_function(full, name)
+    except ValueError as e:
+        raise RewardConfigError(f"cannot import reward file: {e}") from None
+    except AttributeError as e:
+        raise RewardConfigError(str(e)) from None
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -166,31 +150,57 @@ def absolutize_spec(spec: str) -> str:
     return spec
 
 
+# calling conventions (``RewardFn.style``)
+VLMRL = "vlmrl"
+"""``fn(sample, **kwargs)``: one required positional parameter, a RewardSample."""
+VERL = "verl"
+"""verl's keyword call: ``fn(data_source=, solution_str=, ground_truth=, extra_info=)``, only the names it accepts."""
+VERL_POSITIONAL = "verl-positional"
+"""``fn(data_source, solution, ground_truth[, extra_info])`` with other parameter names: called positionally."""
+VERL_MODULE = "verl-module"
+"""verl's own reward modules (``verl/utils/reward_score/geo3k.py``: ``compute_score(predict_str, ground_truth)``):
+two required positional parameters, called as verl's ``default_compute_score`` calls them, ``fn(solution, truth)``."""
+
+
 def detect_style(fn: Callable[..., Any]) -> str:
-    """``vlmrl`` for ``fn(sample, **kw)``, ``verl`` for ``compute_score(data_source, solution_str, ...)``."""
+    """The calling convention of a reward function, from its parameters (see ``VLMRL``, ``VERL``, ``VERL_POSITIONAL``,
+    ``VERL_MODULE``)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as e:
         raise RewardConfigError(f"cannot read the signature of reward function {fn!r}: {e}") from None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = {p.name for p in params}
-    if "solution_str" in names or (positional and positional[0].name == "data_source"):
-        return "verl"
+    keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     required = [p for p in positional if p.default is p.empty]
+    if "solution_str" in keyword or (not required and any(p.kind == p.VAR_KEYWORD for p in params)):
+        return VERL
+    if positional and positional[0].name == "data_source" and len(required) >= 2:
+        return VERL_POSITIONAL
     if len(required) == 1 and required[0].name in ("reward_input", "reward_inputs"):
         raise RewardConfigError(
             f"{getattr(fn, '__qualname__', fn)!r} looks like an EasyR1 reward (a dict or a batch of dicts); vlmrl "
             "calls fn(sample) with a RewardSample (sample.response, sample.ground_truth, ...) or verl's signature"
         )
     if len(required) == 1:
-        return "vlmrl"
+        return VLMRL
+    if len(required) == 2:
+        return VERL_MODULE
     if len(required) >= 3:
-        return "verl"
+        return VERL_POSITIONAL
     raise RewardConfigError(
         f"reward function {getattr(fn, '__qualname__', fn)!r} has signature {inspect.signature(fn)}; expected "
-        "vlmrl's fn(sample, **kwargs) or verl's compute_score(data_source, solution_str, ground_truth, "
-        "extra_info=None, **kwargs)"
+        "vlmrl's fn(sample, **kwargs), verl's compute_score(data_source, solution_str, ground_truth, "
+        "extra_info=None, **kwargs) or a verl reward module's compute_score(solution_str, ground_truth)"
     )
+
+
+def _run_coroutine(result: Any) -> Any:
+    """The value of an ``async def`` reward's call (verl accepts coroutine reward functions too)."""
+    if inspect.iscoroutine(result):
+        import asyncio
+
+        return asyncio.run(result)
+    return result
 
 
 @dataclass
@@ -202,22 +212,25 @@ class RewardFn:
     style: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     needs_images: bool = True
-    _verl_keywords: bool = True
-    _verl_extra_info: bool = True
+    verl_names: tuple[str, ...] = _VERL_NAMES
+    """verl-style keyword calls: the names of ``data_source, solution_str, ground_truth, extra_info`` it accepts;
+    positional calls: whether extra_info is passed (it is, when the 4th positional parameter exists)."""
 
     def __call__(self, sample: Any) -> Any:
-        if self.style == "vlmrl":
-            return self.fn(sample, **self.kwargs)
-        if self._verl_keywords:
-            call_kw = {"data_source": sample.data_source, "solution_str": sample.response}
-            call_kw["ground_truth"] = sample.ground_truth
-            if self._verl_extra_info:
-                call_kw["extra_info"] = sample.extra_info
-            return self.fn(**call_kw, **self.kwargs)
-        args = [sample.data_source, sample.response, sample.ground_truth]
-        if self._verl_extra_info:
-            args.append(sample.extra_info)
-        return self.fn(*args, **self.kwargs)
+        if self.style == VLMRL:
+            return _run_coroutine(self.fn(sample, **self.kwargs))
+        values = {
+            "data_source": sample.data_source,
+            "solution_str": sample.response,
+            "ground_truth": sample.ground_truth,
+            "extra_info": sample.extra_info,
+        }
+        if self.style == VERL:
+            return _run_coroutine(self.fn(**{k: values[k] for k in self.verl_names}, **self.kwargs))
+        if self.style == VERL_MODULE:
+            return _run_coroutine(self.fn(sample.response, sample.ground_truth, **self.kwargs))
+        args = [values[k] for k in self.verl_names]
+        return _run_coroutine(self.fn(*args, **self.kwargs))
 
     def describe(self) -> str:
         """One line naming the function and its convention (for logs)."""
@@ -242,7 +255,7 @@ def make_reward_fn(
     params = sig.parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
     out = RewardFn(fn=fn, name=name or short, style=style, kwargs=kwargs)
-    if style == "vlmrl":
+    if style == VLMRL:
         out.needs_images = bool(getattr(fn, "needs_images", True))
         try:
             sig.bind(None, **kwargs)
@@ -250,13 +263,28 @@ def make_reward_fn(
             raise RewardConfigError(f"reward '{out.name}' does not accept kwargs {sorted(kwargs)}: {e}") from None
         return out
     out.needs_images = False
-    out._verl_keywords = all(n in params for n in _VERL_NAMES[:3]) or has_var_kw and "solution_str" in params
-    out._verl_extra_info = "extra_info" in params or has_var_kw or not out._verl_keywords and _n_positional(sig) >= 4
+    if style == VERL:  # by keyword, as verl calls it, passing only what the function accepts
+        out.verl_names = tuple(n for n in _VERL_NAMES if n in params or has_var_kw)
+    elif style == VERL_POSITIONAL:
+        out.verl_names = _VERL_NAMES if _n_positional(sig) >= 4 else _VERL_NAMES[:3]
+    else:
+        out.verl_names = ("solution_str", "ground_truth")
+    taken = set(out.verl_names) | set(list(params)[: len(out.verl_names)] if style != VERL else ())
     for key in kwargs:
-        if key in _VERL_NAMES:
+        if key in _VERL_NAMES or key in taken:
             raise RewardConfigError(f"reward_kwargs may not set '{key}' (vlmrl passes it to '{out.name}')")
         if key not in params and not has_var_kw:
             raise RewardConfigError(f"reward '{out.name}' does not accept keyword '{key}' (signature {sig})")
+    try:  # the call vlmrl will make binds (a required parameter it would not pass is a configuration error)
+        if style == VERL:
+            sig.bind(**dict.fromkeys(out.verl_names), **kwargs)
+        else:
+            sig.bind(*[None] * len(out.verl_names), **kwargs)
+    except TypeError as e:
+        raise RewardConfigError(
+            f"reward '{out.name}' {sig} cannot be called the way vlmrl calls {style}-style functions "
+            f"({', '.join(out.verl_names)}): {e}"
+        ) from None
     return out
 
 

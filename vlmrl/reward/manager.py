@@ -69,6 +69,12 @@ class RewardManager:
         self.timeout_s = float(_cfg_get(reward_cfg, "timeout_s", 30.0) or 0.0)
         self.on_error = str(_cfg_get(reward_cfg, "on_error", "fallback"))
         self.fallback_score = float(_cfg_get(reward_cfg, "fallback_score", 0.0))
+        self.max_failed_ratio = float(_cfg_get(reward_cfg, "max_failed_ratio", 1.0))
+        if not 0.0 < self.max_failed_ratio <= 1.0:
+            raise RewardConfigError(
+                f"reward.max_failed_ratio must be in (0, 1] (1.0 = stop only when every sample failed), "
+                f"got {self.max_failed_ratio}"
+            )
         if self.on_error not in ("fallback", "raise"):
             raise RewardConfigError(f"reward.on_error must be 'fallback' or 'raise', got '{self.on_error}'")
         if self.num_workers < 0:
@@ -142,12 +148,20 @@ class RewardManager:
 
     def _report(self, samples: list[Any], outcomes: list[Outcome], kinds: Counter[str], first: dict[str, int]) -> None:
         self.totals.update(kinds)
-        if self.on_error == "raise":
+        failed = sum(kinds.values())
+        if self.on_error == "raise" or failed >= self.max_failed_ratio * len(samples):
             kind, i = min(first.items(), key=lambda kv: kv[1])
             s = samples[i]
+            if self.on_error == "raise":
+                why = "(set reward.on_error=fallback to score failures with reward.fallback_score)"
+            else:  # a step with no working reward teaches nothing: stop instead of training on fallback scores
+                why = (
+                    f"({failed} of {len(samples)} samples' reward calls failed this step, at or above "
+                    f"reward.max_failed_ratio={self.max_failed_ratio:g}; the reward function is broken for this data)"
+                )
             raise RewardError(
                 f"reward {kind} on sample {i} (data_source={s.data_source!r}, response={excerpt(s.response)}): "
-                f"{outcomes[i].message}\n(set reward.on_error=fallback to score failures with reward.fallback_score)"
+                f"{outcomes[i].message}\n{why}"
             )
         for kind, i in first.items():
             if kind in self._seen_kinds:

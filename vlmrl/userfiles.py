@@ -1,0 +1,101 @@
+"""Importing the Python files a launcher names (reward functions, advantage estimators, policy losses): the one loader.
+
+A file ``/some/dir/my_reward.py`` is imported as ``vlmrl.userfiles.d<hash of /some/dir>.my_reward``: a real, dotted
+module name inside a package whose ``__path__`` is the file's folder. So, unlike a module made with
+``spec_from_file_location`` under a private name,
+
+* the file's functions pickle by reference and unpickle in child processes (a ``spawn`` process pool started by the
+  reward itself, as verl's ``math_verify.py`` does; vlmrl's reward workers): the folder map travels in the
+  environment (``VLMRL_USER_DIRS``), which children inherit, and this module's finder resolves the name there;
+* relative imports between files of one folder work (verl's ``math_batch.py``: ``from .math_reward import ...``);
+* its folder is also appended to ``sys.path``, so ``import helper`` of a file beside it works as before.
+
+Only paths given by the person launching the run reach this module: nothing in a dataset or checkpoint names a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__path__: list[str] = []  # a package: the per-folder packages below are found by ``_Finder``
+
+ENV = "VLMRL_USER_DIRS"
+"""Environment variable holding ``{"d<hash>": folder}`` for every folder a user file was imported from."""
+
+
+def _dirs() -> dict[str, str]:
+    try:
+        value = json.loads(os.environ.get(ENV) or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Resolves ``vlmrl.userfiles.d<hash>`` to a package whose ``__path__`` is the registered folder."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        head, _, tail = fullname.rpartition(".")
+        if head != __name__:
+            return None
+        folder = _dirs().get(tail)
+        if not folder or not os.path.isdir(folder):
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+        spec.submodule_search_locations = [folder]
+        return spec
+
+
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    sys.meta_path.append(_Finder())
+
+
+def module_name(path: str | os.PathLike) -> str:
+    """The dotted name the file at ``path`` is imported under (registering its folder)."""
+    full = Path(path).expanduser().resolve()
+    key = "d" + hashlib.sha1(str(full.parent).encode()).hexdigest()[:12]
+    dirs = _dirs()
+    if dirs.get(key) != str(full.parent):
+        dirs[key] = str(full.parent)
+        os.environ[ENV] = json.dumps(dirs)
+    return f"{__name__}.{key}.{full.stem}"
+
+
+def import_file(path: str | os.PathLike) -> Any:
+    """Import the Python file at ``path`` once per process (see the module docstring) and return the module.
+
+    Raises FileNotFoundError for a path that is not a file and ValueError for a name Python cannot import
+    (a file stem holding a dot)."""
+    full = Path(path).expanduser()
+    if not full.is_file():
+        raise FileNotFoundError(f"file not found: '{path}' (resolved to '{full.resolve()}', cwd '{os.getcwd()}')")
+    if full.suffix != ".py" or "." in full.stem:
+        raise ValueError(f"'{path}': expected a Python file named like name.py")
+    folder = str(full.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    name = module_name(full)
+    try:
+        return importlib.import_module(name)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+
+
+def load_function(path: str | os.PathLike, name: str) -> Callable[..., Any]:
+    """``name`` from the Python file at ``path``; AttributeError listing the file's functions when it has none."""
+    module = import_file(path)
+    fn = getattr(module, name, None)
+    if fn is None or not callable(fn):
+        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"'{path}' has no function '{name}' (it has: {', '.join(public[:20])})")
+    return fn
