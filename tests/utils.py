@@ -47,9 +47,9 @@ def make_prompt(processor, text: str, images: list[Image.Image], index: int = 0,
     )
 
 
-def verl_geo3k_launch_line(home: Path, free_cache_engine: bool = False) -> list[str]:
-    """verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh overrides (ENGINE=vllm) as the shell passes them, the cache
-    flag with the ``+`` of older verl scripts; ``free_cache_engine`` as older releases of that script set it."""
+def verl_geo3k_launch_line(home: Path, free_cache_engine: bool = True) -> list[str]:
+    """verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh overrides (ENGINE=vllm) as the shell passes them (verl at
+    commit b178a3cd, January 2026: the copy in tests/verl_examples/ is the file itself)."""
     return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={home}/data/geo3k/train.parquet",
@@ -63,6 +63,7 @@ def verl_geo3k_launch_line(home: Path, free_cache_engine: bool = False) -> list[
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-7B-Instruct",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.actor.ppo_mini_batch_size=128",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10",
         "actor_rollout_ref.actor.use_kl_loss=True",

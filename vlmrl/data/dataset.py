@@ -227,6 +227,7 @@ class RLDataset:
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {', '.join(TRUNCATION_MODES)}")
         self.system_prompt = _cfg(data_cfg, "system_prompt", None) or None
+        self.max_samples = int(_cfg(data_cfg, f"{split}_max_samples", -1) or -1)
         self.renderer = ChatRenderer(processor, _cfg(data_cfg, "custom_chat_template", None))
         ip = processor.image_processor
         self.patch_factor = qwen_vl.patch_factor(ip)
@@ -267,6 +268,10 @@ class RLDataset:
         for si, src in enumerate(self.sources):
             start = 0
             for entries in src.scan_images(_SCAN_BATCH):
+                if self.max_samples >= 0:  # data.{train,val}_max_samples: the first rows only
+                    entries = entries[: max(0, self.max_samples - rows_read)]
+                    if not entries:
+                        break
                 stop = start + len(entries)
                 prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
                 rewards = src.meta.column(REWARD_KEY).slice(start, stop - start).to_pylist()
@@ -348,6 +353,7 @@ class RLDataset:
             "max_images_per_prompt": self.max_images_per_prompt,
             "text_only_prompts": int((self.num_images == 0).sum()),
             "pixel_bounds": list(self.pixel_bounds),
+            "max_samples": self.max_samples,
             "seconds": round(time.perf_counter() - started, 3),
         }
 

@@ -96,6 +96,7 @@ class VLLMRollout:
             trust_remote_code=trust_remote_code,
             tensor_parallel_size=1,  # one engine per worker, fed that worker's prompts (see grpo.check_config)
             enable_prefix_caching=True,
+            load_format=rollout_cfg.load_format,
         )
         if pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
             lo, hi = pixel_bounds

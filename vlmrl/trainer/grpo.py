@@ -18,104 +18,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vlmrl.algos.core import compute_advantages, get_advantage_fn
+from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
+from vlmrl.config.checks import check_config
 from vlmrl.trainer import checkpoint as ckpt
-
-# ------------------------------------------------------------------------------------------------------ checks
-
-
-def check_config(cfg: VLMRLConfig) -> None:
-    """Reject configurations that cannot work, before anything expensive starts; each message says the fix."""
-    arr, data, tr, alg = cfg.actor_rollout_ref, cfg.data, cfg.trainer, cfg.algorithm
-    path = arr.model.path
-    if not path or path == "???":
-        raise ConfigError("actor_rollout_ref.model.path is not set: point it at a Qwen2.5-VL folder or hub id")
-    if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or os.sep in path and path.count("/") != 1):
-        raise ConfigError(
-            f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen2.5-VL folder "
-            "(python -m vlmrl.models.tiny --output DIR builds a tiny one) or a hub id such as "
-            "Qwen/Qwen2.5-VL-3B-Instruct"
-        )
-    if os.path.isdir(path):
-        import json
-
-        cfg_file = Path(path) / "config.json"
-        if not cfg_file.exists():
-            raise ConfigError(f"actor_rollout_ref.model.path={path!r} has no config.json (not an HF model folder)")
-        mt = json.loads(cfg_file.read_text()).get("model_type")
-        from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
-
-        if mt not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {SUPPORTED_MODEL_TYPES}"
-            )
-    if not data.train_files or data.train_files == "???":
-        raise ConfigError("data.train_files is not set: give a parquet file or a list (preprocess/ makes them)")
-    for key in ("train_files", "val_files"):
-        files = getattr(data, key)
-        for f in [files] if isinstance(files, str) else list(files or []):
-            if f and not os.path.isfile(os.path.expanduser(str(f))):
-                raise ConfigError(
-                    f"data.{key}: {str(f)!r} does not exist or is not a file "
-                    "(make it with a preprocess/ script, e.g. python preprocess/synthetic.py --output-dir DIR)"
-                )
-    if tr.val_only and not data.val_files:
-        raise ConfigError("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>")
-    get_advantage_fn(alg.adv_estimator)
-    if alg.adv_estimator in ("grpo", "dr_grpo", "rloo") and arr.rollout.n < 2:
-        raise ConfigError(
-            f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
-            f"set actor_rollout_ref.rollout.n >= 2 (got {arr.rollout.n})"
-        )
-    if alg.use_kl_in_reward:
-        raise ConfigError(
-            "algorithm.use_kl_in_reward=True is not supported; use actor_rollout_ref.actor.use_kl_loss=True instead"
-        )
-    if tr.critic_warmup:
-        raise ConfigError("trainer.critic_warmup must be 0: GRPO-family estimators have no critic")
-    world = _planned_world(cfg)
-    if data.train_batch_size % world:
-        raise ConfigError(
-            f"data.train_batch_size={data.train_batch_size} must be divisible by the {world} workers "
-            f"(trainer.cpu_workers or nnodes x n_gpus_per_node)"
-        )
-    mini = arr.actor.ppo_mini_batch_size
-    if mini > data.train_batch_size or data.train_batch_size % mini or (mini * arr.rollout.n) % world:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
-            f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers"
-        )
-    if arr.rollout.tensor_model_parallel_size != 1:
-        print(
-            f"[vlmrl] warning: actor_rollout_ref.rollout.tensor_model_parallel_size="
-            f"{arr.rollout.tensor_model_parallel_size} is used as 1: each worker runs its own vLLM engine holding the "
-            "whole model, fed that worker's share of the prompts (tensor-parallel rollout is not implemented)",
-            flush=True,
-        )
-    if arr.rollout.name not in ("vllm", "hf"):
-        raise ConfigError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
-    if tr.resume_mode not in ("auto", "disable", "resume_path"):
-        raise ConfigError(f"trainer.resume_mode={tr.resume_mode!r}: use auto | disable | resume_path")
-    out = Path(tr.default_local_dir)
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not probe.is_dir():
-        raise ConfigError(f"trainer.default_local_dir={str(out)!r} cannot be created: {str(probe)!r} is not a folder")
-    if not os.access(probe, os.W_OK):
-        raise ConfigError(f"trainer.default_local_dir={str(out)!r} is not writable (checked {str(probe)!r})")
-
-
-def _planned_world(cfg: VLMRLConfig) -> int:
-    if not cfg.trainer.use_ray:
-        return 1
-    dev = cfg.trainer.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda":
-        return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    return cfg.trainer.cpu_workers
-
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -177,7 +84,7 @@ def _stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
 
 def _filter_values(scored: Any, metric: str) -> list[float]:
     """Per-sample values whose within-group variance decides dynamic sampling: the total or one component."""
-    if metric in ("score", "seq_reward", "seq_final_reward", "acc") and metric not in scored.components:
+    if metric in ("score", "reward", "seq_reward", "seq_final_reward", "acc") and metric not in scored.components:
         return list(scored.scores)
     if metric not in scored.components:
         raise ConfigError(
@@ -351,7 +258,7 @@ class Trainer:
             "world": self.world,
         }
         ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
-        keep = self.cfg.trainer.max_ckpt_to_keep or self.cfg.trainer.max_actor_ckpt_to_keep
+        keep = self.cfg.trainer.max_actor_ckpt_to_keep
         final = ckpt.commit(self.out_dir, self.step, keep)
         print(f"[vlmrl] checkpoint {final} ({time.perf_counter() - t0:.1f} s)", flush=True)
         return final
@@ -486,7 +393,7 @@ class Trainer:
             metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
             metrics["training/epoch"] = float(self.sampler.epoch)
             if cfg.trainer.rollout_data_dir:
-                self._dump_samples(samples, scored, adv)
+                self._dump_samples(cfg.trainer.rollout_data_dir, samples, scored, adv)
             tf = cfg.trainer.test_freq
             if self.val_ds is not None and tf > 0 and self.step % tf == 0 and self.step < self.total_steps:
                 metrics.update(self.validate())
@@ -520,6 +427,8 @@ class Trainer:
             rb = self.rollout(prompts, validate=True)
             samples = reward_samples(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
             scored = self.rewards.score(samples)
+            if self.cfg.trainer.validation_data_dir:
+                self._dump_samples(self.cfg.trainer.validation_data_dir, samples, scored, None, append=start > 0)
             take = max(0, min(limit - len(shown), len(samples)))
             for k, v in scored.components.items():
                 shown_components.setdefault(k, [float("nan")] * len(shown)).extend(v[:take])
@@ -542,30 +451,29 @@ class Trainer:
             out[f"val/{src}/reward"] = float(np.mean(vals))
         return out
 
-    def _dump_samples(self, samples: list[RewardSample], scored: Any, adv: torch.Tensor) -> None:
+    def _dump_samples(
+        self, folder: str, samples: list[RewardSample], scored: Any, adv: torch.Tensor | None, append: bool = False
+    ) -> None:
+        """One JSON line per sample (prompt, response, answer, score and components, advantage when training) into
+        ``folder/step_N.jsonl`` (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``)."""
         import json
 
-        d = Path(self.cfg.trainer.rollout_data_dir)
+        d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
-        with open(d / f"step_{self.step:06d}.jsonl", "w", encoding="utf-8") as f:
+        with open(d / f"step_{self.step:06d}.jsonl", "a" if append else "w", encoding="utf-8") as f:
             for i, s in enumerate(samples):
-                comps = {k: v[i] for k, v in scored.components.items()}
-                f.write(
-                    json.dumps(
-                        {
-                            "step": self.step,
-                            "data_source": s.data_source,
-                            "prompt": s.prompt,
-                            "response": s.response,
-                            "ground_truth": str(s.ground_truth),
-                            "score": scored.scores[i],
-                            "components": comps,
-                            "advantage": float(adv[i]),
-                        },
-                        ensure_ascii=False,
-                    )
-                    + "\n"
-                )
+                row = {
+                    "step": self.step,
+                    "data_source": s.data_source,
+                    "prompt": s.prompt,
+                    "response": s.response,
+                    "ground_truth": str(s.ground_truth),
+                    "score": scored.scores[i],
+                    "components": {k: v[i] for k, v in scored.components.items()},
+                }
+                if adv is not None:
+                    row["advantage"] = float(adv[i])
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
         """Stop workers, close trackers and the reward pool, draw the curve."""

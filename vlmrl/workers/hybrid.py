@@ -8,6 +8,7 @@ One step, as the driver calls it:
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import time
@@ -73,8 +74,13 @@ class HybridWorker:
             torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device == "cuda" else "gloo", rank=rank, world_size=world)
+        if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
+            dist.init_process_group(
+                "nccl" if self.device == "cuda" else "gloo",
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=cfg.actor_rollout_ref.nccl_timeout),
+            )
         from transformers import AutoProcessor
 
         arr = cfg.actor_rollout_ref
@@ -110,6 +116,8 @@ class HybridWorker:
         elif arr.rollout.name != "vllm":
             raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
+        if arr.rollout.name == "vllm" and arr.rollout.load_format == "dummy":
+            self.push_weights()  # the engine started from random weights: the trainer's are its first ones
         self.startup_s = time.perf_counter() - t0
         self._last: tuple[list[PromptSample], RolloutBatch] | None = None
 

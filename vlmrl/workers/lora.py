@@ -15,6 +15,10 @@ from vlmrl.models import qwen_vl
 
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+VISION_EXCLUDES = (".*visual.*", ".*vision.*", "visual", ".*visual\\..*")
+"""``exclude_modules`` patterns that mean "leave the vision tower out" (verl's Qwen2.5-VL LoRA script passes the
+first): LoRA targets only the language model's layers here, so they change nothing."""
+
 
 def lora_target_regex(target_modules: Any) -> str:
     """A peft ``target_modules`` regex matching the chosen linears inside the language model only."""
@@ -33,14 +37,25 @@ def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:  # pragma: no cover - peft is in the CPU stack
         raise ImportError("actor_rollout_ref.model.lora_rank > 0 needs peft: pip install peft") from e
+    extra: dict[str, Any] = {}
+    exclude = getattr(model_cfg, "exclude_modules", None)
+    if exclude and exclude not in VISION_EXCLUDES:  # the vision tower is outside the targets already
+        extra["exclude_modules"] = exclude
     cfg = LoraConfig(
         r=int(model_cfg.lora_rank),
         lora_alpha=int(model_cfg.lora_alpha),
         target_modules=lora_target_regex(model_cfg.target_modules),
         lora_dropout=0.0,
         bias="none",
+        **extra,
     )
-    return get_peft_model(model, cfg)
+    try:
+        return get_peft_model(model, cfg)
+    except ValueError as e:  # e.g. an exclude pattern that leaves no target module
+        raise ValueError(
+            f"LoRA (actor_rollout_ref.model.lora_rank={model_cfg.lora_rank}, "
+            f"target_modules={model_cfg.target_modules!r}, exclude_modules={exclude!r}): {e}"
+        ) from None
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

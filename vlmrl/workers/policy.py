@@ -19,15 +19,30 @@ from vlmrl.config import VLMRLConfig
 from vlmrl.models import qwen_vl
 from vlmrl.workers.inputs import ModelInputs, response_logprobs, to_device
 
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
-def _fsdp_wrap(model: torch.nn.Module, device: str, offload: bool, reshard: bool) -> torch.nn.Module:
+
+def compute_dtype(setting: str, device: str) -> torch.dtype:
+    """The mixed-precision compute dtype of ``fsdp_config.dtype`` (auto: bfloat16 on GPU, float32 on CPU)."""
+    if setting == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return _DTYPES[setting]
+
+
+def _fsdp_wrap(
+    model: torch.nn.Module, device: str, offload: bool, reshard: bool, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """FSDP2 over the decoder layers, vision blocks, vision tower and root. ``dtype`` other than fp32: parameters are
+    gathered and computed in it, gradients reduced in fp32, master weights stay fp32 (MixedPrecisionPolicy, on GPU
+    and CPU alike). ``offload``: sharded parameters, gradients and optimizer state live in host memory between uses
+    (CPUOffloadPolicy; pinned on GPU machines)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {"reshard_after_forward": reshard}
-    if device == "cuda":
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if offload:
-            kw["offload_policy"] = CPUOffloadPolicy()
+    if dtype != torch.float32:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
     inner = qwen_vl.inner_model(model)
     for layer in inner.language_model.layers:
         fully_shard(layer, **kw)
@@ -90,15 +105,18 @@ class PolicyWorker:
             self.model = apply_lora(self.model, arr.model)
         if arr.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        fc = arr.actor.fsdp_config
         if dist.is_initialized():
-            fc = arr.actor.fsdp_config
-            self.model = _fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward)
+            self.model = _fsdp_wrap(
+                self.model, device, fc.param_offload, fc.reshard_after_forward, compute_dtype(fc.dtype, device)
+            )
         self.ref = None
         if arr.actor.use_kl_loss:
             ref = load_model(arr.model.path, device, arr.model.trust_remote_code).eval()
             ref.requires_grad_(False)
             if dist.is_initialized():
-                ref = _fsdp_wrap(ref, device, arr.ref.fsdp_config.param_offload, True)
+                rc = arr.ref.fsdp_config
+                ref = _fsdp_wrap(ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device))
             self.ref = ref
         oc = arr.actor.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -111,6 +129,15 @@ class PolicyWorker:
         )
         self.policy_loss = get_policy_loss(arr.actor.policy_loss)
         self.temperature = max(arr.rollout.temperature, 1e-6)
+        # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
+        # it there already (CPUOffloadPolicy); on a CPU device it is host memory anyway.
+        self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
+
+    def _optimizer_state_to(self, device: str) -> None:
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and v.device.type != device:
+                    state[k] = v.to(device, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------------ log-probs
     def _micro_batches(self, x: ModelInputs, size: int) -> list[ModelInputs]:
@@ -246,7 +273,11 @@ class PolicyWorker:
         gn = float(gn)
         metrics.setdefault("actor/grad_norm", []).append(gn)
         if math.isfinite(gn):
+            if self.offload_optimizer:
+                self._optimizer_state_to(self.device)
             self.optimizer.step()
+            if self.offload_optimizer:
+                self._optimizer_state_to("cpu")
         else:
             metrics.setdefault("actor/skipped_nonfinite_grad", []).append(1.0)
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,224 @@
+"""The config gate: every check a run passes before anything expensive starts, each problem with its fix.
+
+``check_values`` looks at the config alone (run by ``to_object``, so a composed config is a checked one);
+``check_environment`` looks at the machine the run would start on (files, model folder, output folder, devices).
+Both return every problem, not only the first; ``check_config`` raises them together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from vlmrl.config.schema import VLMRLConfig
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+"""Advantage estimators that compare the samples of one prompt (they need rollout.n >= 2)."""
+
+
+def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
+    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 1:
+        problems.append(f"{key}={value!r}: must be a whole number >= 1{fix}.")
+
+
+def check_values(cfg: VLMRLConfig) -> list[str]:
+    """Problems of the config's values alone (no files, no devices); every one says how to fix it."""
+    from vlmrl.algos.core import get_advantage_fn, get_policy_loss
+
+    p: list[str] = []
+    arr, data, tr, alg = cfg.actor_rollout_ref, cfg.data, cfg.trainer, cfg.algorithm
+    actor, ro = arr.actor, arr.rollout
+    lr = actor.optim.lr
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        p.append(f"actor_rollout_ref.actor.optim.lr={lr!r}: must be a finite number > 0 (e.g. 1e-6).")
+    if not 0.0 <= actor.optim.lr_warmup_steps_ratio <= 1.0:
+        p.append(f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={actor.optim.lr_warmup_steps_ratio}: 0 to 1.")
+    _positive(p, "actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, " (passes over each batch)")
+    _positive(p, "data.train_batch_size", data.train_batch_size)
+    _positive(p, "actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)
+    _positive(p, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu)
+    for key, value in (
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", ro.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", arr.ref.log_prob_micro_batch_size_per_gpu),
+        ("data.val_batch_size", data.val_batch_size),
+        ("trainer.total_training_steps", tr.total_training_steps),
+    ):
+        if value is not None:
+            _positive(p, key, value, " (or null)")
+    _positive(p, "trainer.total_epochs", tr.total_epochs)
+    _positive(p, "data.max_prompt_length", data.max_prompt_length)
+    _positive(p, "data.max_response_length", data.max_response_length)
+    _positive(p, "actor_rollout_ref.rollout.n", ro.n, " (samples per prompt)")
+    _positive(p, "actor_rollout_ref.rollout.val_kwargs.n", ro.val_kwargs.n)
+    _positive(p, "trainer.nnodes", tr.nnodes)
+    _positive(p, "trainer.n_gpus_per_node", tr.n_gpus_per_node)
+    _positive(p, "trainer.cpu_workers", tr.cpu_workers)
+    _positive(p, "actor_rollout_ref.rollout.tensor_model_parallel_size", ro.tensor_model_parallel_size)
+    _positive(p, "actor_rollout_ref.nccl_timeout", arr.nccl_timeout, " (seconds)")
+    if not (math.isfinite(ro.temperature) and ro.temperature >= 0):
+        p.append(f"actor_rollout_ref.rollout.temperature={ro.temperature}: must be >= 0.")
+    elif ro.temperature == 0 and ro.n > 1:
+        p.append(
+            f"actor_rollout_ref.rollout.temperature=0 with rollout.n={ro.n}: greedy decoding gives {ro.n} identical "
+            "samples per prompt (no reward variance, no learning); use a temperature > 0 (e.g. 1.0)."
+        )
+    if not 0 < ro.top_p <= 1:
+        p.append(f"actor_rollout_ref.rollout.top_p={ro.top_p}: must be in (0, 1].")
+    for key, value in (
+        ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
+        ("actor_rollout_ref.actor.clip_ratio", actor.clip_ratio),
+    ):
+        if not (math.isfinite(value) and value > 0):
+            p.append(f"{key}={value}: must be a finite number > 0.")
+    for key, value in (
+        ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
+        ("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
+        ("reward.fallback_score", cfg.reward.fallback_score),
+    ):
+        if not math.isfinite(value):
+            p.append(f"{key}={value}: must be finite.")
+    try:
+        get_advantage_fn(alg.adv_estimator)
+    except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
+        p.append(f"algorithm.adv_estimator: {e}")
+    try:
+        get_policy_loss(actor.policy_loss)
+    except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
+        p.append(f"actor_rollout_ref.actor.policy_loss: {e}")
+    if alg.adv_estimator in GROUP_ESTIMATORS and ro.n < 2:
+        p.append(
+            f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
+            f"set actor_rollout_ref.rollout.n >= 2 (got {ro.n})."
+        )
+    for key, on in (
+        ("actor_rollout_ref.actor.use_dynamic_bsz", actor.use_dynamic_bsz),
+        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", arr.ref.log_prob_use_dynamic_bsz),
+        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", ro.log_prob_use_dynamic_bsz),
+    ):
+        if on:
+            p.append(
+                f"{key}=True: token-budget micro-batches are not implemented yet; size micro-batches with the "
+                "matching *_micro_batch_size_per_gpu key (padding is trimmed per micro-batch)."
+            )
+    if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
+        p.append(
+            f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
+            f" prompts per batch (also with algorithm.filter_groups; max_num_gen_batches bounds the extra batches); "
+            f"unset it or set it to {data.train_batch_size}."
+        )
+    other_engines = {k: v for k, v in (ro.engine_kwargs or {}).items() if k != "vllm" and v}
+    if other_engines:
+        p.append(
+            f"actor_rollout_ref.rollout.engine_kwargs: {sorted(other_engines)} are settings of other rollout engines; "
+            "vlmrl runs vLLM (engine_kwargs.vllm.*) or transformers (rollout.name=hf)."
+        )
+    if not 0.0 < cfg.reward.max_failed_ratio <= 1.0:
+        p.append(f"reward.max_failed_ratio={cfg.reward.max_failed_ratio}: must be in (0, 1].")
+    if cfg.reward.num_workers < 0:
+        p.append(f"reward.num_workers={cfg.reward.num_workers}: must be >= 0.")
+    if tr.val_only and not data.val_files:
+        p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
+    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
+        p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
+    if not p:  # batch arithmetic only once the numbers themselves are sane
+        p += batch_problems(cfg)
+    return p
+
+
+def planned_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
+    """Hybrid workers the run asks for: 1 without Ray, nnodes x n_gpus_per_node on GPU, cpu_workers on CPU."""
+    if not cfg.trainer.use_ray:
+        return 1
+    return (
+        cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        if planned_device(cfg, cuda_available) == "cuda"
+        else (cfg.trainer.cpu_workers)
+    )
+
+
+def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
+    """The device the run asks for: ``trainer.device``, with auto resolved by whether this machine has CUDA."""
+    dev = cfg.trainer.device
+    if dev == "auto":
+        if cuda_available is None:
+            import torch
+
+            cuda_available = torch.cuda.is_available()
+        dev = "cuda" if cuda_available else "cpu"
+    return dev
+
+
+def batch_problems(cfg: VLMRLConfig) -> list[str]:
+    """Batch sizes that do not split over the planned workers."""
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    world = planned_world(cfg)
+    p = []
+    if data.train_batch_size % world:
+        p.append(
+            f"data.train_batch_size={data.train_batch_size} must be divisible by the {world} workers "
+            f"(trainer.cpu_workers on CPU, nnodes x n_gpus_per_node on GPU)."
+        )
+    mini = arr.actor.ppo_mini_batch_size
+    if mini > data.train_batch_size or data.train_batch_size % mini or (mini * arr.rollout.n) % world:
+        p.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
+            f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
+        )
+    return p
+
+
+def check_environment(cfg: VLMRLConfig) -> list[str]:
+    """Problems of the machine the run would start on: data files, the model folder, the output folder."""
+    p: list[str] = []
+    arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    path = arr.model.path
+    if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or os.sep in path and path.count("/") != 1):
+        p.append(
+            f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen2.5-VL folder "
+            "(python -m vlmrl.models.tiny --output DIR builds a tiny one) or a hub id such as "
+            "Qwen/Qwen2.5-VL-3B-Instruct."
+        )
+    elif os.path.isdir(path):
+        from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
+
+        cfg_file = Path(path) / "config.json"
+        if not cfg_file.is_file():
+            p.append(f"actor_rollout_ref.model.path={path!r} has no config.json (not an HF model folder).")
+        else:
+            try:
+                mt = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
+            except (OSError, ValueError, AttributeError) as e:
+                p.append(f"{cfg_file}: unreadable model config ({type(e).__name__}: {e}).")
+            else:
+                if mt not in SUPPORTED_MODEL_TYPES:
+                    p.append(
+                        f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains "
+                        f"{', '.join(SUPPORTED_MODEL_TYPES)}."
+                    )
+    for key in ("train_files", "val_files"):
+        files = getattr(data, key)
+        for f in [files] if isinstance(files, str) else list(files or []):
+            if f and not os.path.isfile(os.path.expanduser(str(f))):
+                p.append(
+                    f"data.{key}: {str(f)!r} does not exist or is not a file "
+                    "(make it with a preprocess/ script, e.g. python preprocess/synthetic.py --output-dir DIR)."
+                )
+    out = Path(tr.default_local_dir)
+    probe = out if out.exists() else next((q for q in out.parents if q.exists()), Path("."))
+    if not probe.is_dir():
+        p.append(f"trainer.default_local_dir={str(out)!r} cannot be created: {str(probe)!r} is not a folder.")
+    elif not os.access(probe, os.W_OK):
+        p.append(f"trainer.default_local_dir={str(out)!r} is not writable (checked {str(probe)!r}).")
+    return p
+
+
+def check_config(cfg: VLMRLConfig) -> None:
+    """Raise ConfigError listing every problem of the values and of the environment."""
+    from vlmrl.config import ConfigError
+
+    problems = check_values(cfg) + check_environment(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -1,0 +1,402 @@
+"""The config schema: typed dataclasses, one docstring per field (every key vlmrl implements, and nothing else).
+
+Key paths follow verl's (``data.train_files``, ``actor_rollout_ref.rollout.n``, ``trainer.logger`` ...). verl keys
+that vlmrl only accepts for compatibility (aliases, speed switches it has no use for, features it refuses) are not
+here: they live in ``vlmrl.config.verl``'s table. Defaults follow verl's where a verl user relies on them; the README
+("Coming from verl") lists the few that differ and why. String options take the values in ``CHOICES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+# ----------------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    train_files: Any = MISSING
+    """Parquet file or list of files for training (verl's record schema)."""
+    val_files: Any = None
+    """Parquet file or list of files for validation; None disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the chat list ``[{role, content}]`` with one ``<image>`` per image."""
+    image_key: str = "images"
+    """Column holding the list of ``{bytes, path}`` image structs."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens, image tokens included."""
+    max_response_length: int = 512
+    """Longest response in tokens (the rollout's max_tokens)."""
+    train_batch_size: int = 16
+    """Prompts per training step (each sampled ``rollout.n`` times)."""
+    val_batch_size: int | None = None
+    """Prompts per validation batch; None = the whole validation set at once."""
+    filter_overlong_prompts: bool = True
+    """Drop (and report) prompts longer than max_prompt_length. Prompts with images are never truncated."""
+    truncation: str = "error"
+    """What to do with an overlong text-only prompt that is not filtered: error | left | right."""
+    min_pixels: int | None = None
+    """Smallest image area after resizing (qwen-vl-utils rules); None = the processor's value."""
+    max_pixels: int | None = None
+    """Largest image area after resizing; None = the processor's value."""
+    custom_chat_template: str | None = None
+    """A Jinja chat template used instead of the processor's (rendered sandboxed)."""
+    seed: int = 1
+    """Seed of the sampler's shuffle order."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch."""
+    system_prompt: str | None = None
+    """A system message prepended to every prompt that has none."""
+    dataloader_num_workers: int = 0
+    """Threads that decode and resize a batch's images (``RLDataset.get_batch``); 0 or 1 = the calling thread."""
+    gen_batch_size: int | None = None
+    """verl/DAPO: prompts per rollout batch with ``algorithm.filter_groups``. vlmrl rolls out train_batch_size
+    prompts per batch, so only None or the value of train_batch_size is accepted."""
+    train_max_samples: int = -1
+    """Use at most this many training records (the first ones, before the overlong filter); -1 = all."""
+    val_max_samples: int = -1
+    """Use at most this many validation records; -1 = all."""
+
+
+# ---------------------------------------------------------------------------------------------- actor/rollout/ref
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """HF folder or hub id of a Qwen2.5-VL checkpoint."""
+    trust_remote_code: bool = False
+    """Passed to transformers' and vLLM's loaders. Only ever from the launch command: never read from a checkpoint."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (less memory, ~30% more compute; verl's default)."""
+    freeze_vision_tower: bool = False
+    """Keep the vision tower's weights fixed (it still runs, and is still pushed once to the engine). verl's
+    ``actor_rollout_ref.actor.freeze_vision_tower`` sets this too."""
+    lora_rank: int = 0
+    """LoRA rank on the language model's linear layers (0 = full fine-tuning)."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+    target_modules: Any = "all-linear"
+    """LoRA target modules (peft syntax): all-linear, a comma list or list of names."""
+    exclude_modules: str | None = None
+    """Modules LoRA leaves out, as verl's regex over module names. The vision tower is always left out (verl's
+    scripts pass ``.*visual.*``, which is accepted); any other pattern is applied on top (peft's exclude_modules)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    lr_warmup_steps: int = -1
+    """Linear warm-up steps; -1 = use lr_warmup_steps_ratio."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of the total training steps."""
+    warmup_style: str = "constant"
+    """Schedule after warm-up: constant | cosine."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a fraction of lr."""
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    """Keep parameters on CPU between uses (FSDP2 CPUOffloadPolicy; GPU only)."""
+    optimizer_offload: bool = False
+    """Keep optimizer state on CPU (implied by param_offload in FSDP2)."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after each forward (ZeRO-3 style)."""
+    dtype: str = "auto"
+    """Mixed-precision compute dtype (FSDP2 MixedPrecisionPolicy: parameters gathered in it, gradients reduced in
+    fp32, fp32 master weights): auto (bfloat16 on GPU, float32 on CPU) | bfloat16 | float16 | float32."""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp2"
+    """Training backend: fsdp | fsdp2 (both mean PyTorch FSDP2 in vlmrl); megatron is rejected."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step (x rollout.n samples), as in verl."""
+    ppo_micro_batch_size_per_gpu: int = 8
+    """Samples per forward/backward pass on one worker."""
+    use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches; not implemented yet, True is rejected (padding is trimmed per
+    micro-batch)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """verl's token budget per micro-batch for use_dynamic_bsz."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    clip_ratio: float = 0.2
+    """PPO clip range (both sides unless clip_ratio_low/high are set)."""
+    clip_ratio_low: float | None = None
+    """Lower clip (1 - low); None = clip_ratio."""
+    clip_ratio_high: float | None = None
+    """Upper clip (1 + high); None = clip_ratio. DAPO's clip-higher uses 0.28."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (> 1; 0 disables)."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    policy_loss: str = "ppo"
+    """Policy loss by registry name, or ``path/to/file.py:fn``."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (entropy is always logged)."""
+    use_kl_loss: bool = False
+    """Add a KL penalty against the frozen reference to the loss (builds the reference model)."""
+    kl_loss_coef: float = 0.001
+    """KL loss coefficient."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: k1 | k2 | low_var_kl (k3) | abs | mse."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    shuffle: bool = False
+    """Shuffle samples before splitting into mini-batches."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "fsdp2"
+    """Reference model backend: fsdp | fsdp2 (both mean FSDP2); megatron is rejected."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Samples per reference forward; None = actor.ppo_micro_batch_size_per_gpu."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches for the reference forward; not implemented yet, True is rejected."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl's token budget per reference micro-batch for log_prob_use_dynamic_bsz."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class ValKwargs:
+    n: int = 1
+    """Samples per validation prompt."""
+    do_sample: bool = False
+    """False = greedy validation."""
+    temperature: float = 0.0
+    """Validation temperature when do_sample is True."""
+    top_p: float = 1.0
+    """Validation top-p."""
+    top_k: int = -1
+    """Validation top-k (-1 = off)."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    """Rollout engine: vllm | hf."""
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    top_k: int = -1
+    """Top-k sampling (-1 = off)."""
+    dtype: str = "auto"
+    """Engine dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM's share of GPU memory (weights + KV cache)."""
+    tensor_model_parallel_size: int = 1
+    """Workers that share one vLLM engine, each holding 1/k of it (tensor parallelism)."""
+    max_model_len: int | None = None
+    """Engine context length; None = max_prompt_length + max_response_length."""
+    max_num_batched_tokens: int | None = None
+    """vLLM scheduler budget per step; None = engine default."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs (faster start, slower decode)."""
+    enable_chunked_prefill: bool | None = None
+    """vLLM chunked prefill; None = engine default."""
+    free_cache_engine: bool = True
+    """On GPU, put the engine to sleep (free KV cache, offload weights) while training."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Samples per old-log-prob forward; None = actor.ppo_micro_batch_size_per_gpu."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl's token-budget micro-batches for the old-log-prob forward; not implemented yet, True is rejected."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl's token budget per old-log-prob micro-batch for log_prob_use_dynamic_bsz."""
+    load_format: str = "auto"
+    """How the engine gets its first weights: auto (it reads the checkpoint) | dummy (random init, then the policy's
+    weights are pushed in before the first rollout, as in verl: the checkpoint is read once, by the trainer)."""
+    limit_images: int | None = None
+    """Max images per prompt for the engine; None = read from the data."""
+    ignore_eos: bool = False
+    """Always generate max_tokens (benchmarks)."""
+    seed: int = 0
+    """Sampling seed (per worker: seed + rank)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
+    """Extra engine arguments: ``engine_kwargs.vllm.<arg>`` pass to ``vllm.LLM``; unknown ones are an error. verl's
+    rollout keys that are vLLM settings (``max_num_seqs``, ``enable_prefix_caching``...) arrive here."""
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    nccl_timeout: int = 600
+    """Seconds a collective (gloo on CPU, NCCL on GPU) may wait for the other workers before it fails."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ------------------------------------------------------------------------------------------------ algorithm/reward
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards all equal, and roll out more prompts to refill."""
+    metric: str = "score"
+    """Reward component whose variance decides (score = the total)."""
+    max_num_gen_batches: int = 4
+    """Most rollout batches per step before training on what was kept (0 = unbounded, verl's default: a reward
+    that never varies would then roll out forever)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """grpo | dr_grpo | rloo | reinforce_plus_plus, or ``path/to/file.py:fn``."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: str | None = None
+    """A Python file holding the reward function (trusted code named by the launcher); when set it scores every
+    sample that no ``reward.dispatch`` entry claims. verl's ``compute_score(data_source, solution_str, ground_truth,
+    extra_info=None, **kw)`` and vlmrl's ``fn(sample)`` (a RewardSample, images included) are both accepted."""
+    name: str = "compute_score"
+    """Function name in that file."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to every call of the selected function (``path`` above, or
+    ``reward.function``); components take theirs in ``reward.components[i].kwargs``."""
+
+
+@dataclass
+class RewardConfig:
+    function: str | None = None
+    """Reward by registry name (``synthetic``, ``geo3k``, ``accuracy``, ``format``, ``iou``, ``similarity``...; see
+    ``vlmrl.reward.registered_names()``), ``path/to/file.py:fn`` or ``package.module:fn``; used when
+    custom_reward_function.path and components are unset. All unset: built-in dispatch by data_source (geo3k,
+    hiyouga/geometry3k -> geo3k; synthetic/* -> synthetic)."""
+    components: list[Any] = field(default_factory=list)
+    """Composite reward: list of ``{function, weight=1, kwargs={}, gate=None, gate_threshold=0.5, name}``; total =
+    sum of weight * value over components whose gate component scored >= gate_threshold."""
+    dispatch: dict[str, Any] = field(default_factory=dict)
+    """Per-data_source rewards for mixed datasets: ``{data_source or glob: name | {function, kwargs} |
+    {components}}``; sources not listed use the selection above."""
+    num_workers: int = 0
+    """Reward worker processes. 0 = in the driver (a timed-out call is interrupted, which stops Python code but not a
+    call blocked in C such as a socket read); N >= 1 = N processes, a timed-out one is killed and replaced."""
+    timeout_s: float = 30.0
+    """Per-sample timeout in seconds (<= 0 disables it)."""
+    on_error: str = "fallback"
+    """An exception, timeout, NaN/inf or non-number result: fallback (score it fallback_score, count it in
+    reward/errors, log the first of each kind with the sample) | raise (fail the step, naming the sample)."""
+    fallback_score: float = 0.0
+    """Score given to a sample whose reward failed."""
+    max_failed_ratio: float = 1.0
+    """Stop the run, with the first error and its traceback, when at least this fraction of a batch's reward calls
+    fail (1.0: only when every one failed, e.g. a reward whose signature or import is wrong for this data)."""
+
+
+# --------------------------------------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "vlmrl"
+    """Tracking project name."""
+    experiment_name: str = "run"
+    """Tracking run name."""
+    logger: Any = field(default_factory=lambda: ["console", "jsonl"])
+    """A list of console, jsonl, tensorboard, wandb (or one name, as verl scripts write ``trainer.logger=console``)."""
+    device: str = "auto"
+    """auto (cuda when available) | cuda | cpu."""
+    nnodes: int = 1
+    """Machines in the Ray cluster used for training."""
+    n_gpus_per_node: int = 1
+    """GPUs per machine (one hybrid worker each)."""
+    cpu_workers: int = 2
+    """Hybrid workers when training on CPU."""
+    total_epochs: int = 30
+    """Epochs over the training set (verl's default)."""
+    total_training_steps: int | None = None
+    """Cap on training steps (overrides total_epochs)."""
+    seed: int = 1
+    """Seed of model-side randomness (sampling, dropout)."""
+    save_freq: int = -1
+    """Checkpoint every N steps (-1 = never, except at the end if > 0)."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Keep only the newest N checkpoints (None = all); ``trainer.max_ckpt_to_keep`` sets it too."""
+    resume_mode: str = "auto"
+    """auto (latest in default_local_dir) | disable | resume_path."""
+    resume_from_path: str | None = None
+    """Checkpoint folder for resume_mode=resume_path."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoints, metrics.jsonl and plots go here."""
+    test_freq: int = -1
+    """Validate every N steps (-1 = only at the end when val_files is set)."""
+    val_before_train: bool = True
+    """Validate before the first step (verl's default)."""
+    val_only: bool = False
+    """Only validate (a checkpoint or the initial model), then exit."""
+    log_val_generations: int = 16
+    """Validation samples shown in the HTML gallery written at each validation (0 = no gallery)."""
+    rollout_data_dir: str | None = None
+    """Dump every step's samples (prompt, response, rewards) as JSON lines here."""
+    validation_data_dir: str | None = None
+    """Dump every validation's samples (prompt, response, rewards) as JSON lines here."""
+    ray_address: str | None = None
+    """Ray cluster address (None = start or join a local one; ``auto`` = the running cluster)."""
+    use_ray: bool = True
+    """False = one hybrid worker in the driver's own process (one device; no Ray needed: debugging, a single GPU).
+    Needs nnodes x n_gpus_per_node (GPU) or cpu_workers (CPU) to be 1."""
+    dry_run: bool = False
+    """Check everything that needs no hardware (keys and values, data files, model folder, reward function), print
+    the plan and exit: 0 when the run would start, 2 listing every problem."""
+
+
+@dataclass
+class VLMRLConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ------------------------------------------------------------------------------------------------------ choices
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.truncation": ("error", "left", "right"),
+    "actor_rollout_ref.actor.strategy": ("fsdp", "fsdp2"),
+    "actor_rollout_ref.ref.strategy": ("fsdp", "fsdp2"),
+    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "actor_rollout_ref.actor.kl_loss_type": ("kl", "k1", "k2", "mse", "low_var_kl", "k3", "abs"),
+    "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
+    "actor_rollout_ref.actor.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
+    "actor_rollout_ref.ref.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
+    "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "actor_rollout_ref.rollout.load_format": ("auto", "dummy", "safetensors", "pt"),
+    "reward.on_error": ("fallback", "raise"),
+    "trainer.device": ("auto", "cuda", "cpu"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+}
+"""Every string option with a closed set of values (a bad value fails when the config is composed). Options that
+also take a file (``adv_estimator``, ``policy_loss``, reward names) are checked by their loaders at the same time."""
+
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+"""Values of ``trainer.logger``."""

@@ -1,0 +1,272 @@
+"""``trainer.dry_run=True``: every check of a launch line that needs no accelerator, then the plan.
+
+Appended to any launch line (``python -m vlmrl.train ... trainer.dry_run=True``) it checks, without starting Ray, a
+model or an engine:
+
+* keys and values (the whole config gate: ``vlmrl.config``), every problem at once;
+* the data files: readable parquet with the configured columns; with the model's processor at hand (a local folder or
+  a cached hub id) every record is built as training would build it, so bad rows and the prompts the overlong filter
+  drops are counted;
+* the model: a local folder's config (a Qwen2-VL / Qwen2.5-VL), or whether a hub id is in the local cache;
+* the reward: the function resolved and its calling form, and a reward for every ``data_source`` in the data;
+* the engine arguments as the installed vLLM will get them.
+
+It prints the plan (device and workers, steps, batch sizes, engine arguments) and exits 0 when the run would start on
+the machine it asks for (a GPU count this machine lacks is a note), else 2 listing every problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlmrl.config import VLMRLConfig
+from vlmrl.config.checks import batch_problems, check_environment, planned_device, planned_world
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 2
+
+
+@dataclass
+class Report:
+    """What the dry run found: problems (the run would not start), notes, and the plan's lines."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+
+
+def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
+    """Check the model; return a local folder holding it (for the processor), or None."""
+    from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
+
+    path = cfg.actor_rollout_ref.model.path
+    if os.path.isdir(path):
+        folder = path
+        where = f"local folder {path}"
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(path, "config.json")
+        except Exception:  # noqa: BLE001 - a malformed id is reported below
+            hit = None
+        if not isinstance(hit, str):
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+            msg = f"model {path!r} is not in the local Hugging Face cache"
+            if offline:
+                rep.problems.append(f"{msg} and HF_HUB_OFFLINE is set: download it first or give a local folder.")
+            else:
+                rep.notes.append(f"{msg}: the run downloads it at start (not checked here).")
+            rep.plan.append(f"model: {path} (hub id, not cached here)")
+            return None
+        folder = str(Path(hit).parent)
+        where = f"hub id, cached at {folder}"
+    try:
+        from transformers import AutoConfig
+
+        mcfg = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any loader error is a problem of this model folder
+        rep.problems.append(f"actor_rollout_ref.model.path={path!r}: cannot read its config: {type(e).__name__}: {e}")
+        return None
+    mt = getattr(mcfg, "model_type", None)
+    arch = ", ".join(getattr(mcfg, "architectures", None) or ["?"])
+    if mt not in SUPPORTED_MODEL_TYPES:
+        rep.problems.append(
+            f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    rep.plan.append(f"model: {path} ({where}; {mt}, {arch})")
+    return folder
+
+
+def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
+    """Check the data files; return {split: (kept prompts or None, data sources)}."""
+    import pyarrow.parquet as pq
+
+    from vlmrl.data.dataset import REWARD_KEY, normalize_files
+
+    out: dict[str, Any] = {}
+    processor = None
+    if folder is not None:
+        try:
+            from transformers import AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(
+                folder, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
+            )
+        except Exception as e:  # noqa: BLE001
+            rep.problems.append(f"the model's processor does not load from {folder}: {type(e).__name__}: {e}")
+    for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
+        paths = [f for f in normalize_files(files) if os.path.isfile(os.path.expanduser(f))]
+        if not paths or len(paths) != len(normalize_files(files)):
+            continue  # missing files are already problems (check_environment)
+        rows, sources, ok = 0, set(), True
+        for f in paths:
+            try:
+                pf = pq.ParquetFile(os.path.expanduser(f))
+                names = pf.schema_arrow.names
+                rows += pf.metadata.num_rows
+            except Exception as e:  # noqa: BLE001 - not parquet, unreadable
+                rep.problems.append(f"data.{split}_files: {f}: not a readable parquet file ({type(e).__name__}: {e})")
+                ok = False
+                continue
+            for col, key in ((cfg.data.prompt_key, "data.prompt_key"), (REWARD_KEY, None)):
+                if col not in names:
+                    what = f" ({key})" if key else " ({style, ground_truth}: the answers rewards score against)"
+                    rep.problems.append(f"{f}: no column {col!r}{what}; it has {names}")
+                    ok = False
+            if cfg.data.image_key not in names:
+                rep.notes.append(f"{f}: no column {cfg.data.image_key!r} (data.image_key): text-only prompts")
+            if "data_source" in names:
+                sources |= {str(s) for s in pf.read(columns=["data_source"]).column(0).to_pylist()}
+        kept = None
+        if ok and processor is not None:
+            from vlmrl.data.dataset import RLDataset
+
+            try:
+                ds = RLDataset(files, processor, cfg.data, split=split, verbose=False)
+                kept = len(ds)
+                r = ds.report
+                why = ", ".join(f"{k}: {v}" for k, v in r["filtered_by_reason"].items())
+                rep.plan.append(
+                    f"data.{split}: {r['rows_read']} rows -> {kept} prompts"
+                    + (f" ({r['filtered_overlong']} filtered as overlong: {why})" if r["filtered_overlong"] else "")
+                    + f"; prompt length max {r['prompt_length_max']}, mean {r['prompt_length_mean']}; "
+                    f"max images/prompt {r['max_images_per_prompt']}"
+                )
+                if kept == 0:
+                    rep.problems.append(f"data.{split}_files: no prompt survives the overlong filter "
+                                        f"(data.max_prompt_length={cfg.data.max_prompt_length})")  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - DataError names file and row
+                rep.problems.append(f"data.{split}_files: {type(e).__name__}: {e}")
+        elif ok:
+            rep.plan.append(f"data.{split}: {rows} rows (the overlong filter is counted once the model is available)")
+        out[split] = (kept, sources)
+    return out
+
+
+def _reward(cfg: VLMRLConfig, sources: set[str], rep: Report) -> None:
+    from vlmrl.reward import RewardManager
+
+    try:
+        with RewardManager(cfg.reward, cfg.custom_reward_function) as rm:
+            rep.plan.append(f"reward: {rm.scorer.describe()}")
+            rm.scorer.check(sources)
+    except Exception as e:  # noqa: BLE001 - RewardConfigError, or the user's file failing to import
+        rep.problems.append(f"reward: {type(e).__name__}: {e}")
+
+
+def _engine(cfg: VLMRLConfig, rep: Report) -> None:
+    ro = cfg.actor_rollout_ref.rollout
+    if ro.name != "vllm":
+        rep.plan.append("rollout: transformers generate (hf)")
+        return
+    try:
+        from vlmrl.rollout.vllm import translate_engine_kwargs
+
+        kwargs = translate_engine_kwargs(dict((ro.engine_kwargs or {}).get("vllm") or {}))
+    except ImportError as e:
+        rep.problems.append(
+            f"actor_rollout_ref.rollout.name=vllm but vLLM does not import here ({e}); install it "
+            "(README, Install) or use actor_rollout_ref.rollout.name=hf"
+        )
+        return
+    except ValueError as e:
+        rep.problems.append(str(e))
+        return
+    rep.plan.append(
+        f"rollout: vLLM, n={ro.n}, temperature={ro.temperature}, tensor_model_parallel_size="
+        f"{ro.tensor_model_parallel_size}, engine kwargs {kwargs or '{}'} (multimodal preprocessor cache off)"
+    )
+
+
+def _resources(cfg: VLMRLConfig, rep: Report) -> None:
+    import torch
+
+    tr = cfg.trainer
+    cuda = torch.cuda.is_available()
+    dev = planned_device(cfg, cuda)
+    world = planned_world(cfg, cuda)
+    if dev == "cuda":
+        rep.plan.append(f"workers: {tr.nnodes} node(s) x {tr.n_gpus_per_node} GPU(s) = {world} hybrid worker(s)"
+                        if tr.use_ray else "workers: 1 hybrid worker in this process (GPU)")  # fmt: skip
+        have = torch.cuda.device_count() if cuda else 0
+        need = tr.n_gpus_per_node if tr.use_ray else 1
+        if have < need:
+            rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
+    else:
+        rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + ("" if tr.use_ray else " (in this process)"))
+    if cfg.trainer.device == "auto" and not cuda and tr.use_ray and tr.nnodes * tr.n_gpus_per_node > 1:
+        gpu_cfg = _with_device(cfg, "cuda")
+        for problem in batch_problems(gpu_cfg):
+            rep.problems.append(f"on GPUs ({tr.nnodes} x {tr.n_gpus_per_node}): {problem}")
+        rep.notes.append(
+            f"trainer.device=auto and no CUDA here: this machine would train on {world} CPU worker(s); on a GPU "
+            f"machine the plan is {tr.nnodes} x {tr.n_gpus_per_node} GPU worker(s) (batch sizes checked for both)"
+        )
+
+
+def _with_device(cfg: VLMRLConfig, device: str) -> VLMRLConfig:
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.trainer.device = device
+    return out
+
+
+def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
+    arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    bs, n, world = data.train_batch_size, arr.rollout.n, planned_world(cfg)
+    if tr.total_training_steps:
+        steps = f"{tr.total_training_steps} (trainer.total_training_steps)"
+    elif kept is not None:
+        per_epoch = kept // bs
+        steps = f"{per_epoch * tr.total_epochs} ({tr.total_epochs} epoch(s) x {per_epoch} steps of {bs} prompts)"
+        if per_epoch == 0:
+            rep.problems.append(f"data.train_batch_size={bs} exceeds the {kept} usable training prompts")
+    else:
+        steps = f"{tr.total_epochs} epoch(s) (steps counted once the data is checked)"
+    mini = arr.actor.ppo_mini_batch_size
+    rep.plan.append(f"steps: {steps}")
+    rep.plan.append(
+        f"batch: {bs} prompts x n={n} = {bs * n} samples per step; {bs // mini if mini else '?'} optimizer step(s) of "
+        f"{mini} prompts ({mini * n // max(world, 1)} samples per worker), micro-batches of "
+        f"{arr.actor.ppo_micro_batch_size_per_gpu} per worker, {arr.actor.ppo_epochs} epoch(s)"
+    )
+    rep.plan.append(
+        f"policy: lr {arr.actor.optim.lr:g}, KL loss {'on (' + arr.actor.kl_loss_type + ')' if arr.actor.use_kl_loss else 'off'}"  # noqa: E501
+        f", LoRA rank {arr.model.lora_rank}, gradient checkpointing {arr.model.enable_gradient_checkpointing}, "
+        f"vision tower {'frozen' if arr.model.freeze_vision_tower else 'trained'}"
+    )
+    rep.plan.append(
+        f"output: {tr.default_local_dir} (checkpoints every {tr.save_freq} steps; validation every {tr.test_freq}"
+        f"{', and before training' if tr.val_before_train else ''}; loggers {', '.join(tr.logger)})"
+    )
+
+
+def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int:
+    """Run every check on ``cfg`` (None when the config itself could not be built: ``problems`` say why), print the
+    report and return the exit status."""
+    rep = Report(problems=list(problems), notes=list(notices))
+    if cfg is not None:
+        rep.problems += check_environment(cfg)
+        _resources(cfg, rep)
+        folder = _model(cfg, rep)
+        data = _data(cfg, folder, rep)
+        _reward(cfg, set().union(*(s for _, s in data.values())) if data else set(), rep)
+        _engine(cfg, rep)
+        _steps(cfg, data.get("train", (None, None))[0], rep)
+    print("[vlmrl dry run] plan:")
+    for line in rep.plan:
+        print(f"  {line}")
+    for note in rep.notes:
+        print(f"  note: {note}")
+    if rep.problems:
+        print(f"[vlmrl dry run] {len(rep.problems)} problem(s); the run would not start:", flush=True)
+        for pr in rep.problems:
+            print("  - " + pr.replace("\n", "\n    "), flush=True)
+        return EXIT_PROBLEMS
+    print("[vlmrl dry run] OK: the run would start (nothing was started).", flush=True)
+    return EXIT_OK
