@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 from utils import verl_geo3k_launch_line
 
-from vlmrl.config import ConfigError, VLMRLConfig, load, translate
+from vlmrl.config import ConfigError, VLMRLConfig, load
 from vlmrl.config.checks import check_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -434,7 +434,8 @@ def test_defaults_a_verl_user_relies_on_match_verls() -> None:
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (512, 512)
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
-    assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl" and cfg.actor_rollout_ref.actor.kl_loss_coef == 0.001
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.kl_loss_type == "low_var_kl" and actor.kl_loss_coef == 0.001
 
 
 def test_logger_takes_a_plain_string_as_verl_scripts_write_it() -> None:
