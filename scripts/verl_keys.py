@@ -1,6 +1,9 @@
 """Regenerate vlmrl/config/verl_keys.txt: every key path of verl's trainer config (the installed verl's
 generated reference YAMLs, FSDP and Megatron), one per line. vlmrl reads it to tell a real verl key it does not
 implement (named with its feature) from a misspelling (named with the nearest vlmrl key).
+
+    .venv/bin/python scripts/verl_keys.py            # rewrite the file
+    .venv/bin/python scripts/verl_keys.py --check    # exit 1 when the file differs from the installed verl's keys
 """
 
 from __future__ import annotations
