@@ -20,6 +20,15 @@
 # GPUS (per node, default 8), NNODES (default 1), RAY_ADDRESS (join this cluster), LOGGER (default
 # [console,jsonl,wandb]; use [console,jsonl] without wandb), PROJECT, EXPERIMENT, PYTHON (default python).
 # VLMRL_DRY_RUN=1 prints the commands instead of running them.
+#
+# Smoke mode, SMOKE=1: the whole pipeline at tiny scale on any machine (the test suite runs it). It swaps only what a
+# laptop cannot hold: the model (the tiny random Qwen2.5-VL), the data (a stand-in in Geometry3K's own hub layout,
+# made by python -m vlmrl.smoke geo3k, then preprocessed by preprocess/geo3k.py as the real data is), the device and
+# workers (2 CPU workers), wandb's network (WANDB_MODE=offline) and the scale (python -m vlmrl.smoke overrides: 2
+# steps of 4 prompts, 48-token responses). Every other flag below runs as set: gradient checkpointing, the KL loss
+# with its reference and the reference's parameter offload, validation before and after training, the checkpoint,
+# the cache flag, CUDA graphs off/on as set (enforce_eager=False).
+#   SMOKE=1 DATA=/tmp/geo3k-smoke bash examples/geo3k_qwen2_5_vl_3b.sh trainer.default_local_dir=/tmp/geo3k-run
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -38,6 +47,16 @@ run() {  # run a command, or print it (shell-quoted, one line) with VLMRL_DRY_RU
     "$@"
   fi
 }
+
+smoke=()
+if [[ ${SMOKE:-0} == 1 ]]; then
+  GEO3K=$("$PYTHON" -m vlmrl.smoke geo3k --output "$DATA/source")
+  MODEL=$("$PYTHON" -m vlmrl.smoke model)
+  scale=$("$PYTHON" -m vlmrl.smoke overrides)
+  mapfile -t smoke <<< "$scale"
+  export WANDB_MODE=offline
+  rm -f "$DATA/train.parquet" "$DATA/test.parquet"  # preprocess the stand-in every time
+fi
 
 if [[ ! -f $DATA/train.parquet || ! -f $DATA/test.parquet ]]; then
   run "$PYTHON" preprocess/geo3k.py --input "${GEO3K:-hiyouga/geometry3k}" --output-dir "$DATA"
@@ -92,4 +111,4 @@ run "$PYTHON" -m vlmrl.train \
   trainer.save_freq=20 \
   trainer.test_freq=5 \
   trainer.total_epochs=15 \
-  ${cluster[@]+"${cluster[@]}"} "$@"
+  ${cluster[@]+"${cluster[@]}"} ${smoke[@]+"${smoke[@]}"} "$@"

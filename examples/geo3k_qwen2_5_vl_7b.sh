@@ -10,6 +10,7 @@
 #   bash examples/geo3k_qwen2_5_vl_7b.sh                                   # 1 node x 8 GPUs
 #   GPUS=4 bash examples/geo3k_qwen2_5_vl_7b.sh data.train_batch_size=256  # extra arguments are Hydra overrides
 #   NNODES=2 bash examples/geo3k_qwen2_5_vl_7b.sh                          # after ray start on every node
+#   SMOKE=1 DATA=/tmp/geo3k-smoke bash examples/geo3k_qwen2_5_vl_7b.sh     # tiny scale on any machine (see the 3B one)
 set -euo pipefail
 export MODEL=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
 export EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_7b_function_rm}

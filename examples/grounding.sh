@@ -26,8 +26,30 @@
 # MODEL, GPUS (per node, default 8), NNODES (default 1), RAY_ADDRESS, LOGGER (default [console,jsonl,wandb]; use
 # [console,jsonl] without wandb), PROJECT, EXPERIMENT, PYTHON (default python). VLMRL_DRY_RUN=1 prints the commands
 # instead of running them.
+#
+# Smoke mode, SMOKE=1: the whole pipeline at tiny scale on any machine (the test suite runs it). It swaps only what a
+# laptop cannot hold: the model (the tiny random Qwen2.5-VL), the data (JSONL lines in the format above with their
+# images, made by python -m vlmrl.smoke grounding into DATA/source unless DATA_JSONL is given, then preprocessed by
+# preprocess/jsonl.py as real lines are), the device and workers (2 CPU workers), wandb's network
+# (WANDB_MODE=offline) and the scale (python -m vlmrl.smoke overrides). Every other flag below runs as set.
+#   SMOKE=1 DATA=/tmp/grounding-smoke bash examples/grounding.sh trainer.default_local_dir=/tmp/grounding-run
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python}
+
+smoke=()
+if [[ ${SMOKE:-0} == 1 ]]; then
+  DATA=${DATA:?SMOKE=1: set DATA to a scratch folder for the stand-in data and its parquet}
+  if [[ -z ${DATA_JSONL:-} ]]; then
+    jsonls=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke grounding --output "$DATA/source")
+    read -r DATA_JSONL VAL_JSONL <<< "$jsonls"
+  fi
+  MODEL=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke model)
+  scale=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke overrides)
+  mapfile -t smoke <<< "$scale"
+  export WANDB_MODE=offline
+  rm -f "$DATA/train.parquet" "$DATA/test.parquet"
+fi
 
 if [[ -z ${DATA_JSONL:-} ]]; then
   echo "grounding.sh: set DATA_JSONL to the training records, one JSON object per line such as" >&2
@@ -51,7 +73,6 @@ if [[ -n ${IMAGE_DIR:-} ]]; then
 fi
 cd "$ROOT"
 
-PYTHON=${PYTHON:-python}
 name=$(basename "$DATA_JSONL")
 DATA=${DATA:-$HOME/data/grounding/${name%.*}}
 MODEL=${MODEL:-Qwen/Qwen2.5-VL-3B-Instruct}
@@ -128,4 +149,4 @@ run "$PYTHON" -m vlmrl.train \
   trainer.save_freq=50 \
   trainer.test_freq=10 \
   trainer.total_epochs=5 \
-  ${extra[@]+"${extra[@]}"} "$@"
+  ${extra[@]+"${extra[@]}"} ${smoke[@]+"${smoke[@]}"} "$@"

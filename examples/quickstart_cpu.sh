@@ -2,6 +2,8 @@
 # CPU quick start: build the tiny Qwen2.5-VL, generate the synthetic colour task, train GRPO with the vLLM rollout
 # on 2 Ray workers, then print the reward curve and write it as a PNG. Extra arguments are Hydra overrides, e.g.
 #   bash examples/quickstart_cpu.sh trainer.total_training_steps=200 actor_rollout_ref.rollout.name=hf
+# OUT (default runs/quickstart) is where data, metrics, checkpoints and plots go. Smoke mode, SMOKE=1: the same
+# pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -15,11 +17,16 @@ export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/vlmrl-ray-XXXX)}
 
 MODEL=$("$PY" -c "from vlmrl.models.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
 echo "[quickstart] tiny model: $MODEL"
-"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour --train-size 4096 --test-size 96 \
-  --image-size 112 --seed 0
+sizes=(--train-size 4096 --test-size 96)
+smoke=()
+if [[ ${SMOKE:-0} == 1 ]]; then
+  sizes=(--train-size 64 --test-size 16)
+  smoke=(trainer.total_training_steps=2)
+fi
+"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour "${sizes[@]}" --image-size 112 --seed 0
 
 "$PY" -m vlmrl.train --config-name tiny_cpu \
   data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/test.parquet" \
-  actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" "$@"
+  actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} "$@"
 
 "$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"

@@ -218,7 +218,7 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("actor_rollout_ref.hybrid_engine=False", "a separate rollout worker pool"),
         ("actor_rollout_ref.rollout.name=sglang", "the SGLang rollout is not implemented"),
         ("actor_rollout_ref.rollout.multi_stage_wake_up=True", "multi-stage wake-up (an SGLang feature)"),
-        ("trainer.device=npu", "Ascend NPUs are not supported"),
+        ("trainer.device=npu", "not implemented in vlmrl: Ascend NPUs"),
         ("global_profiler.tool=torch_memory", "verl's profiler"),
         ("actor_rollout_ref.model.enable_activation_offload=True", "activation offloading"),
         ("actor_rollout_ref.rollout.do_sample=False", "greedy training rollouts"),

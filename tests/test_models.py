@@ -189,7 +189,8 @@ def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_pr
         assert (out[True][0][k, : len(ref)] - ref).abs().max() < 1e-5
 
 
-def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_processor, tiny_model_dir):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_processor, tiny_model_dir, lora):
     """``enable_gradient_checkpointing`` (every GPU recipe sets it) trains exactly like the plain forward: the same
     per-token log-probs, PPO + entropy loss and parameter gradients (fp32, <= 1e-5), on prompts with one image, two
     images and none. transformers keeps no KV cache under checkpointing, so the shared-prompt forward must step aside
@@ -200,6 +201,15 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
     models = {}
     for ckpt in (False, True):
         m = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        if lora:  # verl's LoRA recipe sets both (a peft wrapper hides the forward's signature)
+            from vlmrl.config import ModelConfig
+            from vlmrl.workers.lora import apply_lora
+
+            torch.manual_seed(5)
+            m = apply_lora(m, ModelConfig(path="tiny", lora_rank=4, lora_alpha=8))
+            for name, p in m.named_parameters():  # non-zero B: the adapters change the output and get gradients
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.02)
         if ckpt:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         models[ckpt] = m.train()
@@ -227,7 +237,7 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
         out[ckpt] = ((lp.detach() * mask), float(loss), grads)
     assert (out[True][0] - out[False][0]).abs().max() <= 1e-5
     assert abs(out[True][1] - out[False][1]) <= 1e-5
-    assert out[True][2].keys() == out[False][2].keys() and len(out[True][2]) > 10
+    assert out[True][2].keys() == out[False][2].keys() and len(out[True][2]) >= 4
     worst = max(float((out[True][2][k] - out[False][2][k]).abs().max()) for k in out[False][2])
     assert worst <= 1e-5, worst
     assert any(float(g.abs().max()) > 1e-4 for g in out[False][2].values()), "gradients must not be trivially zero"

@@ -144,3 +144,16 @@ def test_weight_push_equals_fresh_weights_including_cache_traps(engine, tiny_mod
         _push(engine, original)
     assert pushed[0].logprobs != before.logprobs, "the push changed nothing"
     assert pushed[1].logprobs != pushed[0].logprobs, "the vision-only push was not seen (stale encoder cache)"
+
+
+def test_the_preprocessor_cache_cannot_be_turned_back_on() -> None:
+    """README: vlmrl always runs vLLM with its multimodal preprocessor cache off (it grows host memory without bound
+    across RL steps); an engine kwarg that would turn it on is refused when the config is composed."""
+    from vlmrl.config import ConfigError, load
+
+    base = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
+    for kw in ("disable_mm_preprocessor_cache=False", "mm_processor_cache_gb=4"):
+        with pytest.raises(ConfigError, match="keeps vLLM's multimodal preprocessor cache off"):
+            load([*base, f"+actor_rollout_ref.rollout.engine_kwargs.vllm.{kw}"])
+    ok = load([*base, "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True"])
+    assert ok.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"disable_mm_preprocessor_cache": True}

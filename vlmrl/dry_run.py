@@ -164,9 +164,9 @@ def _engine(cfg: VLMRLConfig, rep: Report) -> None:
         rep.plan.append("rollout: transformers generate (hf)")
         return
     try:
-        from vlmrl.rollout.vllm import translate_engine_kwargs
+        from vlmrl.rollout.vllm import default_cache_off, translate_engine_kwargs
 
-        kwargs = translate_engine_kwargs(dict((ro.engine_kwargs or {}).get("vllm") or {}))
+        kwargs = {**default_cache_off(), **translate_engine_kwargs(dict((ro.engine_kwargs or {}).get("vllm") or {}))}
     except ImportError as e:
         rep.problems.append(
             f"actor_rollout_ref.rollout.name=vllm but vLLM does not import here ({e}); install it "
@@ -178,7 +178,7 @@ def _engine(cfg: VLMRLConfig, rep: Report) -> None:
         return
     rep.plan.append(
         f"rollout: vLLM, n={ro.n}, temperature={ro.temperature}, tensor_model_parallel_size="
-        f"{ro.tensor_model_parallel_size}, engine kwargs {kwargs or '{}'} (multimodal preprocessor cache off)"
+        f"{ro.tensor_model_parallel_size}, engine kwargs {kwargs}"
     )
 
 

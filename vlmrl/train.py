@@ -9,6 +9,7 @@ plan and exits (0: the run would start; 2: the problems). Hydra's own flags work
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
@@ -59,17 +60,92 @@ def _wants_dry_run(overrides: list[str]) -> bool:
     return False
 
 
+VERL_CONFIGS = {"ppo_trainer": None, "ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)"}
+"""verl's own top-level config names: ppo_trainer is what vlmrl's grpo config stands for; the others are refused."""
+
+
+def _config_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's ``--config-path`` / ``--config-name`` as verl scripts pass them: verl's ``ppo_trainer`` is dropped
+    (vlmrl's own ``grpo`` config takes its place), a Megatron config or a config file built on verl's configs is
+    refused naming it. Returns (the arguments left for Hydra, problems)."""
+    import yaml
+
+    out: list[str] = []
+    name = path = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        for flag in ("--config-name", "-cn", "--config-path", "-cp"):
+            if a == flag and i + 1 < len(argv):
+                value, i = argv[i + 1], i + 1
+                break
+            if a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+                break
+        else:
+            out.append(a)
+            i += 1
+            continue
+        if flag in ("--config-name", "-cn"):
+            name = value.strip("'\"")
+        else:
+            path = value.strip("'\"")
+        i += 1
+    if name is None:
+        return out + ([f"--config-path={path}"] if path else []), []
+    stem = name.removesuffix(".yaml")
+    if stem in VERL_CONFIGS:
+        why = VERL_CONFIGS[stem]
+        return out, ([f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {why}."] if why else [])
+    if path is not None:
+        file = os.path.join(path, stem + ".yaml")
+        try:
+            with open(file, encoding="utf-8") as f:
+                doc = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            return out, [f"--config-name={name}: no such config file {file} (--config-path={path})."]
+        except (OSError, yaml.YAMLError) as e:
+            return out, [f"--config-name={name}: cannot read {file}: {e}"]
+        parents = {str(d).split(":")[0].strip() for d in doc.get("defaults", []) if isinstance(d, (str, dict))}
+        parents |= {k for d in doc.get("defaults", []) if isinstance(d, dict) for k in d}
+        if parents & set(VERL_CONFIGS):
+            return out, [
+                f"--config-name={name} (--config-path={path}): a config file built on verl's own configs; vlmrl "
+                "composes its configs (configs/grpo.yaml): pass its settings as key=value overrides."
+            ]
+    return out + [f"--config-name={name}"] + ([f"--config-path={path}"] if path else []), []
+
+
+def _bare_engine_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """verl's example scripts read their engine from ``$1`` (``ENGINE=${1:-vllm}``) and pass ``$@`` on, so the engine
+    name reaches the trainer as a bare word: drop a bare word equal to the line's ``actor_rollout_ref.rollout.name``,
+    with a notice. Any other bare word is left for Hydra to refuse."""
+    engines = {
+        a.split("=", 1)[1].strip("'\"") for a in argv if a.lstrip("+").startswith("actor_rollout_ref.rollout.name=")
+    }
+    out, notices = [], []
+    for a in argv:
+        if "=" not in a and not a.startswith("-") and a in engines:
+            notices.append(f"'{a}': a bare argument equal to actor_rollout_ref.rollout.name (verl's scripts pass "
+                           "their ENGINE argument on to the trainer): ignored.")  # fmt: skip
+            continue
+        out.append(a)
+    return out, notices
+
+
 def main() -> None:
     """Answer the overrides, then hand over to Hydra (which composes the config and calls the trainer)."""
-    import os
-
     import hydra
 
     from vlmrl import configs_dir
     from vlmrl.config import register, translate
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    t = translate(sys.argv[1:])
+    args, config_problems = _config_args(sys.argv[1:])
+    args, bare_notices = _bare_engine_args(args)
+    t = translate(args)
+    t.problems[:0] = config_problems
+    t.notices[:0] = bare_notices
     if t.problems and not _wants_dry_run(sys.argv[1:]):
         _config_error("\n".join(t.problems))
     for note in dict.fromkeys(t.notices):

@@ -138,11 +138,12 @@ def translate(overrides: list[str]) -> Translated:
             verl.apply(rule, "", key, f"{key}{rest}" if prefix != "~" else ov, out)
             out.overrides[before:] = [o if o.startswith(("+", "~")) else f"++{o}" for o in out.overrides[before:]]
         elif key in verl.verl_keys() or any(k.startswith(key + ".") for k in verl.verl_keys()):
-            out.problems.append(f"'{key}': a verl setting that vlmrl does not implement.")
+            out.problems.append(f"'{key}': not implemented in vlmrl: a verl setting vlmrl has no counterpart for.")
         else:
             near = nearest_key(key)
             hint = f" Did you mean '{near}'?" if near else ""
             out.problems.append(f"Unknown config key '{key}'.{hint} (every key: vlmrl/config/schema.py)")
+    out.problems = verl.group_problems(out.problems)
     return out
 
 

@@ -109,6 +109,11 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f" prompts per batch (also with algorithm.filter_groups; max_num_gen_batches bounds the extra batches); "
             f"unset it or set it to {data.train_batch_size}."
         )
+    from vlmrl.rollout.vllm import cache_kept_on
+
+    cache_problem = cache_kept_on(dict((ro.engine_kwargs or {}).get("vllm") or {}))
+    if cache_problem:
+        p.append(cache_problem + ".")
     other_engines = {k: v for k, v in (ro.engine_kwargs or {}).items() if k != "vllm" and v}
     if other_engines:
         p.append(

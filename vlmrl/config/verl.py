@@ -372,11 +372,11 @@ RULES: tuple[Rule, ...] = (
 
 # schema keys whose values name verl features vlmrl does not implement: (key, value) -> reason
 VALUE_REASONS: dict[tuple[str, Any], str] = {
-    ("actor_rollout_ref.actor.strategy", "megatron"): _MEGATRON,
-    ("actor_rollout_ref.ref.strategy", "megatron"): _MEGATRON,
-    ("actor_rollout_ref.rollout.name", "sglang"): "the SGLang rollout is not implemented; use vllm (or hf)",
-    ("actor_rollout_ref.rollout.name", "trtllm"): "the TensorRT-LLM rollout is not implemented; use vllm (or hf)",
-    ("trainer.device", "npu"): "Ascend NPUs are not supported (CUDA GPUs and CPUs are)",
+    ("actor_rollout_ref.actor.strategy", "megatron"): f"not implemented in vlmrl: {_MEGATRON}",
+    ("actor_rollout_ref.ref.strategy", "megatron"): f"not implemented in vlmrl: {_MEGATRON}",
+    ("actor_rollout_ref.rollout.name", "sglang"): "the SGLang rollout is not implemented in vlmrl",
+    ("actor_rollout_ref.rollout.name", "trtllm"): "the TensorRT-LLM rollout is not implemented in vlmrl",
+    ("trainer.device", "npu"): "not implemented in vlmrl: Ascend NPUs (CUDA GPUs and CPUs are)",
 }
 
 
@@ -442,10 +442,37 @@ def _show(values: tuple[Any, ...]) -> str:
     return " | ".join("null" if v is None else repr(v) if isinstance(v, str) else str(v) for v in values)
 
 
+def group_problems(problems: list[str]) -> list[str]:
+    """One line per refused feature: several keys refused for the same reason (a Megatron script sets a dozen
+    ``*.megatron.*`` keys) become ``not implemented in vlmrl: <feature>: key, key, ... (N keys)``."""
+    marker = ": not implemented in vlmrl: "
+    by_reason: dict[str, list[str]] = {}
+    order: list[str] = []
+    for p in problems:
+        if p.startswith("'") and marker in p and " (accepted: " not in p:
+            head, reason = p.split(marker, 1)
+            if reason not in by_reason:
+                order.append(reason)
+            by_reason.setdefault(reason, []).append(head.strip("'"))
+        else:
+            order.append(p)
+    out = []
+    for item in order:
+        keys = by_reason.get(item)
+        if keys is None:
+            out.append(item)
+        elif len(keys) == 1:
+            out.append(f"'{keys[0]}'{marker}{item}")
+        else:
+            shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+            out.append(f"not implemented in vlmrl: {item.rstrip('.')}: {shown} ({len(keys)} keys).")
+    return out
+
+
 def apply(rule: Rule, prefix: str, key: str, override: str, out: Translated) -> None:
     """Answer one override of a key covered by ``rule`` (appending to ``out``)."""
     if rule.kind == FEATURE:
-        out.problems.append(f"'{key}': {rule.why} is not implemented in vlmrl.")
+        out.problems.append(f"'{key}': not implemented in vlmrl: {rule.why}.")
         return
     if rule.kind == NOTICE:
         out.notices.append(f"{override.lstrip('+~')}: accepted with no effect ({rule.why}).")
@@ -458,7 +485,7 @@ def apply(rule: Rule, prefix: str, key: str, override: str, out: Translated) -> 
     if rule.kind == ACCEPT:
         if not any(_same(value, v) for v in rule.values):
             out.problems.append(
-                f"'{key}={render(value)}': {rule.why} is not implemented in vlmrl; accepted: {_show(rule.values)}."
+                f"'{key}={render(value)}': not implemented in vlmrl: {rule.why} (accepted: {_show(rule.values)})."
             )
         return
     assert rule.kind == ALIAS and rule.target is not None

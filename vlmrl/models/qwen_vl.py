@@ -282,7 +282,7 @@ def forward_logits(
         kwargs["position_ids"] = inner_model(model).get_rope_index(input_ids, grid, None, attention_mask)[0]
     if has_images and image_embeds is None:
         kwargs["pixel_values"] = pixel_values
-    elif has_images and _accepts(model.forward, "mm_encoder_outputs"):
+    elif has_images and _accepts(_forward(model), "mm_encoder_outputs"):
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}

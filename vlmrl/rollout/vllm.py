@@ -44,6 +44,9 @@ def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
 
     valid = {f.name for f in dataclasses.fields(EngineArgs)}
     out: dict[str, Any] = {}
+    problem = cache_kept_on(user or {})
+    if problem:
+        raise ValueError(problem)
     for key, value in (user or {}).items():
         if key == "disable_mm_preprocessor_cache" and key not in valid:
             if "mm_processor_cache_gb" in valid:
@@ -55,6 +58,19 @@ def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}: not an argument of vLLM.{hint}")
         out[key] = value
     return out
+
+
+def cache_kept_on(user: dict[str, Any]) -> str | None:
+    """Why engine kwargs that would turn the multimodal preprocessor cache back on are refused (None if they do not):
+    across RL steps it grows host memory without bound (EasyR1 #159, vLLM #12973)."""
+    on = (user.get("disable_mm_preprocessor_cache") is False) or (user.get("mm_processor_cache_gb") or 0) > 0
+    if not on:
+        return None
+    return (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm: vlmrl keeps vLLM's multimodal preprocessor cache off (it grows "
+        "host memory without bound across RL steps: EasyR1 #159, vLLM #12973); drop disable_mm_preprocessor_cache="
+        "False / mm_processor_cache_gb > 0"
+    )
 
 
 def default_cache_off() -> dict[str, Any]:

@@ -1,0 +1,142 @@
+"""verl's own Qwen2.5-VL launch scripts, run unchanged through ``python -m vlmrl.run_verl`` (their
+``python3 -m verl.trainer.main_ppo`` starts ``vlmrl.train``), on data made by verl's own Geometry3K preprocessing.
+
+The scripts are verl's files byte for byte (tests/verl_examples/, checked against their SHA-256). Only what a verl
+user changes locally differs: ``$HOME`` holds the data (a stand-in in Geometry3K's hub layout, preprocessed by verl's
+``examples/data_preprocess/geo3k.py``) and the model path is the tiny Qwen2.5-VL, appended as the scripts' ``$@``.
+The vLLM + FSDP scripts pass ``trainer.dry_run=True``; the others are refused with a line naming the feature; two of
+them also train for real at tiny scale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VERL = REPO / "tests" / "verl_examples"
+
+# script -> None (passes the dry run) or the line that names why it is refused
+SCRIPTS: dict[str, str | None] = {
+    "run_qwen2_5_vl-7b.sh": None,
+    "run_qwen2_5_vl-7b_freeze_vision.sh": None,
+    "run_qwen2_5_vl-7b_lora.sh": None,
+    "run_qwen2_5_vl_3b_npu.sh": None,
+    "run_qwen2_5_vl_7b_npu.sh": None,
+    "run_qwen2_5_vl_32b_npu.sh": None,
+    "run_qwen2_5_vl-7b_seq_balance.sh": "use_dynamic_bsz=True: token-budget micro-batches are not implemented",
+    "run_qwen2_5_vl-7b-sglang.sh": "the SGLang rollout is not implemented in vlmrl",
+    "run_qwen2_5_vl-7b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
+    "run_qwen3_vl-8b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
+    "run_qwen2.5-3b_geo3k_multiturn.sh": "a config file built on verl's own configs",
+}
+
+
+def manifest() -> dict[str, str]:
+    """file -> sha256, from tests/verl_examples/README.md."""
+    rows = re.findall(r"^\| (\S+) \| \S+ \| ([0-9a-f]{64}) \|$", (VERL / "README.md").read_text(), re.M)
+    return dict(rows)
+
+
+def test_the_verl_files_are_verls_byte_for_byte() -> None:
+    files = {str(p.relative_to(VERL)) for p in VERL.rglob("*") if p.is_file() and p.name != "README.md"}
+    table = manifest()
+    assert files == set(table), files ^ set(table)
+    for name, digest in table.items():
+        assert hashlib.sha256((VERL / name).read_bytes()).hexdigest() == digest, f"{name} was edited"
+    assert set(SCRIPTS) <= files
+
+
+@pytest.fixture(scope="module")
+def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A HOME whose ~/data/geo3k holds verl's own preprocessing output of a Geometry3K stand-in (600 train rows:
+    the scripts' batch of 512 prompts fits). verl's script imports ``verl.utils.hdfs_io`` only to copy to HDFS (not
+    asked for here); the verl package itself needs its whole dependency set to import, so that one module is stubbed
+    and the script's own code runs as it is."""
+    from vlmrl.smoke import geo3k_source
+
+    home = tmp_path_factory.mktemp("home")
+    src = geo3k_source(home / "geometry3k", train=600, test=20)
+    runner = (
+        "import runpy, sys, types\n"
+        "hdfs = types.ModuleType('verl.utils.hdfs_io'); hdfs.copy = hdfs.makedirs = lambda *a, **k: None\n"
+        "sys.modules.update({'verl': types.ModuleType('verl'), 'verl.utils': types.ModuleType('verl.utils'),\n"
+        "                    'verl.utils.hdfs_io': hdfs})\n"
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", runner, str(VERL / "geo3k.py"), "--local_dataset_path", str(src),
+         "--local_save_dir", str(home / "data" / "geo3k")],
+        check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
+    )  # fmt: skip
+    assert (home / "data/geo3k/train.parquet").is_file() and (home / "data/geo3k/test.parquet").is_file()
+    return home
+
+
+def run_script(script: str, home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m vlmrl.run_verl tests/verl_examples/<script> [vllm] *args`` with HOME=home, from a folder laid out
+    like verl's checkout (the multi-turn script reads ``$PWD/examples/sglang_multiturn/config``)."""
+    text = (VERL / script).read_text()
+    engine = ["vllm"] if "ENGINE=${1:-vllm}" in text else []  # the scripts' own first argument
+    with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
+        (Path(cwd) / "examples").mkdir()
+        (Path(cwd) / "examples" / "sglang_multiturn").symlink_to(VERL / "sglang_multiturn")
+        env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+        return subprocess.run(
+            [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *engine, *args],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) -> None:
+    proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+    out = proc.stdout + proc.stderr
+    refused = SCRIPTS[script]
+    if refused is None:
+        assert proc.returncode == 0, out[-4000:]
+        assert "OK: the run would start" in proc.stdout and "Traceback" not in out
+        assert "data.train: 600 rows -> 600 prompts" in proc.stdout  # verl's preprocessing output, read as is
+        assert "reward: " in proc.stdout and "hiyouga/geometry3k -> geo3k" in proc.stdout
+    else:
+        assert proc.returncode == 2, out[-4000:]
+        assert refused in out, out[-4000:]
+        assert "Did you mean" not in out and "Traceback" not in out and "Error parsing override" not in out
+
+
+def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_model_dir: str) -> None:
+    plans = {}
+    for script in ("run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_freeze_vision.sh"):
+        proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        plans[script] = proc.stdout
+    lora, freeze = plans["run_qwen2_5_vl-7b_lora.sh"], plans["run_qwen2_5_vl-7b_freeze_vision.sh"]
+    assert "LoRA rank 64" in lora and "lr 3e-06" in lora and "KL loss on (low_var_kl)" in lora
+    assert "vision tower frozen" in freeze and "LoRA rank 0" in freeze
+    for plan in plans.values():
+        assert "512 prompts x n=5 = 2560 samples per step" in plan and "15 epoch(s)" in plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh"])
+def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
+    """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.smoke's scale-down appended, as a
+    verl user appends overrides), validation before and after, the checkpoint at the last step."""
+    from vlmrl.smoke import OVERRIDES
+
+    out = tmp_path / "run"
+    proc = run_script(
+        script, verl_home, *OVERRIDES, f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl,wandb]", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert (out / "global_step_2" / "actor" / ".metadata").is_file()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and '"val/reward/mean"' in lines[0] and '"actor/kl_loss"' in lines[1]
