@@ -442,3 +442,13 @@ def test_logger_takes_a_plain_string_as_verl_scripts_write_it() -> None:
     assert load(BASE + ["trainer.logger=console"]).trainer.logger == ["console"]
     assert load(BASE + ["trainer.logger=['console','wandb']"]).trainer.logger == ["console", "wandb"]
     assert load(BASE + ['trainer.logger=["console","tensorboard"]']).trainer.logger == ["console", "tensorboard"]
+
+
+def test_dummy_engine_weights_are_refused_with_the_reason() -> None:
+    """vLLM's dummy load randomises persistent buffers (Qwen2.5-VL's visual.input_norm, attention scales) that no
+    weight push restores: measured, the engine's log-probs then stay 0.06-0.10 off the trainer's at every step."""
+    with pytest.raises(ConfigError, match="randomises persistent buffers"):
+        load(BASE + ["actor_rollout_ref.rollout.load_format=dummy"])
+    assert load(BASE + ["actor_rollout_ref.rollout.load_format=safetensors"]).actor_rollout_ref.rollout.load_format == (
+        "safetensors"
+    )

@@ -165,10 +165,13 @@ CURVE_KEYS = ("reward/mean", "actor/pg_loss", "actor/entropy", "response_length/
 
 def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_data, tmp_path):
     """kill -9 of the driver after a checkpoint; ``resume_mode=auto`` continues with the same data order and RNG:
-    the resumed run's curve equals an uninterrupted run's, step for step."""
+    the resumed run's curve equals an uninterrupted run's, step for step; the engines' log-probs equal the
+    trainer's at every step (the weight push is exact)."""
     extra = ("trainer.total_training_steps=6", "trainer.save_freq=2", "data.val_files=null")
     ref_dir, cut_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
     run_to_end(base_args(tiny_model_dir, colour_data, ref_dir, *extra))
+    drift = [r["rollout/logprob_diff"] for r in metrics(ref_dir)]
+    assert len(drift) == 6 and max(drift) < 1e-3, drift
 
     cut = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
     try:

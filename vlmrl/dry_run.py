@@ -216,6 +216,14 @@ def _with_device(cfg: VLMRLConfig, device: str) -> VLMRLConfig:
     return out
 
 
+def _loggers(cfg: VLMRLConfig, rep: Report) -> None:
+    import importlib.util
+
+    for name, module in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
+        if name in cfg.trainer.logger and importlib.util.find_spec(module) is None:
+            rep.problems.append(f"trainer.logger includes {name} but it is not installed: pip install {module}")
+
+
 def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
     bs, n, world = data.train_batch_size, arr.rollout.n, planned_world(cfg)
@@ -257,6 +265,7 @@ def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int
         data = _data(cfg, folder, rep)
         _reward(cfg, set().union(*(s for _, s in data.values())) if data else set(), rep)
         _engine(cfg, rep)
+        _loggers(cfg, rep)
         _steps(cfg, data.get("train", (None, None))[0], rep)
     print("[vlmrl dry run] plan:")
     for line in rep.plan:

@@ -222,8 +222,9 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = 16384
     """verl's token budget per old-log-prob micro-batch for log_prob_use_dynamic_bsz."""
     load_format: str = "auto"
-    """How the engine gets its first weights: auto (it reads the checkpoint) | dummy (random init, then the policy's
-    weights are pushed in before the first rollout, as in verl: the checkpoint is read once, by the trainer)."""
+    """How the engine reads the checkpoint at start: auto | safetensors | pt. verl's dummy (random weights, the
+    trainer's pushed in later) is refused: vLLM's dummy load also randomises persistent buffers that no weight push
+    restores (Qwen2.5-VL's ``visual.input_norm``, the attention scales), so the engine would never match the policy."""
     limit_images: int | None = None
     """Max images per prompt for the engine; None = read from the data."""
     ignore_eos: bool = False
@@ -390,7 +391,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "actor_rollout_ref.rollout.load_format": ("auto", "dummy", "safetensors", "pt"),
+    "actor_rollout_ref.rollout.load_format": ("auto", "safetensors", "pt"),
     "reward.on_error": ("fallback", "raise"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),

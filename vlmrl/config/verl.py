@@ -376,6 +376,9 @@ VALUE_REASONS: dict[tuple[str, Any], str] = {
     ("actor_rollout_ref.ref.strategy", "megatron"): f"not implemented in vlmrl: {_MEGATRON}",
     ("actor_rollout_ref.rollout.name", "sglang"): "the SGLang rollout is not implemented in vlmrl",
     ("actor_rollout_ref.rollout.name", "trtllm"): "the TensorRT-LLM rollout is not implemented in vlmrl",
+    ("actor_rollout_ref.rollout.load_format", "dummy"): "vLLM's dummy load randomises persistent buffers that no "
+    "weight push restores (Qwen2.5-VL's visual.input_norm, the attention scales): the engine would never match the "
+    "policy; the engine reads the checkpoint itself",
     ("trainer.device", "npu"): "not implemented in vlmrl: Ascend NPUs (CUDA GPUs and CPUs are)",
 }
 

@@ -116,8 +116,6 @@ class HybridWorker:
         elif arr.rollout.name != "vllm":
             raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
-        if arr.rollout.name == "vllm" and arr.rollout.load_format == "dummy":
-            self.push_weights()  # the engine started from random weights: the trainer's are its first ones
         self.startup_s = time.perf_counter() - t0
         self._last: tuple[list[PromptSample], RolloutBatch] | None = None
 
