@@ -5,7 +5,7 @@
 
 Builds a random-weight model with Qwen2.5-VL-3B-Instruct's architecture (36 layers x 2048, 32 vision blocks, vocab
 151,936, tied embeddings; the tiny tokenizer), writes synthetic colour-task data with large images, and runs the
-real training entry point: ``python -m vlmrl.train`` with one in-process worker (``trainer.use_ray=false``), the HF
+real training entry point: ``python -m vlmrl.train`` with one in-process worker (``trainer.launcher=inline``), the HF
 rollout (vLLM is not installed on the benchmark GPU machine), gradient checkpointing, KL off. Reports the median step
 time and its parts, generated tokens/s, trained tokens/s and peak GPU memory.
 """
@@ -90,7 +90,7 @@ def run(a: argparse.Namespace) -> dict:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.micro}",
         "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={a.n}",
         "actor_rollout_ref.rollout.ignore_eos=true",
-        "trainer.device=cuda", "trainer.use_ray=false", f"trainer.total_training_steps={a.steps}",
+        "trainer.device=cuda", "trainer.launcher=inline", f"trainer.total_training_steps={a.steps}",
         "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
         "reward.function=synthetic",
     ]  # fmt: skip

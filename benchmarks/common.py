@@ -126,13 +126,12 @@ def moving_average_hit(values: Sequence[float], window: int, threshold: float) -
 
 
 def bench_env(threads: int = 1) -> dict[str, str]:
-    """Environment of a benchmark subprocess: thread count, offline, Ray without auth, a private Ray temp dir."""
+    """Environment of a benchmark subprocess: thread count, offline, a private Ray temp dir (for Ray runs)."""
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         TOKENIZERS_PARALLELISM="false",
-        RAY_AUTH_MODE="disabled",
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
         VLMRL_CACHE=os.environ.get("VLMRL_CACHE", str(ROOT / ".cache" / "vlmrl")),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU quick start: build the tiny Qwen2.5-VL, generate the synthetic colour task, train GRPO with the vLLM rollout
-# on 2 Ray workers, then print the reward curve and write it as a PNG. Extra arguments are Hydra overrides, e.g.
+# on 2 worker processes, then print the reward curve and write it as a PNG. Extra arguments are Hydra overrides, e.g.
 #   bash examples/quickstart_cpu.sh trainer.total_training_steps=200 actor_rollout_ref.rollout.name=hf
 # OUT (default runs/quickstart) is where data, metrics, checkpoints and plots go. Smoke mode, SMOKE=1: the same
 # pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training).
@@ -9,11 +9,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 bash scripts/install.sh
 PY=${VLMRL_VENV:-$ROOT/.venv}/bin/python
-export OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 OUT=${OUT:-$ROOT/runs/quickstart}
 mkdir -p "$OUT"
-export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/vlmrl-ray-XXXX)}
 
 MODEL=$("$PY" -c "from vlmrl.models.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
 echo "[quickstart] tiny model: $MODEL"

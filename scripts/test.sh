@@ -5,6 +5,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 bash scripts/install.sh
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 exec "${VLMRL_VENV:-$ROOT/.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"

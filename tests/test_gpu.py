@@ -32,7 +32,7 @@ def _train(model: str, data: Path, out: Path, *extra: str) -> subprocess.Complet
         sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
-        "trainer.device=cuda", "trainer.use_ray=false", "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cuda", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
         "trainer.val_before_train=false", "trainer.test_freq=-1", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -59,21 +59,21 @@ def test_cuda_training_checkpoint_and_resume(tiny_model_dir, colour_data, tmp_pa
         assert ra["reward/mean"] == pytest.approx(rc["reward/mean"], abs=1e-6), (ra["step"], ra, rc)
 
 
-def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_data):
+def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_data, tmp_path):
     """The policy keeps fp32 master weights sharded as DTensors on the GPU and computes in bf16; the HF rollout's
     log-probs match a training forward of the same tokens within bf16 precision."""
     from vlmrl.config import load
     from vlmrl.data import RLDataset
-    from vlmrl.workers.hybrid import HybridWorker, free_port
+    from vlmrl.workers.hybrid import HybridWorker
     from vlmrl.workers.inputs import build_inputs, process_images, response_logprobs, to_device
 
     cfg = load(
         [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
-         "trainer.device=cuda", "trainer.use_ray=false", "actor_rollout_ref.rollout.name=hf",
+         "trainer.device=cuda", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
          "actor_rollout_ref.rollout.n=4", "data.max_response_length=8"],
         config_name="tiny_cpu",
     )  # fmt: skip
-    w = HybridWorker(cfg, 0, 1, "127.0.0.1", free_port(), 4, 1)
+    w = HybridWorker(cfg, 0, 1, f"file://{tmp_path / 'rendezvous'}", "cuda", 4, 1)
     try:
         p = next(iter(w.policy.model.parameters()))
         assert p.device.type == "cuda" and p.dtype == torch.float32 and hasattr(p, "full_tensor")

@@ -1,5 +1,5 @@
 """The training loop in-process: ``vlmrl.trainer.grpo.fit`` / ``Trainer`` with one local hybrid worker
-(``trainer.use_ray=false``) and the transformers rollout (``actor_rollout_ref.rollout.name=hf``): no Ray, no vLLM.
+(``trainer.launcher=inline``) and the transformers rollout (``actor_rollout_ref.rollout.name=hf``): no Ray, no vLLM.
 
 Tiny runs (4 prompts x 4 samples, 8-token responses, 1-3 steps) on the cached tiny Qwen2.5-VL and a small synthetic
 colour/shape dataset. What the runs leave behind (metrics.jsonl, TensorBoard events, galleries, sample dumps,
@@ -86,7 +86,7 @@ def make_cfg(model: str, data: Path, out: Path, *overrides: str):
             f"data.val_files={data / 'test.parquet'}",
             f"actor_rollout_ref.model.path={model}",
             f"trainer.default_local_dir={out}",
-            "trainer.use_ray=false",
+            "trainer.launcher=inline",
             "actor_rollout_ref.rollout.name=hf",
             f"data.train_batch_size={BS}",
             f"actor_rollout_ref.rollout.n={N}",
@@ -125,7 +125,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def engine_state(t: Trainer) -> dict[str, torch.Tensor]:
     """The policy's full weights under HF names (LoRA merged), as the worker pushes them to an engine."""
-    return {k: v.detach().cpu().clone() for k, v in t.group.workers[0].policy.engine_weights()}
+    return {k: v.detach().cpu().clone() for k, v in t.group.worker.policy.engine_weights()}
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +367,7 @@ def test_lora_trains_adapters_only_and_engine_gets_merged_weights(
         "actor_rollout_ref.model.lora_alpha=8", *reward_overrides(rewards_file, "varied"),
     )  # fmt: skip
     with trainer_of(cfg, train=False) as t:
-        worker = t.group.workers[0]
+        worker = t.group.worker
         model = worker.policy.model
         trainable = {n for n, p in model.named_parameters() if p.requires_grad}
         assert trainable and all(qwen_vl.is_lora_param(n) for n in trainable), sorted(trainable)[:5]

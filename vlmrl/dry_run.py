@@ -190,15 +190,19 @@ def _resources(cfg: VLMRLConfig, rep: Report) -> None:
     dev = planned_device(cfg, cuda)
     world = planned_world(cfg, cuda)
     if dev == "cuda":
-        rep.plan.append(f"workers: {tr.nnodes} node(s) x {tr.n_gpus_per_node} GPU(s) = {world} hybrid worker(s)"
-                        if tr.use_ray else "workers: 1 hybrid worker in this process (GPU)")  # fmt: skip
+        inline = tr.launcher == "inline"
+        gpus = f"{tr.nnodes} node(s) x {tr.n_gpus_per_node} GPU(s) = {world} hybrid worker(s)"
+        rep.plan.append("workers: 1 hybrid worker in this process (GPU)" if inline else f"workers: {gpus}")
         have = torch.cuda.device_count() if cuda else 0
-        need = tr.n_gpus_per_node if tr.use_ray else 1
+        need = 1 if inline else tr.n_gpus_per_node
         if have < need:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
-        rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + ("" if tr.use_ray else " (in this process)"))
-    if cfg.trainer.device == "auto" and not cuda and tr.use_ray and tr.nnodes * tr.n_gpus_per_node > 1:
+        rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
+    from vlmrl.workers.group import launcher_of
+
+    rep.plan.append(f"launcher: {launcher_of(cfg)}")
+    if cfg.trainer.device == "auto" and not cuda and tr.launcher != "inline" and tr.nnodes * tr.n_gpus_per_node > 1:
         gpu_cfg = _with_device(cfg, "cuda")
         for problem in batch_problems(gpu_cfg):
             rep.problems.append(f"on GPUs ({tr.nnodes} x {tr.n_gpus_per_node}): {problem}")

@@ -38,12 +38,15 @@ def _run(cfg: DictConfig) -> None:
         sys.exit(dry_run.run(typed, _PENDING["problems"] + problems, _PENDING["notices"]))
     if problems or typed is None:
         _config_error("\n".join(problems))
-    from vlmrl.trainer.grpo import fit
+    from vlmrl.trainer.grpo import RunStopped, fit
 
     try:
         last = fit(typed)
     except ConfigError as e:
         _config_error(str(e))
+    except RunStopped as e:
+        print(f"vlmrl: run stopped at {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     keys = [k for k in ("reward/mean", "val/reward/mean", "timing/step_s") if k in last]
     print("[vlmrl] done: " + ", ".join(f"{k}={last[k]:.4f}" for k in keys), flush=True)
 

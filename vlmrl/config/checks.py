@@ -58,6 +58,8 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     _positive(p, "trainer.cpu_workers", tr.cpu_workers)
     _positive(p, "actor_rollout_ref.rollout.tensor_model_parallel_size", ro.tensor_model_parallel_size)
     _positive(p, "actor_rollout_ref.nccl_timeout", arr.nccl_timeout, " (seconds)")
+    if not (math.isfinite(tr.worker_timeout_s) and tr.worker_timeout_s > 0):
+        p.append(f"trainer.worker_timeout_s={tr.worker_timeout_s}: must be a finite number of seconds > 0.")
     if not (math.isfinite(ro.temperature) and ro.temperature >= 0):
         p.append(f"actor_rollout_ref.rollout.temperature={ro.temperature}: must be >= 0.")
     elif ro.temperature == 0 and ro.n > 1:
@@ -134,8 +136,8 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
 
 
 def planned_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
-    """Hybrid workers the run asks for: 1 without Ray, nnodes x n_gpus_per_node on GPU, cpu_workers on CPU."""
-    if not cfg.trainer.use_ray:
+    """Hybrid workers the run asks for: 1 inline, nnodes x n_gpus_per_node on GPU, cpu_workers on CPU."""
+    if cfg.trainer.launcher == "inline":
         return 1
     return (
         cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node

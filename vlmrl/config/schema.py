@@ -359,10 +359,15 @@ class TrainerConfig:
     validation_data_dir: str | None = None
     """Dump every validation's samples (prompt, response, rewards) as JSON lines here."""
     ray_address: str | None = None
-    """Ray cluster address (None = start or join a local one; ``auto`` = the running cluster)."""
-    use_ray: bool = True
-    """False = one hybrid worker in the driver's own process (one device; no Ray needed: debugging, a single GPU).
-    Needs nnodes x n_gpus_per_node (GPU) or cpu_workers (CPU) to be 1."""
+    """Ray cluster to run on (``auto`` = the cluster this machine joined with ``ray start``; ``host:port``); None =
+    no cluster (trainer.launcher=auto then starts local worker processes)."""
+    launcher: str = "auto"
+    """How workers start: local (one process per worker on this machine; nothing listens on the network) | ray
+    (Ray actors: clusters; token authentication on) | inline (one worker in the driver's process: debugging) | auto
+    (ray when trainer.ray_address or RAY_ADDRESS is set, else local)."""
+    worker_timeout_s: float = 1800.0
+    """A worker call (start-up, rollout, update, checkpoint) not answered within this many seconds stops the run,
+    naming the worker and the stage (a frozen process, a collective that waits forever)."""
     dry_run: bool = False
     """Check everything that needs no hardware (keys and values, data files, model folder, reward function), print
     the plan and exit: 0 when the run would start, 2 listing every problem."""
@@ -395,6 +400,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.on_error": ("fallback", "raise"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.launcher": ("auto", "local", "ray", "inline"),
 }
 """Every string option with a closed set of values (a bad value fails when the config is composed). Options that
 also take a file (``adv_estimator``, ``policy_loss``, reward names) are checked by their loaders at the same time."""

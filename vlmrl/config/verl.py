@@ -98,6 +98,7 @@ RULES: tuple[Rule, ...] = (
     alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
     alias("trainer.max_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep"),
+    alias("trainer.use_ray", "trainer.launcher", mapping={False: "inline", True: "auto"}, why="vlmrl's older key"),
     alias(
         "actor_rollout_ref.actor.fsdp_config.offload_policy",
         "actor_rollout_ref.actor.fsdp_config.param_offload",

@@ -196,6 +196,12 @@ class VLLMRollout:
             raise RuntimeError("vLLM could not reset its prefix cache (blocks still in use); stale KV would be reused")
         self.llm.llm_engine.reset_encoder_cache()
 
+    def close(self) -> None:
+        """Shut the engine down while the process group it joined still exists (it tears its own groups down)."""
+        client = getattr(self.llm.llm_engine, "engine_core", None)
+        if client is not None:
+            client.shutdown()
+
     # ----------------------------------------------------------------------------------------------- sleep/wake
     def sleep(self) -> None:
         """GPU: offload weights and free the KV cache while the trainer runs. CPU: nothing to free."""

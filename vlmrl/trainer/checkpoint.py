@@ -26,6 +26,12 @@ import numpy as np
 import torch
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the path and the OS error."""
+
+
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 

@@ -200,9 +200,10 @@ class Trainer:
         t0 = time.perf_counter()
         self.group = make_worker_group(cfg, self.total_steps, limit)
         self.world = self.group.world
+        nodes = sorted({str(i.get("node")) for i in self.group.infos})
         print(
-            f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {time.perf_counter() - t0:.1f} s; "
-            f"{len(self.train_ds)} training prompts, {self.total_steps} steps",
+            f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {time.perf_counter() - t0:.1f} s "
+            f"(node(s): {', '.join(nodes)}); {len(self.train_ds)} training prompts, {self.total_steps} steps",
             flush=True,
         )
         self.step = 0
@@ -232,7 +233,7 @@ class Trainer:
     def _load_checkpoint(self, path: Path) -> None:
         t0 = time.perf_counter()
         state = self.resume_state or ckpt.read_trainer_state(path)
-        self.group.run("checkpoint load", "load_checkpoint", [(str(path),)] * self.world)
+        self.group.load_checkpoint(str(path))
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         ckpt.set_driver_rng_state(state["rng"])
@@ -250,7 +251,7 @@ class Trainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        self.group.run("checkpoint save", "save_checkpoint", [(str(tmp),)] * self.world)
+        self.group.save_checkpoint(str(tmp))
         state = {
             "step": self.step,
             "sampler": self.sampler.state_dict(),
@@ -276,9 +277,7 @@ class Trainer:
         if chunks is None:  # validation tail: pad ranks with empty lists
             k = -(-len(prompts) // self.world)
             chunks = [prompts[i * k : (i + 1) * k] for i in range(self.world)]
-        parts = self.group.run(
-            "validation rollout" if validate else "rollout", "generate", [(c, validate) for c in chunks]
-        )
+        parts = self.group.generate(chunks, validate)
         return merge_rollouts([p for p in parts if len(p) or p is parts[0]])
 
     def collect(self, batches: Iterator[list[int]]) -> tuple[list[PromptSample], RolloutBatch, Any, dict, bool]:
@@ -378,7 +377,7 @@ class Trainer:
                 ]
             else:
                 args = [(a, mini_samples) for a in per_rank]
-            worker_metrics = self.group.run("update", "train", args)
+            worker_metrics = self.group.train(args)
             metrics["timing/train_s"] = time.perf_counter() - t0
             metrics.update(_mean_dicts(worker_metrics))
             # 6. metrics
@@ -489,10 +488,23 @@ class Trainer:
                 print(f"[vlmrl] could not draw the reward curve: {e}", flush=True)
 
 
+class RunStopped(RuntimeError):
+    """The run cannot go on (a worker failed, died or froze; non-finite numbers; a checkpoint that could not be
+    written); the message names the step, the cause and the last complete checkpoint."""
+
+
 def fit(cfg: VLMRLConfig) -> dict[str, float]:
-    """Build everything, train, clean up."""
+    """Build everything, train, clean up. A failure during training raises ``RunStopped`` naming the step and the
+    checkpoint to resume from."""
+    from vlmrl.reward import RewardError
+    from vlmrl.workers.group import WorkerError
+
     trainer = Trainer(cfg)
     try:
         return trainer.fit()
+    except (WorkerError, RewardError, FloatingPointError, ckpt.CheckpointError) as e:
+        last = ckpt.find_resume(trainer.out_dir)
+        where = f"{last} (trainer.resume_mode=auto continues from it)" if last else "none yet"
+        raise RunStopped(f"step {trainer.step}: {e}\nlast complete checkpoint: {where}") from e
     finally:
         trainer.close()

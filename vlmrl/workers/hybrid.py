@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ from vlmrl.workers.policy import PolicyWorker
 
 
 def resolve_device(requested: str) -> str:
-    """``auto`` → cuda when available, else cpu."""
+    """``auto`` → cuda when available, else cpu; ``cuda`` where none is visible is an error."""
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
@@ -34,42 +33,27 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def free_port() -> int:
-    """A free TCP port on this host."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def node_ip() -> str:
-    """This host's address as Ray sees it (127.0.0.1 without Ray)."""
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:
-        return "127.0.0.1"
-
-
 class HybridWorker:
-    """Policy, reference and engine of one rank. Driven by the worker group (a Ray actor) or directly in tests."""
+    """Policy, reference and engine of one rank. Driven by a worker group (a local process, a Ray actor, or the
+    driver's own process) or directly in tests."""
 
     def __init__(
         self,
         cfg: VLMRLConfig,
         rank: int,
         world: int,
-        master_addr: str,
-        master_port: int,
+        init_method: str,
+        device: str,
         total_steps: int,
         limit_images: int,
     ) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        os.environ.setdefault("LOCAL_RANK", "0")
+        """``init_method``: the process group's rendezvous (``file://`` on one machine: nothing listens on the
+        network; ``tcp://host:port`` across machines). ``device``: cpu or cuda, resolved once by the driver."""
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
         self.cfg = cfg
         self.rank = rank
         self.world = world
-        self.device = resolve_device(cfg.trainer.device)
+        self.device = resolve_device(device)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
         else:
@@ -77,6 +61,7 @@ class HybridWorker:
         if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
             dist.init_process_group(
                 "nccl" if self.device == "cuda" else "gloo",
+                init_method=init_method,
                 rank=rank,
                 world_size=world,
                 timeout=datetime.timedelta(seconds=cfg.actor_rollout_ref.nccl_timeout),
@@ -195,7 +180,12 @@ class HybridWorker:
     # ------------------------------------------------------------------------------------------------- misc
     def info(self) -> dict[str, Any]:
         """Where this worker runs."""
-        return {"rank": self.rank, "device": self.device, "pid": os.getpid(), "startup_s": self.startup_s}
+        import socket
+
+        return {
+            "rank": self.rank, "device": self.device, "pid": os.getpid(), "node": socket.gethostname(),
+            "startup_s": self.startup_s,
+        }  # fmt: skip
 
     def rss_bytes(self) -> int:
         """Resident memory of this process."""
@@ -204,14 +194,12 @@ class HybridWorker:
         return int(psutil.Process().memory_info().rss)
 
     def shutdown(self) -> None:
-        """Release the process group (vLLM may have torn it down already)."""
+        """Shut the engine down, then release the process group (which the engine may have torn down already)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - vLLM's external launcher may have destroyed it
                 pass
-
-
-def find_master() -> tuple[str, int]:
-    """Address and a free port for rank 0's rendezvous, from inside the rank-0 worker."""
-    return node_ip(), free_port()
