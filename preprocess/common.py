@@ -48,17 +48,20 @@ REJECT_REASONS: dict[str, str] = {
     "missing_field": "a required field (question, answer, images) is absent or null",
     "empty_question": "the question text is empty",
     "empty_answer": "the answer is empty",
-    "unreadable_image": "an image file cannot be read (missing, permission, neither bytes nor path)",
+    "unreadable_image": "an image file cannot be read (missing, permission, not a regular file, no bytes nor path)",
+    "image_outside_dir": "an image path that leaves the folder images are read from (--image-dir, the input folder)",
+    "image_file_too_large": "an image file over --max-image-bytes",
     "corrupt_image": "image bytes that Pillow cannot decode (unknown format, truncated)",
     "image_too_large": "Pillow's decompression-bomb guard refused the image (MAX_IMAGE_PIXELS)",
-    "bad_aspect_ratio": "an image whose long/short side ratio exceeds Qwen's limit of 200",
+    "bad_aspect_ratio": "an image Qwen's resize cannot take at the training pixel bounds (--min-pixels/--max-pixels): "
+    "a long/short side ratio over 200, or a side that shrinks below one patch",
     "image_count_mismatch": "the number of <image> placeholders differs from the number of images",
     "invalid_record": "the source row is not a record at all (bad JSON, text that is not UTF-8, wrong types)",
 }
 """Every reason a source row can be rejected for, with what it means."""
 
-MAX_ASPECT_RATIO = 200
-"""qwen-vl-utils refuses images whose long/short side ratio is above this."""
+MAX_IMAGE_BYTES = 64 * 2**20
+"""Default ``--max-image-bytes``: an image file larger than this is rejected without being read."""
 
 DEFAULT_ROW_GROUP_SIZE = 100
 """Rows per parquet row group (``datasets`` uses 100 for image datasets): the dataset reads images a group at a time."""
@@ -92,20 +95,64 @@ class CheckedImage:
     format: str | None
 
 
-def check_image(data: bytes | None = None, path: str | os.PathLike | None = None) -> CheckedImage:
-    """Decode an image completely (bytes preferred, else the file at ``path``) and return its size and format.
+@dataclass(frozen=True)
+class ImageRules:
+    """How source images are read and checked (picklable: shipped to worker processes)."""
 
-    Raises ``RecordError`` with reason unreadable_image, corrupt_image, image_too_large or bad_aspect_ratio.
-    Pillow's decompression-bomb guard stays on."""
+    root: str | None = None
+    """Folder image paths must stay inside (None: rows may not name image files at all, only carry bytes)."""
+    max_bytes: int = MAX_IMAGE_BYTES
+    """Largest image file read."""
+    min_pixels: int = 3136
+    """Training's ``data.min_pixels`` (Qwen2.5-VL's default): the resize check uses the same bounds."""
+    max_pixels: int = 12845056
+    """Training's ``data.max_pixels`` (Qwen2.5-VL's default)."""
+
+
+def read_image(path: str | os.PathLike, rules: ImageRules) -> bytes:
+    """The bytes of an image file named by a source row: inside ``rules.root``, a regular file (a FIFO or a device is
+    refused before it is opened), at most ``rules.max_bytes``. Raises ``RecordError``."""
+    import stat
+
+    if rules.root is None:
+        raise RecordError("unreadable_image", f"{path}: this input's rows must carry image bytes, not file paths")
+    root = Path(rules.root).resolve()
+    p = Path(str(path)).expanduser()
+    full = (p if p.is_absolute() else root / p).resolve()
+    if not full.is_relative_to(root):
+        raise RecordError("image_outside_dir", f"{path}: outside {root}")
+    try:
+        st = os.stat(full)
+    except OSError as e:
+        raise RecordError("unreadable_image", f"{path}: {type(e).__name__}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RecordError("unreadable_image", f"{path}: not a regular file")
+    if st.st_size > rules.max_bytes:
+        raise RecordError("image_file_too_large", f"{path}: {st.st_size} bytes (limit {rules.max_bytes})")
+    try:
+        with open(full, "rb") as f:
+            return f.read(rules.max_bytes + 1)
+    except OSError as e:
+        raise RecordError("unreadable_image", f"{path}: {type(e).__name__}: {e.strerror or e}") from None
+
+
+def check_image(
+    data: bytes | None = None, path: str | os.PathLike | None = None, rules: ImageRules | None = None
+) -> CheckedImage:
+    """Decode an image completely (bytes preferred, else the file at ``path``, read by ``read_image``) and return its
+    size and format; the resize check is the one training uses (``vlmrl.models.qwen_vl.resized_size``).
+
+    Raises ``RecordError`` with reason unreadable_image, image_outside_dir, image_file_too_large, corrupt_image,
+    image_too_large or bad_aspect_ratio. Pillow's decompression-bomb guard stays on."""
+    from vlmrl.models.qwen_vl import resized_size
+
+    rules = rules or ImageRules()
     if not data:  # None or empty: the file at path
         if path is None or str(path) == "":
             if data is not None:
                 raise RecordError("corrupt_image", "empty image bytes (0 bytes) and no path")
             raise RecordError("unreadable_image", "image has neither bytes nor path")
-        try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            raise RecordError("unreadable_image", f"{path}: {type(e).__name__}: {e.strerror or e}") from None
+        data = read_image(path, rules)
     where = f"{path}: " if path else ""
     if not data:
         raise RecordError("corrupt_image", f"{where}empty image (0 bytes)")
@@ -122,8 +169,10 @@ def check_image(data: bytes | None = None, path: str | os.PathLike | None = None
         ) from None
     except (OSError, SyntaxError, ValueError) as e:  # truncated files, broken chunks, bad CRCs
         raise RecordError("corrupt_image", f"{where}{type(e).__name__}: {e}") from None
-    if min(w, h) < 1 or max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
-        raise RecordError("bad_aspect_ratio", f"{where}{w}x{h} (limit {MAX_ASPECT_RATIO}:1)")
+    try:
+        resized_size(w, h, 28, rules.min_pixels, rules.max_pixels)
+    except ValueError as e:
+        raise RecordError("bad_aspect_ratio", f"{where}{e}") from None
     return CheckedImage(data, w, h, fmt)
 
 
@@ -149,19 +198,26 @@ def image_struct(
     """The ``{bytes, path}`` struct stored for one image.
 
     By default the encoded bytes are stored as they came (no re-encoding) with ``source_name`` as the informative path.
-    With ``store_paths`` only a path is stored, relative to ``output_dir`` (the dataset resolves relative paths against
-    the parquet file's folder): the source file when it exists, else the bytes are written to
-    ``output_dir/images/<spill_name>.<ext>`` first."""
+    With ``store_paths`` only a path is stored, relative to ``output_dir``: the dataset reads paths only inside the
+    parquet file's folder, so a source file inside ``output_dir`` is referred to where it is, and any other image is
+    written to ``output_dir/images/<spill_name>.<ext>`` (hard-linked from its source when the file system allows)."""
     if not store_paths:
         return {"bytes": checked.data, "path": source_name}
-    out = Path(output_dir)
-    if source_path is not None and Path(source_path).is_file():
-        target = Path(source_path).resolve()
+    out = Path(output_dir).resolve()
+    src = Path(source_path).resolve() if source_path is not None and Path(source_path).is_file() else None
+    if src is not None and src.is_relative_to(out):
+        target = src
     else:
         target = out / "images" / f"{spill_name}.{_EXT.get(checked.format or '', 'img')}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(checked.data or b"")
-    return {"bytes": None, "path": os.path.relpath(target.resolve(), out.resolve())}
+        target.unlink(missing_ok=True)
+        try:
+            if src is None:
+                raise OSError("no source file")
+            os.link(src, target)
+        except OSError:
+            target.write_bytes(checked.data or b"")
+    return {"bytes": None, "path": os.path.relpath(target, out)}
 
 
 # ----------------------------------------------------------------------------------------------------- records
@@ -389,16 +445,31 @@ def run_split(
     try:
         if num_proc <= 1:
             consume(_run_one(it, build) for it in items)
-        else:
+        else:  # concurrent.futures: a worker that dies (OOM kill, segfault) fails the run instead of hanging it
+            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures.process import BrokenProcessPool
+
             ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-            with ctx.Pool(num_proc, initializer=_init_worker, initargs=(build,)) as pool:
-                for window in _windows(items, 64 * num_proc):
-                    consume(pool.imap(_pool_run_one, window, chunksize=8))
+            with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(build,)) as pool:
+                try:
+                    for window in _windows(items, 64 * num_proc):
+                        consume(pool.map(_pool_run_one, window, chunksize=8))
+                except BrokenProcessPool as e:
+                    raise PreprocessError(
+                        f"{split}: a preprocessing worker process died ({e}); nothing was written. A worker killed "
+                        "by the system usually ran out of memory: try a smaller --num-proc"
+                    ) from None
         flush()
         ok = True
     finally:
         bar.close()
         writer.close()
+        if ok and result.written == 0:  # never replace a good file with an empty one
+            tmp.unlink(missing_ok=True)
+            why = Counter(r.reason for r in result.rejects)
+            detail = f"all {result.rows_read} rows were rejected ({dict(why)})" if result.rows_read else "no rows"
+            kept = f"{path} was left as it was" if path.exists() else f"{path} was not written"
+            raise PreprocessError(f"{split}: {detail}; {kept} (the rejects are listed in the report)")
         if ok:
             os.replace(tmp, path)
         else:
@@ -490,7 +561,24 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         help="store image paths (relative to the output folder) instead of encoded bytes",
     )
     parser.add_argument("--row-group-size", type=int, default=DEFAULT_ROW_GROUP_SIZE, help="rows per row group")
+    parser.add_argument("--max-image-bytes", type=int, default=MAX_IMAGE_BYTES, help="largest image file read")
+    parser.add_argument(
+        "--min-pixels", type=int, default=3136, help="training's data.min_pixels (images are checked against it)"
+    )
+    parser.add_argument(
+        "--max-pixels", type=int, default=12845056, help="training's data.max_pixels (images are checked against it)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def image_rules(args: argparse.Namespace, root: str | os.PathLike | None) -> ImageRules:
+    """The ``ImageRules`` of a script's command line, with ``root`` the folder image paths must stay inside."""
+    return ImageRules(
+        root=str(Path(root).resolve()) if root is not None else None,
+        max_bytes=int(args.max_image_bytes),
+        min_pixels=int(args.min_pixels),
+        max_pixels=int(args.max_pixels),
+    )
 
 
 def cli_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from vlmrl.preprocess.common import (
     INSTRUCTION_FOLLOWING,
+    ImageRules,
     Item,
     PreprocessError,
     RecordError,
@@ -35,6 +36,7 @@ from vlmrl.preprocess.common import (
     check_image,
     check_placeholders,
     cli_main,
+    image_rules,
     image_struct,
     record_features,
     require_text,
@@ -167,6 +169,7 @@ class Geo3kOptions:
     image_key: str
     store_paths: bool
     output_dir: str
+    rules: ImageRules
 
 
 def build_row(payload: tuple[int, dict[str, Any]], opts: Geo3kOptions) -> dict[str, Any]:
@@ -186,7 +189,7 @@ def build_row(payload: tuple[int, dict[str, Any]], opts: Geo3kOptions) -> dict[s
     for k, im in enumerate(images):
         if not isinstance(im, dict):
             raise RecordError("invalid_record", f"{opts.image_key}[{k}] is {type(im).__name__}, not {{bytes, path}}")
-        checked = check_image(im.get("bytes"), im.get("path"))
+        checked = check_image(im.get("bytes"), im.get("path"), opts.rules)
         structs.append(
             image_struct(
                 checked,
@@ -234,10 +237,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise PreprocessError(f"{a.input}: no split(s) {missing}; it has {sorted(source)}")
     features = record_features()
     results: list[SplitResult] = []
+    local = Path(a.input).expanduser()  # a local copy: image paths in rows may name files inside it; a hub id: none
+    rules = image_rules(a, (local if local.is_dir() else local.parent) if local.exists() else None)
     for split in wanted:
         src = source[split]
         opts = Geo3kOptions(split, a.data_source, a.instruction, a.problem_key, a.answer_key, a.image_key,
-                            a.store_paths, str(a.output_dir))  # fmt: skip
+                            a.store_paths, str(a.output_dir), rules)  # fmt: skip
         items = (Item(f"{src.where} row {i}", (i, row)) for i, row in enumerate(src.rows()))
         results.append(
             run_split(

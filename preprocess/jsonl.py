@@ -22,6 +22,7 @@ from typing import Any
 
 from vlmrl.preprocess.common import (
     IMAGE_PLACEHOLDER,
+    ImageRules,
     Item,
     PreprocessError,
     RecordError,
@@ -32,6 +33,7 @@ from vlmrl.preprocess.common import (
     check_utf8,
     cli_main,
     count_placeholders,
+    image_rules,
     image_struct,
     isfinite_number,
     record_features,
@@ -64,6 +66,7 @@ class JsonlOptions:
     boxes_field: str
     prepend_images: bool
     store_paths: bool
+    rules: ImageRules
 
 
 def _answer_text(value: Any, field: str) -> str:
@@ -139,7 +142,7 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
         if not rel.strip():
             raise RecordError("unreadable_image", f"{opts.images_field}[{k}] is an empty path")
         full = Path(opts.image_dir) / rel
-        checked = check_image(path=full)
+        checked = check_image(path=rel, rules=opts.rules)
         structs.append(
             image_struct(
                 checked,
@@ -226,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         boxes_field=a.boxes_field,
         prepend_images=a.prepend_images,
         store_paths=a.store_paths,
+        rules=image_rules(a, image_dir),
     )
     with open(src, "rb") as f:
         total = sum(1 for raw in f if not _blank(raw))

@@ -125,7 +125,7 @@ def test_verl_parquet_read_unchanged(tmp_path, tiny_processor):
     path = write_verl(tmp_path / "verl" / "train.parquet", recs)
     ds = RLDataset(str(path), tiny_processor, cfg(path), split="train", verbose=False)
     assert len(ds) == 3 and ds.max_images_per_prompt == 2
-    assert ds.report["rows_read"] == 3 and ds.report["filtered_overlong"] == 0
+    assert ds.report["rows_read"] == 3 and ds.report["filtered"] == 0
 
     ip = tiny_processor.image_processor
     factor, (lo, hi) = qwen_vl.patch_factor(ip), qwen_vl.pixel_bounds(ip)
@@ -209,7 +209,7 @@ def test_overlong_with_images_filtered_and_reported_never_truncated(tmp_path, ti
 
     limit = one + 2  # the one-image prompt fits, the two-image prompt does not
     ds = RLDataset(str(path), tiny_processor, cfg(path, max_prompt_length=limit), verbose=False)
-    assert len(ds) == 2 and ds.report["filtered_overlong"] == 1
+    assert len(ds) == 2 and ds.report["filtered"] == 1
     assert ds.report["filtered_by_reason"] == {"overlong_with_images": 1}
     assert [ds.source_of(i)[1] for i in range(len(ds))] == [0, 2]
     pad = qwen_vl.vision_token_ids(tiny_processor.tokenizer).image_pad

@@ -175,6 +175,8 @@ def write_jsonl_fixture(tmp_path: Path) -> tuple[Path, Path]:
     (img / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
     (img / "big.png").write_bytes(png("blue", (80, 80)))
     (img / "thin.png").write_bytes(png("blue", (300, 1)))
+    (img / "huge.png").write_bytes(png("blue", (40, 30)) + b"\0" * 5000)  # over --max-image-bytes 4000
+    (tmp_path / "outside.png").write_bytes(png("red"))
     recs = [
         {"question": "<image>Left, <image>right: same colour?", "answer": "no", "images": ["a.png", "b.jpg"]},
         {"question": "<image>Where is it?", "answer": [1, 2, 3, 4], "images": "a.png", "boxes": [1, 2, 3, 4]},
@@ -186,6 +188,8 @@ def write_jsonl_fixture(tmp_path: Path) -> tuple[Path, Path]:
         {"question": "<image>Q?", "answer": "x", "images": ["big.png"]},  # image_too_large (guard lowered)
         {"question": "<image>Q?", "answer": "x", "images": ["thin.png"]},  # bad_aspect_ratio
         {"question": "<image><image>Q?", "answer": "x", "images": ["a.png"]},  # image_count_mismatch
+        {"question": "<image>Q?", "answer": "x", "images": ["../outside.png"]},  # image_outside_dir
+        {"question": "<image>Q?", "answer": "x", "images": ["huge.png"]},  # image_file_too_large
     ]
     lines = [json.dumps(r) for r in recs] + ["{not json"]  # invalid_record
     lines.insert(1, "")  # blank lines are not records
@@ -199,11 +203,12 @@ def test_jsonl_every_reject_reason_and_multi_image(tmp_path, monkeypatch):
     src, img = write_jsonl_fixture(tmp_path)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 80x80 = 6400 > 2 * 1000: Pillow refuses it
     out = tmp_path / "out"
-    report = jsonl.main(["--input", str(src), "--image-dir", str(img), "--output-dir", str(out), "--no-progress"])
+    report = jsonl.main(["--input", str(src), "--image-dir", str(img), "--output-dir", str(out), "--no-progress",
+                         "--max-image-bytes", "4000"])  # fmt: skip
     got = {r["reason"]: r["source"] for r in rejects(out)}
     assert set(got) == set(common.REJECT_REASONS)  # every reason is produced by some row
     assert got["missing_field"] == f"{src}:4"  # line numbers count the blank line
-    assert got["invalid_record"] == f"{src}:12"
+    assert got["invalid_record"] == f"{src}:14"
     assert report["splits"]["train"]["written"] == 2
     assert report["splits"]["train"]["rejected"] == len(common.REJECT_REASONS)
     saved = json.loads((out / "report.json").read_text())
@@ -248,7 +253,10 @@ def test_jsonl_store_paths_and_prepend_images(tmp_path):
     (rec,) = rows(out / "val.parquet")
     assert rec["prompt"][0]["content"] == "<image>What colour?"
     assert rec["images"][0]["bytes"] is None
-    assert (out / rec["images"][0]["path"]).resolve() == (img / "a.png").resolve()  # relative to the parquet folder
+    # an image outside the output folder is linked into it: the dataset reads paths only inside the parquet's folder
+    stored = out / rec["images"][0]["path"]
+    assert stored.resolve().is_relative_to(out.resolve()) and stored.read_bytes() == (img / "a.png").read_bytes()
+    assert stored.stat().st_ino == (img / "a.png").stat().st_ino  # a hard link on one file system: no copy
 
 
 # ------------------------------------------------------------------------------------------------- synthetic

@@ -132,7 +132,7 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
                 why = ", ".join(f"{k}: {v}" for k, v in r["filtered_by_reason"].items())
                 rep.plan.append(
                     f"data.{split}: {r['rows_read']} rows -> {kept} prompts"
-                    + (f" ({r['filtered_overlong']} filtered as overlong: {why})" if r["filtered_overlong"] else "")
+                    + (f" ({r['filtered']} filtered: {why})" if r["filtered"] else "")
                     + f"; prompt length max {r['prompt_length_max']}, mean {r['prompt_length_mean']}; "
                     f"max images/prompt {r['max_images_per_prompt']}"
                 )

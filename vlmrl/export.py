@@ -1,6 +1,7 @@
 """Export a training checkpoint's policy as a Hugging Face folder (loadable by transformers and by vLLM).
 
     python -m vlmrl.export --checkpoint runs/quickstart/global_step_40 --output exported/ [--dtype bfloat16]
+        [--model BASE_MODEL] [--trust-remote-code]
 
 Reads the run's ``config.yaml`` inside the checkpoint for the base model path and LoRA settings, loads the sharded
 policy weights (any number of training workers; no process group needed), merges LoRA adapters into the base weights,
@@ -19,14 +20,24 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def export_checkpoint(checkpoint: str | Path, output: str | Path, dtype: str = "float32") -> Path:
+def export_checkpoint(
+    checkpoint: str | Path,
+    output: str | Path,
+    dtype: str = "float32",
+    *,
+    model_path: str | None = None,
+    trust_remote_code: bool = False,
+) -> Path:
     """Write the policy of ``checkpoint`` (a ``global_step_N`` folder, or a run folder: its latest checkpoint) as an HF
-    model folder at ``output``; returns ``output``."""
-    import torch.distributed.checkpoint as dcp
+    model folder at ``output``; returns ``output``.
+
+    The checkpoint is data: nothing stored in it runs (``vlmrl.safe_load``), and ``trust_remote_code`` comes from the
+    caller (``--trust-remote-code``), never from the checkpoint's own config. ``model_path`` overrides the base model
+    the checkpoint's config names."""
     from omegaconf import OmegaConf
-    from torch.distributed.checkpoint import DefaultLoadPlanner
     from transformers import AutoProcessor
 
+    from vlmrl.safe_load import safe_dcp_load
     from vlmrl.trainer import checkpoint as ckpt
     from vlmrl.workers.policy import load_model
 
@@ -40,14 +51,15 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, dtype: str = "
         raise ValueError(f"--dtype {dtype!r}: use one of {sorted(_DTYPES)}")
     cfg = OmegaConf.load(src / "config.yaml")
     mcfg = cfg.actor_rollout_ref.model
-    path, trust = str(mcfg.path), bool(mcfg.get("trust_remote_code", False))
-    model = load_model(path, "cpu", trust, where=f"{src}/config.yaml actor_rollout_ref.model.path={path}")
+    path, trust = model_path or str(mcfg.path), bool(trust_remote_code)
+    where = f"--model {path}" if model_path else f"{src}/config.yaml actor_rollout_ref.model.path={path}"
+    model = load_model(path, "cpu", trust, where=where)
     if int(mcfg.get("lora_rank", 0) or 0) > 0:
         from vlmrl.workers.lora import apply_lora
 
         model = apply_lora(model, mcfg)
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(src / "actor"), planner=DefaultLoadPlanner(allow_partial_load=False))
+    safe_dcp_load(state, str(src / "actor"), allow_partial_load=False)
     model.load_state_dict(state["model"])
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
@@ -64,11 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True, help="a global_step_N folder, or a run folder (its latest)")
     ap.add_argument("--output", required=True, help="folder for the HF model")
     ap.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="saved weight dtype")
+    ap.add_argument("--model", default=None, help="base model folder or hub id (default: the one the run used)")
+    ap.add_argument(
+        "--trust-remote-code", action="store_true", help="run the base model folder's own Python code (off: a "
+        "checkpoint's config cannot turn it on)",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
+    from vlmrl.safe_load import UnsafeCheckpointError
+
     try:
-        out = export_checkpoint(a.checkpoint, a.output, a.dtype)
-    except (FileNotFoundError, ValueError) as e:
+        out = export_checkpoint(
+            a.checkpoint, a.output, a.dtype, model_path=a.model, trust_remote_code=a.trust_remote_code
+        )
+    except (FileNotFoundError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2
     print(f"[vlmrl] exported {a.checkpoint} -> {out} ({time.perf_counter() - t0:.1f} s)")

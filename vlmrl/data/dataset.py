@@ -100,6 +100,8 @@ class ParquetSource:
         self.num_rows = md.num_rows
         self.columns = pf.schema_arrow.names
         self.has_images = image_key in self.columns
+        if self.has_images:
+            check_image_column(pf.schema_arrow.field(image_key).type, path, image_key)
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.group_starts = np.cumsum([0, *sizes])
         self.meta = pf.read(columns=[c for c in self.columns if c != image_key])
@@ -166,6 +168,27 @@ class ParquetSource:
                     raise DataError(f"{where(self.path, start + k)}: column {self.image_key!r}: {e}") from None
             yield entries
             start += len(col)
+
+
+def check_image_column(kind: pa.DataType, path: str, key: str) -> None:
+    """Raise ``DataError`` naming the key and the file when the image column cannot hold images: a list of
+    ``{bytes, path}`` structs (verl's schema), of binary images or of path strings; one struct or binary per row."""
+
+    def image_like(t: pa.DataType) -> bool:
+        if pa.types.is_struct(t):
+            return t.get_field_index("bytes") >= 0 or t.get_field_index("path") >= 0
+        return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t) or pa.types.is_null(t)
+
+    ok = (
+        image_like(kind)
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        else image_like(kind.value_type)
+    )
+    if not ok or pa.types.is_string(kind):
+        raise DataError(
+            f"{path}: data.image_key={key!r} names a column of type {kind}, not images; verl's schema stores a list of "
+            "{bytes, path} structs per record (set data.image_key to the image column)"
+        )
 
 
 def check_text(col: pa.Array | pa.ChunkedArray, path: str, name: str, first_row: int = 0) -> None:
@@ -235,6 +258,7 @@ class RLDataset:
         self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
 
         self._pool: Any = None
+        self._first_filtered: dict[str, str] = {}
         self._token_lock = threading.Lock()
         self._text_cache = _LRU(1024)
         self._ids_cache = _LRU(1024)
@@ -287,13 +311,19 @@ class RLDataset:
                     text, n = self._render_checked(src, r, prompt, ents)
                     texts.append(text)
                     counts.append(n)
-                    image_tokens.append(sum(self._image_tokens(src, r, j, e) for j, e in enumerate(ents)))
+                    tokens = [self._image_tokens(src, r, j, e) for j, e in enumerate(ents)]
+                    image_tokens.append(None if None in tokens else sum(tokens))
                 ids = self._tokenize(texts)
                 rows = np.arange(start, stop)
                 length = np.empty(len(rows), dtype=np.int64)
                 keep = np.ones(len(rows), dtype=bool)
                 for k, (tid, n, itok) in enumerate(zip(ids, counts, image_tokens)):
                     r = start + k
+                    if itok is None:  # an image these pixel bounds cannot resize: dropped here, not at sampling
+                        keep[k] = False
+                        reasons["unresizable_image"] += 1
+                        length[k] = 0
+                        continue
                     pads = sum(1 for t in tid if t == self.image_pad_id)
                     if pads != n:
                         raise DataError(
@@ -343,8 +373,9 @@ class RLDataset:
             "files": list(self.files),
             "rows_read": rows_read,
             "kept": len(self),
-            "filtered_overlong": filtered,
+            "filtered": filtered,
             "filtered_by_reason": dict(sorted(reasons.items())),
+            "first_filtered": dict(self._first_filtered),
             "truncated_text_prompts": truncated,
             "truncation": self.truncation,
             "max_prompt_length": self.max_prompt_length,
@@ -373,14 +404,18 @@ class RLDataset:
         except Exception as e:  # noqa: BLE001 - a template error names the record
             raise DataError(f"{where(src.path, r)}: chat template failed: {type(e).__name__}: {e}") from None
 
-    def _image_tokens(self, src: ParquetSource, r: int, j: int, entry: Any) -> int:
+    def _image_tokens(self, src: ParquetSource, r: int, j: int, entry: Any) -> int | None:
+        """Image tokens of an image (from its header), or None when these pixel bounds cannot resize it (the row is
+        then filtered and counted, its first occurrence named in the report)."""
         try:
             w, h = image_size(entry, src.base_dir)
-            return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
         except DataError as e:
             raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
-        except ValueError as e:  # smart_resize: aspect ratio over 200
-            raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
+        try:
+            return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
+        except ValueError as e:  # aspect ratio over 200, or a side below one patch after resizing
+            self._first_filtered.setdefault("unresizable_image", f"{where(src.path, r)}: image {j}: {e}")
+            return None
 
     def _render(self, messages: list[dict[str, Any]]) -> str:
         """The chat template's text for ``messages`` (cached: many datasets repeat prompts)."""
@@ -503,11 +538,13 @@ class RLDataset:
         why = ", ".join(f"{k}: {v}" for k, v in r["filtered_by_reason"].items())
         text = (
             f"[data:{r['split']}] {r['rows_read']} rows from {len(r['files'])} file(s) -> {r['kept']} prompts; "
-            f"filtered {r['filtered_overlong']} overlong (> {r['max_prompt_length']} tokens)"
-            + (f" ({why})" if why else "")
+            f"filtered {r['filtered']}"
+            + (f" ({why}; max_prompt_length {r['max_prompt_length']})" if why else "")
             + f"; prompt length max {r['prompt_length_max']} mean {r['prompt_length_mean']}; "
             f"max images/prompt {r['max_images_per_prompt']}; {r['seconds']:.2f} s"
         )
+        for reason, example in r.get("first_filtered", {}).items():
+            text += f"\n[data:{r['split']}] filtered as {reason}, e.g. {example}"
         if r["truncated_text_prompts"]:
             n, mode = r["truncated_text_prompts"], r["truncation"]
             text += f"\n[data:{r['split']}] truncated {n} overlong text-only prompts (data.truncation={mode})"

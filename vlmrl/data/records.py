@@ -14,6 +14,10 @@ from PIL import Image
 IMAGE_PLACEHOLDER = "<image>"
 """The image placeholder in prompt text; one per image of the record."""
 
+MAX_IMAGE_FILE_BYTES = 256 * 2**20
+"""An image file larger than this is refused (256 MiB: far above any real image; a guard against ``/dev/zero``-like
+paths and runaway files)."""
+
 
 class DataError(ValueError):
     """A record the dataset cannot use. The message names the file and the row."""
@@ -124,25 +128,57 @@ def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path
     if data:
         return bytes(data), None
     if path:
-        p = Path(str(path).removeprefix("file://")).expanduser()
-        return None, p if p.is_absolute() else Path(base_dir) / p
+        return None, confined_path(str(path), base_dir)
     if data is not None:
         raise DataError("image is empty (0 bytes) and has no path")
     raise DataError("image entry has neither bytes nor path")
 
 
-def _open(entry: Any, base_dir: str | os.PathLike) -> Image.Image:
-    data, path = _source(entry, base_dir)
+def confined_path(path: str, base_dir: str | os.PathLike) -> Path:
+    """The file an image path names, resolved against ``base_dir`` (the parquet file's folder), or ``DataError``:
+    a path a dataset stores may not leave that folder (``../``, an absolute path elsewhere, a symlink out of it)."""
+    base = Path(base_dir).resolve()
+    p = Path(path.removeprefix("file://")).expanduser()
+    full = (p if p.is_absolute() else base / p).resolve()
+    if not full.is_relative_to(base):
+        raise DataError(f"image path {path!r} leaves the data folder {base} (a dataset may only name files inside it)")
+    return full
+
+
+def read_image_file(path: Path) -> bytes:
+    """The bytes of a regular image file of at most ``MAX_IMAGE_FILE_BYTES`` (a FIFO, a device or a folder is refused
+    before it is opened, so nothing blocks or fills memory)."""
+    import stat
+
     try:
-        return Image.open(io.BytesIO(data)) if data is not None else Image.open(path)
-    except Image.DecompressionBombError as e:
-        raise DataError(f"image refused by Pillow's decompression-bomb guard: {e}") from None
+        st = os.stat(path)
     except FileNotFoundError:
         raise DataError(f"image file not found: {path}") from None
+    except OSError as e:
+        raise DataError(f"image cannot be read ({type(e).__name__}: {e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"image path is not a regular file: {path}")
+    if st.st_size > MAX_IMAGE_FILE_BYTES:
+        raise DataError(f"image file is {st.st_size} bytes, over the {MAX_IMAGE_FILE_BYTES}-byte limit: {path}")
+    if st.st_size == 0:
+        raise DataError(f"image file is empty (0 bytes): {path}")
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_IMAGE_FILE_BYTES + 1)
+    except OSError as e:
+        raise DataError(f"image cannot be read ({type(e).__name__}: {e})") from None
+
+
+def _open(entry: Any, base_dir: str | os.PathLike) -> Image.Image:
+    data, path = _source(entry, base_dir)
+    if data is None and path is not None:
+        data = read_image_file(path)
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise DataError(f"image refused by Pillow's decompression-bomb guard: {e}") from None
     except Image.UnidentifiedImageError:  # its message names an in-memory buffer: say what the bytes are instead
-        if data is None and path is not None and path.is_file() and path.stat().st_size == 0:
-            raise DataError(f"image file is empty (0 bytes): {path}") from None
-        what = f"{len(data)} bytes starting {data[:8]!r}" if data is not None else str(path)
+        what = f"{len(data)} bytes starting {data[:8]!r}" + (f" from {path}" if path is not None else "")
         raise DataError(f"image cannot be read (not an image Pillow can identify: {what})") from None
     except OSError as e:  # permission, a folder...
         raise DataError(f"image cannot be read ({type(e).__name__}: {e})") from None

@@ -99,11 +99,29 @@ def apply_pixel_bounds(image_processor: Any, min_pixels: int, max_pixels: int) -
     image_processor.size = size
 
 
+MAX_ASPECT_RATIO = 200
+"""qwen-vl-utils refuses images whose long/short side ratio is above this."""
+
+QWEN25_VL_PIXELS = (3136, 12845056)
+"""Qwen2.5-VL's processor's default (min_pixels, max_pixels)."""
+
+
 def resized_size(width: int, height: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(width, height) an image is resized to by qwen-vl-utils' ``smart_resize``."""
+    """(width, height) an image is resized to by qwen-vl-utils' ``smart_resize``.
+
+    ValueError (saying why) for an image that cannot be resized within these bounds: an aspect ratio above
+    ``MAX_ASPECT_RATIO``, or a side that shrinks below one patch (a 2000x10 image under a small max_pixels): the one
+    check preprocessing, the dataset and the rollout share, so an image that passes it never fails later."""
     from qwen_vl_utils.vision_process import smart_resize
 
+    if min(width, height) < 1:
+        raise ValueError(f"{width}x{height}: an image needs both sides of at least 1 pixel")
     h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    if min(h, w) < factor:
+        raise ValueError(
+            f"{width}x{height} resizes to {w}x{h} under max_pixels={max_pixels}: a side below one {factor}-pixel patch "
+            f"(too thin for these bounds; raise max_pixels or crop the image)"
+        )
     return int(w), int(h)
 
 

@@ -4,7 +4,7 @@
       latest_checkpointed_iteration.txt      the newest complete step (verl's tracker file), replaced atomically
       global_step_<N>/
         actor/                               sharded model + optimizer (torch.distributed.checkpoint, every rank)
-        actor/extra_rank<R>.pt               scheduler and RNG states of rank R
+        actor/extra_rank<R>.json             scheduler and RNG states of rank R (JSON: nothing is unpickled)
         trainer_state.json                   step, data sampler position, driver RNG
         config.yaml                          the run's resolved config (export reads the model path and LoRA here)
 
@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
@@ -130,45 +126,3 @@ def write_trainer_state(folder: str | os.PathLike, state: dict[str, Any], config
 def read_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
     """The driver's part of a checkpoint."""
     return json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
-
-
-# ------------------------------------------------------------------------------------------------------ RNG
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU and CUDA) RNG states of this process, picklable."""
-    out: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def driver_rng_state() -> dict[str, Any]:
-    """The driver's RNG states in JSON-friendly form (Python and NumPy; the driver does no torch sampling)."""
-    py = random.getstate()
-    np_state = np.random.get_state()
-    return {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-    }
-
-
-def set_driver_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``driver_rng_state`` returned."""
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))

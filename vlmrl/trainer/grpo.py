@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vlmrl import rng
 from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
@@ -173,7 +174,15 @@ class Trainer:
         )
         bs = cfg.data.train_batch_size
         if len(self.train_ds) < bs:
-            raise ConfigError(f"data.train_batch_size={bs} exceeds the {len(self.train_ds)} usable training records")
+            raise ConfigError(
+                f"data.train_batch_size={bs} exceeds the {len(self.train_ds)} usable training records "
+                f"({self.train_ds.format_report().splitlines()[0]})"
+            )
+        if self.val_ds is not None and len(self.val_ds) == 0:  # before start-up, not after the last training step
+            raise ConfigError(
+                f"data.val_files: no usable validation record ({self.val_ds.format_report().splitlines()[0]}); fix "
+                "the files (or data.max_prompt_length / data.max_pixels), or set data.val_files=null"
+            )
         self.sampler = BatchSampler(len(self.train_ds), bs, cfg.data.shuffle, cfg.data.seed, drop_last=True)
         steps_per_epoch = len(self.sampler)
         self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
@@ -236,7 +245,7 @@ class Trainer:
         self.group.load_checkpoint(str(path))
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
-        ckpt.set_driver_rng_state(state["rng"])
+        rng.restore(state["rng"])
         print(
             f"[vlmrl] resumed from {path} at step {self.step} ({time.perf_counter() - t0:.1f} s)",
             flush=True,
@@ -255,7 +264,7 @@ class Trainer:
         state = {
             "step": self.step,
             "sampler": self.sampler.state_dict(),
-            "rng": ckpt.driver_rng_state(),
+            "rng": rng.state(),
             "world": self.world,
         }
         ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))

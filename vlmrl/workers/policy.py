@@ -7,6 +7,7 @@ bf16 parameters with fp32 reductions on GPU (nccl). Works the same in a world of
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -285,39 +286,58 @@ class PolicyWorker:
     # -------------------------------------------------------------------------------------------- checkpoints
     def save(self, folder: str) -> None:
         """Sharded model + optimizer state into ``folder`` (a collective: every rank calls it with the same folder),
-        plus this rank's scheduler and RNG states."""
+        plus this rank's scheduler and RNG states as JSON (``extra_rank<R>.json``: plain data, nothing to unpickle)."""
+        import json
+
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from vlmrl.trainer.checkpoint import rng_state
+        from vlmrl import rng
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        extra = {"scheduler": self.scheduler.state_dict(), "rng": rng_state(), "world": self.world}
-        torch.save(extra, f"{folder}/extra_rank{rank}.pt")
+        extra = {"scheduler": self.scheduler.state_dict(), "rng": rng.state(), "world": self.world}
+        with open(f"{folder}/extra_rank{rank}.json", "w", encoding="utf-8") as f:
+            json.dump(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
 
     def load(self, folder: str) -> None:
-        """Restore what ``save`` wrote (same world size for the RNG states; model and optimizer reshard freely)."""
-        import os
+        """Restore what ``save`` wrote (same world size for the RNG states; model and optimizer reshard freely).
+        Nothing stored in the files runs: DCP's metadata goes through an allowlist unpickler, byte items load with
+        ``weights_only=True``, the extra state is JSON (``vlmrl.safe_load``)."""
+        import json
 
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        from vlmrl.trainer.checkpoint import set_rng_state
+        from vlmrl import rng
+        from vlmrl.safe_load import safe_dcp_load
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=folder)
+        safe_dcp_load(state, folder)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rank = dist.get_rank() if dist.is_initialized() else 0
-        path = f"{folder}/extra_rank{rank}.pt"
+        path = f"{folder}/extra_rank{rank}.json"
         if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} missing: the checkpoint was written by fewer workers than this run has")
-        extra = torch.load(path, weights_only=False)
-        self.scheduler.load_state_dict(extra["scheduler"])
+            old = f"{folder}/extra_rank{rank}.pt"
+            raise FileNotFoundError(
+                f"{old} is a pickle (written by an older vlmrl): not loaded, unpickling a file can run code"
+                if os.path.exists(old)
+                else f"{path} missing: the checkpoint was written by fewer workers than this run has"
+            )
+        try:
+            with open(path, encoding="utf-8") as f:
+                extra = json.load(f)
+            scheduler = extra["scheduler"]
+            if not isinstance(scheduler, dict):
+                raise TypeError(f"scheduler state is {type(scheduler).__name__}")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a vlmrl worker state ({type(e).__name__}: {e})") from None
+        self.scheduler.load_state_dict(scheduler)
         if extra.get("world") == self.world:
-            set_rng_state(extra["rng"])
+            rng.restore(extra["rng"])
 
     # ----------------------------------------------------------------------------------------------- weights
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,153 @@
+"""A checkpoint is data: resuming from it or exporting it runs nothing stored in it.
+
+Each test plants a payload that would create a marker file when unpickled: in DCP's ``.metadata``, in a byte item
+of the sharded state (the optimizer's learning rate), in the per-rank extra state. Stock PyTorch loading runs the
+payload (shown, so the payload is real); vlmrl's loading refuses the file and the marker never appears. Export takes
+``trust_remote_code`` from its command line only, never from the checkpoint's config.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlmrl.config import load
+from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
+
+
+class Payload:
+    """Unpickling this creates ``marker`` (a stand-in for any code an attacker would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 2-step run (one in-process worker) with a checkpoint at step 2."""
+    from vlmrl.preprocess.synthetic import main as synthetic
+
+    from vlmrl.trainer.grpo import fit
+
+    tmp = tmp_path_factory.mktemp("ckpt")
+    synthetic(["--output-dir", str(tmp / "data"), "--families", "colour", "--image-size", "56", "--train-size", "16",
+               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
+    fit(config(tiny_model_dir, tmp / "data", tmp / "run", "trainer.total_training_steps=2", "trainer.save_freq=2"))
+    assert (tmp / "run" / "global_step_2" / "actor" / "extra_rank0.json").is_file()
+    return tmp / "run"
+
+
+def config(model: str, data: Path, out: Path, *extra: str):
+    return load(
+        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
+         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
+        config_name="tiny_cpu",
+    )  # fmt: skip
+
+
+def copy_of(run: Path, tmp: Path) -> Path:
+    dst = tmp / "copy"
+    shutil.copytree(run / "global_step_2", dst / "global_step_2")
+    return dst / "global_step_2"
+
+
+def resume(run_dir: Path, ckpt: Path, model: str, data: Path) -> Exception:
+    from vlmrl.trainer.grpo import Trainer
+
+    cfg = config(model, data, run_dir, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
+                 f"trainer.resume_from_path={ckpt}")  # fmt: skip
+    with pytest.raises(Exception) as e:
+        Trainer(cfg).close()
+    return e.value
+
+
+def test_planted_metadata_pickle_does_not_run(run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
+    ckpt = copy_of(run, tmp_path)
+    marker = tmp_path / "pwned-metadata"
+    (ckpt / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UnsafeCheckpointError, match=r"\.metadata: the checkpoint's metadata refers to pathlib"):
+        safe_dcp_load({"model": {}}, str(ckpt / "actor"))
+    err = resume(tmp_path / "resumed", ckpt, tiny_model_dir, run.parent / "data")
+    assert "refusing to load it" in str(err)
+    from vlmrl.export import main as export
+
+    assert export(["--checkpoint", str(ckpt.parent), "--output", str(tmp_path / "exported")]) == 2
+    assert not marker.exists()
+    with open(ckpt / "actor" / ".metadata", "rb") as f:  # the same file through plain pickle: the payload is live
+        pickle.load(f)
+    assert marker.exists()
+
+
+def test_planted_byte_item_does_not_run(run: Path, tmp_path: Path) -> None:
+    """A checkpoint whose optimizer learning rate is a payload: DCP's stock loader unpickles it with
+    weights_only=False; vlmrl's loads byte items with weights_only=True and refuses."""
+    import torch.distributed.checkpoint as dcp
+
+    marker = tmp_path / "pwned-bytes"
+    state = {"optim": {"param_groups.0.lr": Payload(marker)}, "model": {"w": torch.zeros(2)}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "evil"), no_dist=True)
+    target = {"optim": {"param_groups.0.lr": 0.0}, "model": {"w": torch.ones(2)}}
+    with pytest.raises(UnsafeCheckpointError, match="param_groups.0.lr' is not plain data"):
+        safe_dcp_load(target, str(tmp_path / "evil"), allow_partial_load=True)
+    assert not marker.exists()
+    dcp.load({"optim": {"param_groups.0.lr": 0.0}, "model": {"w": torch.ones(2)}},
+             checkpoint_id=str(tmp_path / "evil"), no_dist=True)  # fmt: skip
+    assert marker.exists(), "stock DCP loading runs the payload: the test's payload is real"
+
+
+def test_the_extra_state_is_json_and_an_old_pickle_is_refused(run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
+    ckpt = copy_of(run, tmp_path)
+    data = run.parent / "data"
+    marker = tmp_path / "pwned-extra"
+    extra = ckpt / "actor" / "extra_rank0.json"
+    extra.unlink()
+    torch.save({"scheduler": Payload(marker)}, ckpt / "actor" / "extra_rank0.pt")
+    err = resume(tmp_path / "r1", ckpt, tiny_model_dir, data)
+    assert "is a pickle (written by an older vlmrl): not loaded" in str(err)
+    extra.write_text('{"scheduler": "__import__(\'os\')", "rng": {}}')
+    err = resume(tmp_path / "r2", ckpt, tiny_model_dir, data)
+    assert "extra_rank0.json: not a vlmrl worker state" in str(err)
+    assert not marker.exists()
+
+
+def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
+    from vlmrl.trainer.grpo import Trainer
+
+    ckpt = copy_of(run, tmp_path)
+    cfg = config(tiny_model_dir, run.parent / "data", tmp_path / "resumed", "trainer.total_training_steps=3",
+                 "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}")  # fmt: skip
+    t = Trainer(cfg)
+    try:
+        assert t.step == 2
+    finally:
+        t.close()
+
+
+def test_export_takes_trust_remote_code_from_its_command_line_only(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vlmrl.workers.policy as policy
+    from vlmrl.export import main as export
+
+    ckpt = copy_of(run, tmp_path)
+    cfg_file = ckpt / "config.yaml"
+    cfg_file.write_text(cfg_file.read_text().replace("trust_remote_code: false", "trust_remote_code: true"))
+    assert "trust_remote_code: true" in cfg_file.read_text()
+    seen = []
+    real = policy.load_model
+    monkeypatch.setattr(policy, "load_model", lambda path, device, trust=False, where=None: (
+        seen.append(trust), real(path, device, trust, where))[1])  # fmt: skip
+    assert export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "a")]) == 0
+    assert seen == [False], "the checkpoint's own config must not turn remote code on"
+    assert (tmp_path / "a" / "config.json").is_file()
+    assert os.path.getsize(tmp_path / "a" / "model.safetensors") > 1000
