@@ -126,6 +126,12 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         p.append(f"reward.max_failed_ratio={cfg.reward.max_failed_ratio}: must be in (0, 1].")
     if cfg.reward.num_workers < 0:
         p.append(f"reward.num_workers={cfg.reward.num_workers}: must be >= 0.")
+    elif cfg.reward.num_workers == 0 and cfg.reward.timeout_s > 0:
+        from vlmrl.reward.manager import INLINE_TIMEOUT
+
+        p.append(INLINE_TIMEOUT + ".")
+    elif cfg.reward.num_workers > 0 and not cfg.reward.timeout_s > 0:
+        p.append(f"reward.timeout_s={cfg.reward.timeout_s}: reward worker processes need a timeout > 0.")
     if tr.val_only and not data.val_files:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:

@@ -296,11 +296,12 @@ class RewardConfig:
     dispatch: dict[str, Any] = field(default_factory=dict)
     """Per-data_source rewards for mixed datasets: ``{data_source or glob: name | {function, kwargs} |
     {components}}``; sources not listed use the selection above."""
-    num_workers: int = 0
-    """Reward worker processes. 0 = in the driver (a timed-out call is interrupted, which stops Python code but not a
-    call blocked in C such as a socket read); N >= 1 = N processes, a timed-out one is killed and replaced."""
+    num_workers: int = 1
+    """Reward worker processes: a call still running after timeout_s is stopped by ending its worker (replaced at
+    once). 0 = score in the driver's own thread (debugging; no timeout can stop a blocked call there, so timeout_s
+    must be 0). verl's reward.num_workers has the same meaning."""
     timeout_s: float = 30.0
-    """Per-sample timeout in seconds (<= 0 disables it)."""
+    """Per-sample timeout in seconds (0 = none; only allowed, and then required, with num_workers=0)."""
     on_error: str = "fallback"
     """An exception, timeout, NaN/inf or non-number result: fallback (score it fallback_score, count it in
     reward/errors, log the first of each kind with the sample) | raise (fail the step, naming the sample)."""

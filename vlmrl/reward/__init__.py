@@ -21,7 +21,7 @@ from vlmrl.reward.loading import (
     registered_names,
 )
 from vlmrl.reward.manager import RewardError, RewardManager, RewardOutput
-from vlmrl.reward.runner import RewardTimeout, RewardWorkerError
+from vlmrl.reward.runner import RewardWorkerError
 
 __all__ = [
     "DEFAULT_DISPATCH",
@@ -35,7 +35,6 @@ __all__ = [
     "RewardFn",
     "RewardManager",
     "RewardOutput",
-    "RewardTimeout",
     "RewardWorkerError",
     "build_scorer",
     "load_file_function",

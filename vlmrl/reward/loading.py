@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 # name -> "module:function"; modules are imported only when their name is used (clip pulls in transformers)
 REGISTRY: dict[str, str] = {
     "format": "vlmrl.rewards.format:format_reward",
@@ -300,7 +302,10 @@ def as_float(value: Any, what: str = "score") -> float:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):
-        out = float(value)
+        try:
+            out = float(value)
+        except OverflowError:  # an int like 10**400
+            raise BadResult(NON_FINITE, f"{what} is an integer too large for a float ({str(value)[:20]}...)") from None
     elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalars
         try:
             out = float(value.item())
@@ -312,6 +317,8 @@ def as_float(value: Any, what: str = "score") -> float:
         raise BadResult(WRONG_TYPE, f"{what} is {type(value).__name__} ({text}), not a number")
     if not math.isfinite(out):
         raise BadResult(NON_FINITE, f"{what} is {out}")
+    if abs(out) > float(np.finfo(np.float32).max):  # advantages are computed in float32: it would become inf
+        raise BadResult(NON_FINITE, f"{what} is {out}, not finite as a float32")
     return out
 
 
@@ -344,11 +351,14 @@ def error_outcome(exc: BaseException) -> Outcome:
 
 
 def evaluate(scorer: Callable[[Any], Any], sample: Any) -> Outcome:
-    """Call ``scorer(sample)`` and check the result; never raises an Exception (errors become an Outcome)."""
+    """Call ``scorer(sample)`` and check the result; never raises an Exception (errors become an Outcome). A reward
+    that calls ``sys.exit`` is a failure too, not the end of the run."""
     try:
         total, comps = normalize(scorer(sample))
     except Exception as e:  # noqa: BLE001 - isolation is the point
         return error_outcome(e)
+    except SystemExit as e:
+        return Outcome(None, {}, EXCEPTION, f"the reward called sys.exit({e.code!r})")
     return Outcome(total, comps)
 
 

@@ -12,11 +12,18 @@ from typing import Any
 
 from vlmrl.reward.composite import Dispatch, build_scorer, make_spec
 from vlmrl.reward.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
-from vlmrl.reward.runner import InlineRunner, ProcessPool
+from vlmrl.reward.runner import InlineRunner, ProcessRunner, timeout_text
 
 log = logging.getLogger("vlmrl.reward")
 
 _EXCERPT = 200
+
+
+INLINE_TIMEOUT = (
+    "reward.num_workers=0 scores in the driver's own thread, where nothing can stop a call that blocks (a sleep, a "
+    "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
+    "processes, where reward.timeout_s is enforced by ending the worker)"
+)
 
 
 class RewardError(RuntimeError):
@@ -65,7 +72,7 @@ class RewardManager:
     """
 
     def __init__(self, reward_cfg: Any = None, custom_cfg: Any = None) -> None:
-        self.num_workers = int(_cfg_get(reward_cfg, "num_workers", 0) or 0)
+        self.num_workers = int(_cfg_get(reward_cfg, "num_workers", 1) or 0)
         self.timeout_s = float(_cfg_get(reward_cfg, "timeout_s", 30.0) or 0.0)
         self.on_error = str(_cfg_get(reward_cfg, "on_error", "fallback"))
         self.fallback_score = float(_cfg_get(reward_cfg, "fallback_score", 0.0))
@@ -79,22 +86,25 @@ class RewardManager:
             raise RewardConfigError(f"reward.on_error must be 'fallback' or 'raise', got '{self.on_error}'")
         if self.num_workers < 0:
             raise RewardConfigError(f"reward.num_workers must be >= 0, got {self.num_workers}")
+        if self.num_workers == 0 and self.timeout_s > 0:
+            raise RewardConfigError(INLINE_TIMEOUT)
         if not math.isfinite(self.fallback_score):
             raise RewardConfigError(f"reward.fallback_score must be finite, got {self.fallback_score}")
         self.spec = make_spec(reward_cfg, custom_cfg)
         self.scorer: Dispatch = build_scorer(self.spec)
         self._inline: InlineRunner | None = None
-        self._pool: ProcessPool | None = None
+        self._pool: ProcessRunner | None = None
         if self.num_workers == 0:
-            self._inline = InlineRunner(self.scorer, self.timeout_s)
+            self._inline = InlineRunner(self.scorer)
         else:
-            self._pool = ProcessPool(self.spec, self.num_workers, self.timeout_s)
+            self._pool = ProcessRunner(self.spec, self.num_workers, self.timeout_s)
         self._seen_kinds: set[str] = set()
         self.totals: Counter[str] = Counter()
         where = "in-process" if self.num_workers == 0 else f"{self.num_workers} worker processes"
         log.info(
-            "reward: %s (%s, timeout %gs, on_error=%s)", self.scorer.describe(), where, self.timeout_s, self.on_error
-        )
+            "reward: %s (%s, timeout %s, on_error=%s)",
+            self.scorer.describe(), where, timeout_text(self.timeout_s), self.on_error,
+        )  # fmt: skip
 
     @property
     def needs_images(self) -> bool:

@@ -6,6 +6,7 @@ sample prompts → rollout (n per prompt, on every worker) → rewards (driver) 
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -69,6 +70,12 @@ def merge_rollouts(parts: list[RolloutBatch]) -> RolloutBatch:
         out.finish_reasons += p.finish_reasons
     out.timing = {k: max(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
     return out
+
+
+def zero_variance_groups(scores: torch.Tensor, n: int) -> int:
+    """How many prompts' n samples all got the same reward (their advantages are all zero: no learning signal)."""
+    groups = scores.view(-1, n)
+    return int((groups == groups[:, :1]).all(dim=1).sum())
 
 
 def _stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
@@ -216,6 +223,7 @@ class Trainer:
             flush=True,
         )
         self.step = 0
+        self._warned_flat = False
         if self.resume_from is not None:
             self._load_checkpoint(self.resume_from)
 
@@ -255,19 +263,27 @@ class Trainer:
         """Write the checkpoint of the current step atomically (see ``vlmrl.trainer.checkpoint``)."""
         from omegaconf import OmegaConf
 
+        from vlmrl.workers.group import WorkerError
+
         t0 = time.perf_counter()
         tmp = ckpt.tmp_dir(self.out_dir, self.step)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        self.group.save_checkpoint(str(tmp))
-        state = {
-            "step": self.step,
-            "sampler": self.sampler.state_dict(),
-            "rng": rng.state(),
-            "world": self.world,
-        }
-        ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            self.group.save_checkpoint(str(tmp))
+            state = {
+                "step": self.step,
+                "sampler": self.sampler.state_dict(),
+                "rng": rng.state(),
+                "world": self.world,
+            }
+            ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+        except (OSError, WorkerError) as e:  # a full disk, a quota, a read-only mount: the previous checkpoint stays
+            shutil.rmtree(tmp, ignore_errors=True)
+            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "[Errno 28]" in str(e)
+            what = "disk full while writing" if full else "could not write"
+            raise ckpt.CheckpointError(f"{what} checkpoint {tmp}: {e}") from e
         keep = self.cfg.trainer.max_actor_ckpt_to_keep
         final = ckpt.commit(self.out_dir, self.step, keep)
         print(f"[vlmrl] checkpoint {final} ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -373,7 +389,19 @@ class Trainer:
                 response_lengths=lengths,
             )
             if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
-                raise FloatingPointError(f"step {self.step}: non-finite advantages from scores {scored.scores}")
+                raise FloatingPointError(f"non-finite advantages from scores {scored.scores}")
+            flat = zero_variance_groups(scores, n)
+            metrics["advantages/zero_variance_groups"] = float(flat)
+            if flat == len(scores) // n and not self._warned_flat:
+                self._warned_flat = True
+                print(
+                    f"[vlmrl] warning: step {self.step}: every group's rewards are equal (all {flat} prompts' samples "
+                    "scored the same), so every advantage is 0 and this step teaches nothing. Counted each step in "
+                    "advantages/zero_variance_groups; if it persists: a reward that cannot tell samples apart, a "
+                    "task too hard or too easy for the model, too few samples per prompt (rollout.n), or try "
+                    "algorithm.filter_groups.enable=True",
+                    flush=True,
+                )
             # 5. update + weight push on every worker (each trains on the samples it generated, or on its share of
             #    the kept groups after dynamic sampling)
             t0 = time.perf_counter()
@@ -483,11 +511,12 @@ class Trainer:
                     row["advantage"] = float(adv[i])
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    def close(self) -> None:
-        """Stop workers, close trackers and the reward pool, draw the curve."""
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop workers (ended after ``grace_s`` if they do not stop), close trackers and the reward pool, draw the
+        curve."""
         self.tracker.close()
         self.rewards.close()
-        self.group.shutdown()
+        self.group.shutdown(grace_s)
         if self.tracker.jsonl_path.exists():
             from vlmrl.trainer.tracking import plot_curve
 
@@ -509,11 +538,14 @@ def fit(cfg: VLMRLConfig) -> dict[str, float]:
     from vlmrl.workers.group import WorkerError
 
     trainer = Trainer(cfg)
+    failed = True
     try:
-        return trainer.fit()
+        out = trainer.fit()
+        failed = False
+        return out
     except (WorkerError, RewardError, FloatingPointError, ckpt.CheckpointError) as e:
         last = ckpt.find_resume(trainer.out_dir)
         where = f"{last} (trainer.resume_mode=auto continues from it)" if last else "none yet"
         raise RunStopped(f"step {trainer.step}: {e}\nlast complete checkpoint: {where}") from e
     finally:
-        trainer.close()
+        trainer.close(grace_s=1.0 if failed else 10.0)  # a failed run's workers may be stuck: do not wait long

@@ -64,8 +64,8 @@ class WorkerGroup(ABC):
         """``method(*args[i])`` on worker i; results in rank order. The first failure raises ``WorkerError``."""
 
     @abstractmethod
-    def shutdown(self) -> None:
-        """End the workers (only what this group started)."""
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """End the workers (only what this group started), forcibly after ``grace_s`` seconds."""
 
     # ------------------------------------------------------------------------------------------ the calls
     def generate(self, chunks: list[list[PromptSample]], validate: bool = False) -> list[RolloutBatch]:

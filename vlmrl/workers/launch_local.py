@@ -138,7 +138,7 @@ class ProcessWorkerGroup(WorkerGroup):
         try:
             self.infos = self._collect("startup", self.timeout_s)
         except BaseException:
-            self.shutdown()
+            self.shutdown(grace_s=1.0)
             raise
         self.startup_s = time.perf_counter() - t0
 
@@ -188,14 +188,15 @@ class ProcessWorkerGroup(WorkerGroup):
                 pending.discard(rank)
         return results
 
-    def shutdown(self) -> None:
-        """Ask the workers to stop, then end any that did not (only the processes this group started)."""
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Ask the workers to stop, then end any that did not within ``grace_s`` (only the processes this group
+        started)."""
         for conn in self.conns:
             try:
                 conn.send(("stop",))
             except (BrokenPipeError, OSError):
                 pass
-        end = time.monotonic() + 10
+        end = time.monotonic() + grace_s
         for proc in self.procs:
             proc.join(timeout=max(0.0, end - time.monotonic()))
         for proc in self.procs:
@@ -233,7 +234,7 @@ class InlineWorkerGroup(WorkerGroup):
         except Exception as e:
             raise WorkerError(f"worker 0 failed during {stage}: {type(e).__name__}: {e}") from e
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 10.0) -> None:
         """Release the worker's process group."""
         self.worker.shutdown()
         shutil.rmtree(self._dir, ignore_errors=True)

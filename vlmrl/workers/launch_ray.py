@@ -153,8 +153,8 @@ class RayWorkerGroup(WorkerGroup):
                 )
         return ray.get(futures)
 
-    def shutdown(self) -> None:
-        """End the workers and release their slots (only what this group started)."""
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """End the workers and release their slots (only what this group started; Ray kills actors at once)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 

@@ -273,14 +273,20 @@ class PolicyWorker:
             gn = gn.full_tensor()
         gn = float(gn)
         metrics.setdefault("actor/grad_norm", []).append(gn)
-        if math.isfinite(gn):
-            if self.offload_optimizer:
-                self._optimizer_state_to(self.device)
-            self.optimizer.step()
-            if self.offload_optimizer:
-                self._optimizer_state_to("cpu")
-        else:
-            metrics.setdefault("actor/skipped_nonfinite_grad", []).append(1.0)
+        if not math.isfinite(gn):  # every rank sees the same global norm, so every rank stops here together
+            self.optimizer.zero_grad(set_to_none=True)
+            losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
+            raise FloatingPointError(
+                f"non-finite gradient norm ({gn}) in the update"
+                + (f" (non-finite loss: {losses[0]})" if losses else "")
+                + "; the weights were not changed. Usual causes: a learning rate too high for this model, fp16 "
+                "overflow, a reward that was inf/NaN upstream"
+            )
+        if self.offload_optimizer:
+            self._optimizer_state_to(self.device)
+        self.optimizer.step()
+        if self.offload_optimizer:
+            self._optimizer_state_to("cpu")
         self.optimizer.zero_grad(set_to_none=True)
 
     # -------------------------------------------------------------------------------------------- checkpoints

@@ -1,0 +1,170 @@
+"""During a run: non-finite numbers stop it (naming the step and the checkpoint to resume from), a step that teaches
+nothing is counted and warned about, a frozen worker is reported within ``trainer.worker_timeout_s``, and a disk that
+fills up while a checkpoint is written says so and leaves the previous checkpoint in place."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from vlmrl.config import load
+
+REPO = Path(__file__).resolve().parents[1]
+
+NAN_LOSS = """
+import torch
+from vlmrl.algos.core import PolicyLossOut, ppo_loss
+
+CALLS = {"n": 0}
+
+def nan_on_second_step(logp, old_logp, adv, mask, **kw):
+    CALLS["n"] += 1
+    out = ppo_loss(logp, old_logp, adv, mask, **kw)
+    if CALLS["n"] >= 2:  # the second update's loss is NaN (as an fp16 overflow or a bad custom loss makes it)
+        return PolicyLossOut(out.loss * float("nan"), out.clip_frac, out.approx_kl)
+    return out
+"""
+
+CONSTANT = """
+def constant(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vlmrl.preprocess.synthetic import main as synthetic
+
+    out = tmp_path_factory.mktemp("synth")
+    synthetic(["--output-dir", str(out), "--families", "colour", "--image-size", "56", "--train-size", "16",
+               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
+    return out
+
+
+def cfg_of(model: str, data: Path, out: Path, *extra: str):
+    return load(
+        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
+         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
+        config_name="tiny_cpu",
+    )  # fmt: skip
+
+
+def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
+    tiny_model_dir: str, data: Path, tmp_path: Path
+) -> None:
+    from vlmrl.trainer.grpo import RunStopped, fit
+
+    loss = tmp_path / "nan_loss.py"
+    loss.write_text(NAN_LOSS)
+    out = tmp_path / "run"
+    cfg = cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
+                 f"actor_rollout_ref.actor.policy_loss={loss}:nan_on_second_step")  # fmt: skip
+    with pytest.raises(RunStopped) as e:
+        fit(cfg)
+    msg = str(e.value)
+    assert msg.startswith("step 2: worker 0 failed during update: FloatingPointError: non-finite gradient norm")
+    assert "the weights were not changed" in msg
+    assert f"last complete checkpoint: {out / 'global_step_1'} (trainer.resume_mode=auto continues from it)" in msg
+    assert not (out / "global_step_2").exists()
+
+
+def test_steps_without_reward_variance_are_counted_and_warned_about_once(
+    tiny_model_dir: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+
+    from vlmrl.trainer.grpo import fit
+
+    reward = tmp_path / "constant.py"
+    reward.write_text(CONSTANT)
+    out = tmp_path / "run"
+    fit(cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=3", f"custom_reward_function.path={reward}",
+               "custom_reward_function.name=constant"))  # fmt: skip
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["advantages/zero_variance_groups"] for r in rows] == [4.0, 4.0, 4.0]
+    printed = capsys.readouterr().out
+    assert printed.count("every group's rewards are equal") == 1 and "step 1:" in printed
+
+
+# ------------------------------------------------------------------------------------------- frozen worker / disk
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_reported_within_the_worker_timeout(tiny_model_dir: str, data: Path, tmp_path: Path):
+    """SIGSTOP on one worker mid-run (a hung process, a collective waiting forever): the driver stops with the
+    worker, the stage and the last checkpoint named, after trainer.worker_timeout_s, and ends every process."""
+    import psutil
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
+            f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
+            f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={out}",
+            "trainer.total_training_steps=200", "trainer.save_freq=1", "trainer.logger=[jsonl]",
+            "trainer.worker_timeout_s=15", "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4"]  # fmt: skip
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "global_step_2").is_dir() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (out / "global_step_2").is_dir(), Path(log.name).read_text()[-3000:]
+        workers = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "vlmrl-worker-1" in " ".join(p.cmdline())
+        ]
+        assert len(workers) == 1
+        workers[0].send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        rc = proc.wait(timeout=180)
+        took = time.monotonic() - frozen_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = Path(log.name).read_text()
+    assert rc == 1, text[-3000:]
+    assert "did not answer within 15 s" in text and "(trainer.worker_timeout_s)" in text, text[-3000:]
+    assert "worker(s) [1]" in text or "worker(s) [0, 1]" in text, text[-3000:]
+    assert "last complete checkpoint:" in text and "global_step_" in text
+    assert 15 <= took < 60, f"reported {took:.0f} s after the freeze"
+    print(f"frozen worker reported after {took:.1f} s (worker_timeout_s=15)")
+    time.sleep(1)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "vlmrl-worker-" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_the_previous_one(
+    tiny_model_dir: str, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from vlmrl.trainer.grpo import RunStopped, fit
+
+    real_save = dcp.save
+    calls = {"n": 0}
+
+    def save(*args, **kwargs):  # the second checkpoint hits a full disk
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(dcp, "save", save)
+    out = tmp_path / "run"
+    with pytest.raises(RunStopped) as e:
+        fit(cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=3", "trainer.save_freq=1"))
+    msg = str(e.value)
+    assert msg.startswith("step 2: ") and "disk full" in msg and "No space left on device" in msg
+    assert str(out / "global_step_2.tmp") in msg
+    assert f"last complete checkpoint: {out / 'global_step_1'}" in msg
+    assert (out / "global_step_1" / "actor" / ".metadata").is_file() and not (out / "global_step_2.tmp").exists()
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "1"
