@@ -38,7 +38,8 @@ def samples(n: int, per_prompt: int = 8) -> list:
         out.append(
             RewardSample(
                 response=f"The shape is {colour}.", prompt="What colour is the shape?", ground_truth="red",
-                data_source="synthetic/colour", extra_info={"family": "colour", "answer": "red", "choices": ["red", "green", "blue"]}, images=[im],
+                data_source="synthetic/colour", images=[im],
+                extra_info={"family": "colour", "answer": "red", "choices": ["red", "green", "blue"]},
                 image_scales=[(1.0, 1.0)],
             )
         )  # fmt: skip
