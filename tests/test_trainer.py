@@ -435,7 +435,7 @@ def test_checkpoint_layout_and_retention(ckpt_run):
     assert a["tracker"].strip() == "2"
     assert a["state"]["step"] == 2 and a["state"]["world"] == 1
     assert a["state"]["sampler"]["offset"] == 2 and a["state"]["sampler"]["epoch"] == 0
-    assert {"trainer_state.json", "config.yaml", "actor/.metadata", "actor/extra_rank0.pt"} <= set(a["files"])
+    assert {"trainer_state.json", "config.yaml", "actor/.metadata", "actor/extra_rank0.json"} <= set(a["files"])
     assert any(f.startswith("actor/") and f.endswith(".distcp") for f in a["files"])
     assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_3"]
     assert (out / ckpt.TRACKER_FILE).read_text().strip() == "3"
