@@ -64,6 +64,35 @@ class RewardSample:
     finish_reason: str = "stop"
     """stop | length."""
 
+    @staticmethod
+    def of_rollout(
+        prompts: list[PromptSample], rollout: RolloutBatch, tokenizer: Any, max_response_length: int
+    ) -> list[RewardSample]:
+        """What the reward functions see for each sample of a rollout (responses decoded here, once per step)."""
+        texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        out = []
+        for i, text in enumerate(texts):
+            p = prompts[i // rollout.n]
+            out.append(
+                RewardSample(
+                    response=text,
+                    prompt=p.prompt_text,
+                    ground_truth=p.ground_truth,
+                    data_source=p.data_source,
+                    extra_info=p.extra_info,
+                    images=p.images,
+                    image_scales=p.image_scales,
+                    response_length=len(rollout.response_ids[i]),
+                    max_response_length=max_response_length,
+                    finish_reason=rollout.finish_reasons[i],
+                )
+            )
+        return out
+
+
+GroupOrigin = tuple[int, int, int]
+"""Where a prompt group's samples were generated: (worker rank, that worker's rollout id, group index in it)."""
+
 
 @dataclass
 class RolloutBatch:
@@ -81,9 +110,17 @@ class RolloutBatch:
     """Samples per prompt."""
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent, by stage."""
+    origins: list[GroupOrigin] = field(default_factory=list)
+    """Per prompt group: the worker that generated it and where it keeps it (set for training rollouts, which the
+    worker keeps until the update that names them)."""
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def num_groups(self) -> int:
+        """Prompt groups (prompts) in the batch."""
+        return len(self.response_ids) // self.n if self.n else 0
 
     def select_groups(self, groups: list[int]) -> RolloutBatch:
         """The samples of the given prompt groups (prompt ``g`` owns samples ``g*n .. g*n+n-1``), in that order."""
@@ -95,4 +132,41 @@ class RolloutBatch:
             [self.finish_reasons[i] for i in rows],
             n=self.n,
             timing=dict(self.timing),
+            origins=[self.origins[g] for g in groups] if self.origins else [],
         )
+
+    @staticmethod
+    def concat(parts: list[RolloutBatch]) -> RolloutBatch:
+        """The batches one after the other (the workers' in rank order, or groups chosen from several rollouts);
+        timings are the slowest part's."""
+        if not parts:
+            raise ValueError("RolloutBatch.concat needs at least one part")
+        out = RolloutBatch([], [], [], [], n=parts[0].n)
+        for p in parts:
+            if p.n != out.n:
+                raise ValueError(f"cannot concatenate rollouts of n={out.n} and n={p.n}")
+            out.prompt_ids += p.prompt_ids
+            out.response_ids += p.response_ids
+            out.logprobs += p.logprobs
+            out.finish_reasons += p.finish_reasons
+            out.origins += p.origins
+        out.timing = {k: max(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
+        return out
+
+
+@dataclass
+class TrainShard:
+    """What one worker trains on in one update: exactly these samples, in this order, nothing else.
+
+    Groups this worker generated are named (``stored``: its rollout id and group index; the prompts and samples stay
+    on the worker, images included); groups another worker generated travel as data (``sent``), which happens only
+    when dynamic sampling moved groups between workers. ``advantages`` follow that order: stored groups first."""
+
+    stored: list[tuple[int, int]]
+    """(rollout id, group index) of this worker's own rollouts."""
+    sent: tuple[list[PromptSample], RolloutBatch] | None
+    """Prompt groups generated elsewhere, as data."""
+    advantages: list[float]
+    """One per sample, in order."""
+    mini_batch_samples: int
+    """Samples per optimizer step on this worker."""

@@ -39,11 +39,49 @@ class RewardOutput:
     components: dict[str, list[float]]
     """Per component name, one value per sample; NaN where that sample's function did not report it or failed."""
     metrics: dict[str, float]
-    """``reward/score/{mean,std,min,max}``, ``reward/<component>/{mean,std}``, ``reward/errors``, ``reward/timeouts``,
+    """``reward/{mean,std,min,max}``, ``reward/<component>/{mean,std}``, ``reward/errors``, ``reward/timeouts``,
     ``reward/exceptions``, ``reward/non_finite``, ``reward/wrong_type``, ``reward/time_s`` and, for mixed batches,
     ``reward/source/<data_source>/mean``."""
     errors: list[str | None] = field(default_factory=list)
     """Per sample: None, or the error kind (exception | timeout | non_finite | wrong_type)."""
+
+    SCORE_NAMES = ("score", "reward", "seq_reward", "seq_final_reward", "acc")
+    """Names ``values`` takes for the total (verl's ``filter_groups.metric`` spellings), unless a component has it."""
+
+    def values(self, metric: str) -> list[float]:
+        """Per-sample values of ``metric``: the total (``score`` and its verl spellings) or a component (NaN as 0);
+        ValueError naming the components when it is neither."""
+        if metric in self.SCORE_NAMES and metric not in self.components:
+            return list(self.scores)
+        if metric not in self.components:
+            raise ValueError(
+                f"algorithm.filter_groups.metric={metric!r} is neither 'score' nor a reward component "
+                f"({sorted(self.components)})"
+            )
+        return [0.0 if math.isnan(v) else v for v in self.components[metric]]
+
+    @staticmethod
+    def combine(
+        picked: list[tuple[RewardOutput, list[int]]], samples: list[Any], scored: list[RewardOutput]
+    ) -> RewardOutput:
+        """The scores of rows picked from several outputs (``(output, rows)`` in order; ``samples`` are the picked
+        samples, in the same order) as one output whose metrics describe exactly those samples; the error counts
+        and the time cover every output of ``scored`` (each of those calls happened)."""
+        scores: list[float] = []
+        errors: list[str | None] = []
+        comps: dict[str, list[float]] = {}
+        for out, rows in picked:
+            for k in set(comps) | set(out.components):
+                vals = out.components.get(k)
+                comps.setdefault(k, [math.nan] * len(scores)).extend(
+                    [vals[i] for i in rows] if vals is not None else [math.nan] * len(rows)
+                )
+            scores += [out.scores[i] for i in rows]
+            errors += [out.errors[i] if out.errors else None for i in rows]
+        kinds = Counter(e for o in scored for e in (o.errors or []) if e is not None)
+        metrics = reward_metrics(samples, scores, comps, kinds, errors)
+        metrics["reward/time_s"] = sum(o.metrics.get("reward/time_s", 0.0) for o in scored)
+        return RewardOutput(scores=scores, components=comps, metrics=metrics, errors=errors)
 
 
 def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
@@ -245,8 +283,7 @@ def reward_metrics(
     out: dict[str, float] = {}
     if scores:
         mean, std = _mean_std(scores)
-        out.update({"reward/score/mean": mean, "reward/score/std": std})
-        out.update({"reward/score/min": min(scores), "reward/score/max": max(scores)})
+        out.update({"reward/mean": mean, "reward/std": std, "reward/min": min(scores), "reward/max": max(scores)})
     for key, values in components.items():
         mean, std = _mean_std(values)
         out[f"reward/{key}/mean"] = mean

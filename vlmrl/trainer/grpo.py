@@ -7,7 +7,6 @@ sample prompts → rollout (n per prompt, on every worker) → rewards (driver) 
 from __future__ import annotations
 
 import errno
-import math
 import os
 import shutil
 import time
@@ -20,114 +19,15 @@ import torch
 from tqdm import tqdm
 
 from vlmrl import rng
+from vlmrl.algos import filter_groups
 from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import check_config
 from vlmrl.trainer import checkpoint as ckpt
+from vlmrl.trainer.step import StepData, assemble, mean_of_workers, plan_shards, split_even, stats, zero_variance_groups
 
 # ------------------------------------------------------------------------------------------------------ helpers
-
-
-def split_even(items: list[Any], parts: int) -> list[list[Any]]:
-    """Split into ``parts`` contiguous chunks of equal size (the caller guarantees divisibility)."""
-    k = len(items) // parts
-    return [items[i * k : (i + 1) * k] for i in range(parts)]
-
-
-def reward_samples(
-    prompts: list[PromptSample], rollout: RolloutBatch, tokenizer: Any, max_response_length: int
-) -> list[RewardSample]:
-    """What the reward functions see for each sample of a rollout."""
-    texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-    out = []
-    for i, text in enumerate(texts):
-        p = prompts[i // rollout.n]
-        out.append(
-            RewardSample(
-                response=text,
-                prompt=p.prompt_text,
-                ground_truth=p.ground_truth,
-                data_source=p.data_source,
-                extra_info=p.extra_info,
-                images=p.images,
-                image_scales=p.image_scales,
-                response_length=len(rollout.response_ids[i]),
-                max_response_length=max_response_length,
-                finish_reason=rollout.finish_reasons[i],
-            )
-        )
-    return out
-
-
-def merge_rollouts(parts: list[RolloutBatch]) -> RolloutBatch:
-    """Concatenate rollouts in order (the workers' in rank order, or the groups dynamic sampling kept)."""
-    out = RolloutBatch([], [], [], [], n=parts[0].n)
-    for p in parts:
-        out.prompt_ids += p.prompt_ids
-        out.response_ids += p.response_ids
-        out.logprobs += p.logprobs
-        out.finish_reasons += p.finish_reasons
-    out.timing = {k: max(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
-    return out
-
-
-def zero_variance_groups(scores: torch.Tensor, n: int) -> int:
-    """How many prompts' n samples all got the same reward (their advantages are all zero: no learning signal)."""
-    groups = scores.view(-1, n)
-    return int((groups == groups[:, :1]).all(dim=1).sum())
-
-
-def _stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    if a.size == 0:
-        return {}
-    return {
-        f"{prefix}/mean": float(a.mean()),
-        f"{prefix}/std": float(a.std()),
-        f"{prefix}/max": float(a.max()),
-        f"{prefix}/min": float(a.min()),
-    }
-
-
-def _filter_values(scored: Any, metric: str) -> list[float]:
-    """Per-sample values whose within-group variance decides dynamic sampling: the total or one component."""
-    if metric in ("score", "reward", "seq_reward", "seq_final_reward", "acc") and metric not in scored.components:
-        return list(scored.scores)
-    if metric not in scored.components:
-        raise ConfigError(
-            f"algorithm.filter_groups.metric={metric!r} is neither 'score' nor a reward component "
-            f"({sorted(scored.components)})"
-        )
-    return [0.0 if math.isnan(v) else v for v in scored.components[metric]]
-
-
-def _merge_scores(chosen: list[tuple[Any, int, int, list[RewardSample]]], scored_batches: list[Any]) -> Any:
-    """Scores of the chosen groups ``(scored, group, n, samples of the group)`` taken from several rollout batches, as
-    one RewardOutput whose metrics describe exactly those samples; the error counts cover every batch scored
-    (``scored_batches``), since each of those calls happened in this step."""
-    from collections import Counter
-
-    from vlmrl.reward.manager import RewardOutput, reward_metrics
-
-    scores: list[float] = []
-    errors: list[str | None] = []
-    samples: list[RewardSample] = []
-    comps: dict[str, list[float]] = {}
-    for scored, g, n, group_samples in chosen:
-        rows = range(g * n, (g + 1) * n)
-        for k in set(comps) | set(scored.components):
-            vals = scored.components.get(k)
-            comps.setdefault(k, [float("nan")] * len(scores)).extend(
-                [vals[i] for i in rows] if vals is not None else [float("nan")] * n
-            )
-        scores += [scored.scores[i] for i in rows]
-        errors += [scored.errors[i] if scored.errors else None for i in rows]
-        samples += group_samples
-    kinds = Counter(e for b in scored_batches for e in (b.errors or []) if e is not None)
-    metrics = reward_metrics(samples, scores, comps, kinds, errors)
-    metrics["reward/time_s"] = sum(b.metrics.get("reward/time_s", 0.0) for b in scored_batches)
-    return RewardOutput(scores=scores, components=comps, metrics=metrics, errors=errors)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -146,15 +46,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
-    keys = set().union(*dicts)
-    out = {}
-    for k in keys:
-        vals = [d[k] for d in dicts if k in d]
-        out[k] = max(vals) if k.startswith("timing/") else float(np.mean(vals))
-    return out
 
 
 # -------------------------------------------------------------------------------------------------------- fit
@@ -303,58 +194,49 @@ class Trainer:
             k = -(-len(prompts) // self.world)
             chunks = [prompts[i * k : (i + 1) * k] for i in range(self.world)]
         parts = self.group.generate(chunks, validate)
-        return merge_rollouts([p for p in parts if len(p) or p is parts[0]])
+        return RolloutBatch.concat([p for p in parts if len(p) or p is parts[0]])
 
-    def collect(self, batches: Iterator[list[int]]) -> tuple[list[PromptSample], RolloutBatch, Any, dict, bool]:
-        """One step's rollout and scores. With ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) groups whose
-        metric has zero variance are dropped and more batches are rolled out until ``train_batch_size`` groups are
-        kept or ``max_num_gen_batches`` batches were tried; then the kept groups are topped up with dropped ones
-        (zero advantage) so every step trains on a full batch. Returns prompts, rollout, scores, metrics and whether
-        the samples differ from what the workers generated last (they must then be sent with the update)."""
+    def collect(self, batches: Iterator[list[int]]) -> tuple[StepData, dict[str, float]]:
+        """One step's data: prompts → rollout → reward samples → scores. With ``algorithm.filter_groups.enable`` (DAPO
+        dynamic sampling) more batches are rolled out until ``train_batch_size`` groups vary on the metric (or
+        ``max_num_gen_batches`` were tried), and the step takes ``choose_groups``' pick of them."""
         cfg = self.cfg
         fg = cfg.algorithm.filter_groups
         metrics: dict[str, float] = {"timing/data_s": 0.0, "timing/rollout_s": 0.0, "timing/reward_s": 0.0}
 
-        def one_batch() -> tuple[list[PromptSample], RolloutBatch, list[RewardSample], Any]:
+        def one_batch() -> StepData:
             t0 = time.perf_counter()
             prompts = self.train_ds.get_batch(next(batches))
             t1 = time.perf_counter()
             rb = self.rollout(prompts)
             t2 = time.perf_counter()
-            samples = reward_samples(prompts, rb, self.tokenizer, cfg.data.max_response_length)
+            samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
             scored = self.rewards.score(samples)
             metrics["timing/data_s"] += t1 - t0
             metrics["timing/rollout_s"] += t2 - t1
             metrics["timing/reward_s"] += time.perf_counter() - t2
-            return prompts, rb, samples, scored
+            return StepData(prompts, rb, samples, scored)
 
-        prompts, rb, samples, scored = one_batch()
+        collected = [one_batch()]
         if not fg.enable:
-            return prompts, rb, scored, metrics, False
-        n, bs = rb.n, cfg.data.train_batch_size
-        kept: list[tuple] = []  # (prompt, rollout of its group, its samples, its batch's scores, group index)
-        dropped: list[tuple] = []
-        scored_batches: list[Any] = []
-        tries = 0
-        while True:
-            tries += 1
-            scored_batches.append(scored)
-            values = _filter_values(scored, fg.metric)
-            for g, p in enumerate(prompts):
-                group = (p, rb.select_groups([g]), samples[g * n : (g + 1) * n], scored, g)
-                (kept if np.std(values[g * n : (g + 1) * n]) > 0 else dropped).append(group)
-            if len(kept) >= bs or (fg.max_num_gen_batches > 0 and tries >= fg.max_num_gen_batches):
-                break
-            prompts, rb, samples, scored = one_batch()
-        metrics["filter_groups/gen_batches"] = float(tries)
-        metrics["filter_groups/kept_ratio"] = len(kept) / (tries * bs)
-        metrics["filter_groups/filled"] = float(max(0, bs - len(kept)))
-        chosen = (kept + dropped)[:bs]
-        out_prompts = [c[0] for c in chosen]
-        out_rb = merge_rollouts([c[1] for c in chosen])
-        out_rb.timing = rb.timing
-        merged = _merge_scores([(c[3], c[4], n, c[2]) for c in chosen], scored_batches)
-        return out_prompts, out_rb, merged, metrics, True
+            return collected[0], metrics
+        bs = cfg.data.train_batch_size
+
+        def varying(d: StepData) -> list[bool]:
+            try:
+                return filter_groups.varying_groups(d.scores.values(fg.metric), d.rollout.n)
+            except ValueError as e:  # a metric that is no reward component
+                raise ConfigError(str(e)) from None
+
+        varies = [varying(collected[0])]
+        while not filter_groups.enough(varies, bs) and not 0 < fg.max_num_gen_batches <= len(collected):
+            collected.append(one_batch())
+            varies.append(varying(collected[-1]))
+        kept = sum(sum(v) for v in varies)
+        metrics["filter_groups/gen_batches"] = float(len(collected))
+        metrics["filter_groups/kept_ratio"] = kept / (len(collected) * bs)
+        metrics["filter_groups/filled"] = float(max(0, bs - kept))
+        return assemble(collected, filter_groups.choose_groups(varies, bs)), metrics
 
     # ----------------------------------------------------------------------------------------------------- fit
     def fit(self) -> dict[str, float]:
@@ -375,8 +257,8 @@ class Trainer:
             t_step = time.perf_counter()
             self.step += 1
             # 1-3. prompts → rollout (n samples per prompt on every worker) → rewards (driver)
-            prompts, rb, scored, metrics, resend = self.collect(batches)
-            samples = reward_samples(prompts, rb, self.tokenizer, cfg.data.max_response_length)
+            step, metrics = self.collect(batches)
+            rb, scored = step.rollout, step.scores
             # 4. advantages (groups = the n samples of a prompt)
             scores = torch.tensor(scored.scores, dtype=torch.float32)
             group = torch.arange(len(scores)) // n
@@ -402,25 +284,14 @@ class Trainer:
                     "algorithm.filter_groups.enable=True",
                     flush=True,
                 )
-            # 5. update + weight push on every worker (each trains on the samples it generated, or on its share of
-            #    the kept groups after dynamic sampling)
+            # 5. update + weight push on every worker, each on exactly the shard it is given
             t0 = time.perf_counter()
-            per_rank = split_even(adv.tolist(), self.world)
-            if resend:
-                groups = split_even(list(range(len(prompts))), self.world)
-                args = [
-                    (a, mini_samples, ([prompts[g] for g in gs], rb.select_groups(gs)))
-                    for a, gs in zip(per_rank, groups)
-                ]
-            else:
-                args = [(a, mini_samples) for a in per_rank]
-            worker_metrics = self.group.train(args)
+            worker_metrics = self.group.train(plan_shards(step, adv.tolist(), self.world, mini_samples))
             metrics["timing/train_s"] = time.perf_counter() - t0
-            metrics.update(_mean_dicts(worker_metrics))
+            metrics.update(mean_of_workers(worker_metrics))
             # 6. metrics
             metrics.update(scored.metrics)
-            metrics.update(_stats("reward", scored.scores))
-            metrics.update(_stats("response_length", lengths.tolist()))
+            metrics.update(stats("response_length", lengths.tolist()))
             metrics["response_length/clip_ratio"] = float(np.mean([f == "length" for f in rb.finish_reasons]))
             metrics["advantages/mean"] = float(adv.mean())
             metrics["advantages/abs_mean"] = float(adv.abs().mean())
@@ -429,7 +300,7 @@ class Trainer:
             metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
             metrics["training/epoch"] = float(self.sampler.epoch)
             if cfg.trainer.rollout_data_dir:
-                self._dump_samples(cfg.trainer.rollout_data_dir, samples, scored, adv)
+                self._dump_samples(cfg.trainer.rollout_data_dir, step.samples, scored, adv)
             tf = cfg.trainer.test_freq
             if self.val_ds is not None and tf > 0 and self.step % tf == 0 and self.step < self.total_steps:
                 metrics.update(self.validate())
@@ -461,7 +332,7 @@ class Trainer:
         for start in range(0, len(self.val_ds), bs):
             prompts = self.val_ds.get_batch(list(range(start, min(start + bs, len(self.val_ds)))))
             rb = self.rollout(prompts, validate=True)
-            samples = reward_samples(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
+            samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
             scored = self.rewards.score(samples)
             if self.cfg.trainer.validation_data_dir:
                 self._dump_samples(self.cfg.trainer.validation_data_dir, samples, scored, None, append=start > 0)

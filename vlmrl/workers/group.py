@@ -19,7 +19,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
-from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
 
 
@@ -72,9 +72,9 @@ class WorkerGroup(ABC):
         """Rank i samples responses for ``chunks[i]``."""
         return self.call("validation rollout" if validate else "rollout", "generate", [(c, validate) for c in chunks])
 
-    def train(self, per_rank: list[tuple]) -> list[dict[str, float]]:
-        """Rank i updates the policy with ``per_rank[i]`` (HybridWorker.train's arguments), then pushes weights."""
-        return self.call("update", "train", per_rank)
+    def train(self, shards: list[TrainShard]) -> list[dict[str, float]]:
+        """Rank i updates the policy on exactly ``shards[i]``, then pushes the new weights into its engine."""
+        return self.call("update", "train", [(s,) for s in shards])
 
     def save_checkpoint(self, folder: str) -> list[float]:
         """Every rank writes its shard of the checkpoint into ``folder``."""

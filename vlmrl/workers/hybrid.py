@@ -2,8 +2,9 @@
 
 One step, as the driver calls it:
 1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake); on GPU it then sleeps.
-2. ``train(advantages)``: old/ref log-probs and the update on the samples just generated (kept here, not re-sent),
-   then the new weights go into the engine one tensor at a time (on GPU: wake weights, push, wake KV cache).
+2. ``train(shard)``: old/ref log-probs and the update on exactly the samples the shard names (groups this worker
+   generated, kept here under their rollout id; groups from elsewhere sent with it), then the new weights go into the
+   engine one tensor at a time (on GPU: wake weights, push, wake KV cache). Nothing is kept between steps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
@@ -102,43 +103,54 @@ class HybridWorker:
             raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
         self.startup_s = time.perf_counter() - t0
-        self._last: tuple[list[PromptSample], RolloutBatch] | None = None
+        self._rollouts: dict[int, tuple[list[PromptSample], RolloutBatch]] = {}
+        self._next_rollout = 0
 
     # ----------------------------------------------------------------------------------------------- rollout
     def generate(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
-        """Sample responses for this rank's prompts (kept for the following ``train`` call unless validating)."""
+        """Sample responses for this rank's prompts. A training rollout is kept here under an id, recorded in the
+        returned batch's ``origins``, until the next ``train`` (which names what it uses, then drops them all)."""
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
         self.engine.wake()  # a no-op unless a second rollout of the same step follows a sleep (filter_groups)
         rb = self.engine.generate(prompts, spec)
         if not validate:
-            self._last = (prompts, rb)
+            rid = self._next_rollout
+            self._next_rollout += 1
+            rb.origins = [(self.rank, rid, g) for g in range(len(prompts))]
+            self._rollouts[rid] = (prompts, rb)
             t0 = time.perf_counter()
             self.engine.sleep()
             rb.timing["sleep_s"] = time.perf_counter() - t0
         return rb
 
     # ------------------------------------------------------------------------------------------------- train
-    def train(
-        self,
-        advantages: list[float],
-        mini_batch_samples: int,
-        batch: tuple[list[PromptSample], RolloutBatch] | None = None,
-    ) -> dict[str, float]:
-        """Update the policy on the last generated samples (or on ``batch`` when the driver re-split the step's
-        samples, e.g. after dynamic sampling), then push the new weights into the engine."""
-        if batch is None and self._last is None:
-            raise RuntimeError(f"worker {self.rank}: train() called before generate()")
-        prompts, rb = batch if batch is not None else self._last
-        self._last = None
+    def train(self, shard: TrainShard) -> dict[str, float]:
+        """Update the policy on exactly the samples ``shard`` names (this worker's stored groups, then the groups sent
+        with it), then push the new weights into the engine. The stored rollouts are dropped either way."""
+        stored, self._rollouts = self._rollouts, {}
+        prompts: list[PromptSample] = []
+        parts: list[RolloutBatch] = []
+        for rid, g in shard.stored:
+            if rid not in stored:
+                raise RuntimeError(f"worker {self.rank}: rollout {rid} is not (or no longer) kept here")
+            p, rb = stored[rid]
+            prompts.append(p[g])
+            parts.append(rb.select_groups([g]))
+        if shard.sent is not None:
+            prompts += shard.sent[0]
+            parts.append(shard.sent[1])
+        if not parts:
+            raise RuntimeError(f"worker {self.rank}: an update with no samples")
+        rb = RolloutBatch.concat(parts)
         t0 = time.perf_counter()
         x = build_inputs(prompts, rb, process_images(self.processor, prompts), self.pad_id)
         t_prep = time.perf_counter() - t0
-        adv = torch.tensor(advantages, dtype=torch.float32)
+        adv = torch.tensor(shard.advantages, dtype=torch.float32)
         if adv.shape[0] != x.batch_size:
             raise ValueError(f"worker {self.rank}: {adv.shape[0]} advantages for {x.batch_size} samples")
-        metrics = self.policy.update(x, adv, mini_batch_samples)
+        metrics = self.policy.update(x, adv, shard.mini_batch_samples)
         metrics["timing/input_prep_s"] = t_prep
         metrics["timing/push_s"] = self.push_weights()
         if self.device == "cuda":  # verl's names; peak since the previous step

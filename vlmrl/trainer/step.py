@@ -1,0 +1,100 @@
+"""The data of one training step, as typed hand-offs (pure functions; the loop in ``trainer/grpo.py`` calls them):
+
+prompt indices ──RLDataset.get_batch──▶ list[PromptSample]
+  ──WorkerGroup.generate──▶ RolloutBatch (per worker, concatenated; ``origins``: where each group is kept)
+  ──RewardSample.of_rollout──▶ list[RewardSample] (responses decoded once) ──RewardManager.score──▶ RewardOutput
+[dynamic sampling: more batches, ``choose_groups``] ──assemble──▶ StepData (prompts, rollout, samples, scores)
+  ──compute_advantages──▶ advantages ──plan_shards──▶ list[TrainShard] ──WorkerGroup.train──▶ metrics per worker
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
+from vlmrl.reward.manager import RewardOutput
+
+
+@dataclass
+class StepData:
+    """What a step trains on: its prompt groups, their samples, the samples as rewards saw them, their scores."""
+
+    prompts: list[PromptSample]
+    rollout: RolloutBatch
+    samples: list[RewardSample]
+    scores: RewardOutput
+
+
+def split_even(items: list[Any], parts: int) -> list[list[Any]]:
+    """Split into ``parts`` contiguous chunks of equal size (the caller guarantees divisibility)."""
+    k = len(items) // parts
+    return [items[i * k : (i + 1) * k] for i in range(parts)]
+
+
+def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepData:
+    """The step made of ``chosen`` (batch, group) pairs taken from the rolled-out batches, in that order; the reward
+    metrics describe exactly those samples (error counts cover every batch scored)."""
+    if len(collected) == 1 and chosen == [(0, g) for g in range(len(collected[0].prompts))]:
+        return collected[0]
+    n = collected[0].rollout.n
+    prompts = [collected[b].prompts[g] for b, g in chosen]
+    rollout = RolloutBatch.concat([collected[b].rollout.select_groups([g]) for b, g in chosen])
+    rollout.timing = collected[-1].rollout.timing
+    samples = [s for b, g in chosen for s in collected[b].samples[g * n : (g + 1) * n]]
+    picked = [(collected[b].scores, list(range(g * n, (g + 1) * n))) for b, g in chosen]
+    scores = RewardOutput.combine(picked, samples, [c.scores for c in collected])
+    return StepData(prompts, rollout, samples, scores)
+
+
+def plan_shards(step: StepData, advantages: list[float], world: int, mini_batch_samples: int) -> list[TrainShard]:
+    """Each worker's share of the step: the prompt groups split evenly over ranks in order; a group the worker
+    generated is named (it keeps it), any other is sent as data (only after dynamic sampling moved groups)."""
+    n, origins = step.rollout.n, step.rollout.origins
+    shards = []
+    for rank, groups in enumerate(split_even(list(range(len(step.prompts))), world)):
+        own = [g for g in groups if origins and origins[g][0] == rank]
+        other = [g for g in groups if g not in own]
+        order = own + other
+        sent = ([step.prompts[g] for g in other], step.rollout.select_groups(other)) if other else None
+        shards.append(
+            TrainShard(
+                stored=[(origins[g][1], origins[g][2]) for g in own],
+                sent=sent,
+                advantages=[advantages[g * n + j] for g in order for j in range(n)],
+                mini_batch_samples=mini_batch_samples,
+            )
+        )
+    return shards
+
+
+def zero_variance_groups(scores: torch.Tensor, n: int) -> int:
+    """How many prompts' n samples all got the same reward (their advantages are all zero: no learning signal)."""
+    groups = scores.view(-1, n)
+    return int((groups == groups[:, :1]).all(dim=1).sum())
+
+
+def stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
+    """``prefix/{mean,std,max,min}`` of the values (nothing for none)."""
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(a.mean()),
+        f"{prefix}/std": float(a.std()),
+        f"{prefix}/max": float(a.max()),
+        f"{prefix}/min": float(a.min()),
+    }
+
+
+def mean_of_workers(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """The workers' metrics as one: the mean, but the slowest worker's time for ``timing/*``."""
+    keys = set().union(*dicts)
+    out = {}
+    for k in keys:
+        vals = [d[k] for d in dicts if k in d]
+        out[k] = max(vals) if k.startswith("timing/") else float(np.mean(vals))
+    return out
