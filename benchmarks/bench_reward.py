@@ -52,7 +52,7 @@ def measure(function: str, workers: int, batch: list, repeats: int) -> dict[str,
 
     cfg = RewardConfig(function=function, num_workers=workers, timeout_s=30.0 if workers else 0.0)  # type: ignore[call-arg]
     t0 = time.perf_counter()
-    with RewardManager(cfg, CustomRewardFunctionConfig()) as rm:  # type: ignore[arg-type]
+    with RewardManager(cfg, CustomRewardFunctionConfig()) as rm:
         rm.score(batch[:1])
         start_s = time.perf_counter() - t0
         times = []

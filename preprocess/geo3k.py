@@ -27,19 +27,21 @@ import pyarrow.parquet as pq
 from vlmrl.preprocess.common import (
     INSTRUCTION_FOLLOWING,
     ImageRules,
-    Item,
     PreprocessError,
     RecordError,
-    SplitResult,
-    add_common_args,
     build_record,
     check_image,
     check_placeholders,
-    cli_main,
-    image_rules,
     image_struct,
     record_features,
     require_text,
+)
+from vlmrl.preprocess.pipeline import (
+    Item,
+    SplitResult,
+    add_common_args,
+    cli_main,
+    image_rules,
     run_split,
     write_report,
 )

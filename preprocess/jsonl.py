@@ -23,21 +23,23 @@ from typing import Any
 from vlmrl.preprocess.common import (
     IMAGE_PLACEHOLDER,
     ImageRules,
-    Item,
     PreprocessError,
     RecordError,
-    add_common_args,
     build_record,
     check_image,
     check_placeholders,
     check_utf8,
-    cli_main,
     count_placeholders,
-    image_rules,
     image_struct,
     isfinite_number,
     record_features,
     require_text,
+)
+from vlmrl.preprocess.pipeline import (
+    Item,
+    add_common_args,
+    cli_main,
+    image_rules,
     run_split,
     write_report,
 )

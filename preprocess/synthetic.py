@@ -29,16 +29,18 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 from vlmrl.preprocess.common import (
-    Item,
-    SplitResult,
-    add_common_args,
     build_record,
     check_image,
     check_placeholders,
-    cli_main,
     encode_pil,
     image_struct,
     record_features,
+)
+from vlmrl.preprocess.pipeline import (
+    Item,
+    SplitResult,
+    add_common_args,
+    cli_main,
     run_split,
     write_report,
 )

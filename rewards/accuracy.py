@@ -77,10 +77,13 @@ def _final_answer(response: str, use_boxed: bool) -> str:
     return answer_span(response)
 
 
-def math_reward(sample: Any, *, use_boxed: bool = True) -> float:
+def math_reward(sample: Any, *, use_boxed: bool = True, boxed_only: bool = False) -> float:
     r"""1.0 when the final answer (last ``\boxed{}`` when ``use_boxed``, else the answer span) equals the ground
-    truth per math-verify, else 0.0."""
-    answer = _final_answer(sample.response, use_boxed)
+    truth per math-verify, else 0.0. ``boxed_only``: a response without ``\boxed{}`` scores 0 (verl's geo3k)."""
+    if boxed_only:
+        answer = extract_boxed(sample.response) or ""
+    else:
+        answer = _final_answer(sample.response, use_boxed)
     return 1.0 if grade_math(answer, _truth_text(sample.ground_truth)) else 0.0
 
 

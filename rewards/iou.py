@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from vlmrl.rewards.format import extract_tag, strip_think
+from vlmrl.rewards.format import check_format, extract_tag, strip_think
 
 Box = tuple[float, float, float, float]
 
@@ -153,4 +153,12 @@ def iou_reward(sample: Any, *, threshold: float | None = None, coords: str = "re
     return match_boxes(pred, truth, threshold)
 
 
+def box_format_reward(sample: Any, *, style: str = "think_answer", coords: str = "resized") -> float:
+    """1.0 when the response follows ``style`` (``rewards.format.check_format``) and its answer holds at least one
+    well-formed box, else 0.0 (the format term of the ``grounding`` recipe)."""
+    ok = check_format(sample.response, style) and any(valid_box(b) for b in response_boxes(sample, coords=coords))
+    return 1.0 if ok else 0.0
+
+
 iou_reward.needs_images = False  # type: ignore[attr-defined]
+box_format_reward.needs_images = False  # type: ignore[attr-defined]

@@ -64,8 +64,9 @@ def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_da
     log-probs match a training forward of the same tokens within bf16 precision."""
     from vlmrl.config import load
     from vlmrl.data import RLDataset
+    from vlmrl.models.forward import response_logprobs
+    from vlmrl.models.inputs import build_inputs, process_images, to_device
     from vlmrl.workers.hybrid import HybridWorker
-    from vlmrl.workers.inputs import build_inputs, process_images, response_logprobs, to_device
 
     cfg = load(
         [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",

@@ -11,11 +11,12 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from utils import make_prompt, noise, solid
 
 from vlmrl.batch import RolloutBatch
-from vlmrl.models import qwen_vl
+from vlmrl.models import forward, qwen_vl
+from vlmrl.models.forward import response_logprobs
+from vlmrl.models.inputs import build_inputs, process_images
 from vlmrl.models.tiny import TinySpec, build_tiny_model
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
-from vlmrl.workers.inputs import build_inputs, process_images, response_logprobs
 
 
 def _sha(path) -> str:
@@ -107,7 +108,7 @@ def test_text_only_micro_batch_runs_dummy_vision_with_identical_loss(tiny_proces
     p = make_prompt(tiny_processor, "Text only.", [], 0)
     rb = RolloutBatch([p.prompt_ids], [[10, 11, 12]], [[0.0] * 3], ["length"], n=1)
     x = build_inputs([p], rb, process_images(tiny_processor, [p]), tiny_processor.tokenizer.pad_token_id)
-    logits = qwen_vl.forward_logits(model, x.input_ids, x.attention_mask, ids)
+    logits = forward.forward_logits(model, x.input_ids, x.attention_mask, ids)
     plain = torch.log_softmax(logits[:, -4:-1].float(), -1).gather(-1, x.responses[..., None]).sum()
     lp, _, extra = response_logprobs(model, x, ids)
     assert float(extra) == 0.0
@@ -151,7 +152,7 @@ def test_vllm_samples_with_image_and_logprobs_match_hf_forward(tiny_model_dir, t
     assert wrong > 10 * max(worst, 1e-6), (wrong, worst)
 
 
-def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_processor, tiny_model_dir, monkeypatch):
+def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_processor, tiny_model_dir):
     """Running each prompt once (KV cache shared by its samples) gives the same log-probs and gradients as running
     every sample's full sequence, with images, two-image prompts, text-only prompts and uneven lengths."""
     torch.manual_seed(2)
@@ -169,24 +170,21 @@ def test_shared_prompt_forward_equals_full_forward_in_value_and_gradient(tiny_pr
     rows = [1, 0, 4, 3, 8, 6, 7, 9, 11]  # mixed order, a prompt split over positions, one sample of prompt 1 dropped
     x = x.select(rows)
     out = {}
-    for share in (False, True, "no-precomputed-features"):
+    for name, fn in (("full", forward.full_sequence_logits), ("shared", forward.shared_sample_logits)):
         model.zero_grad()
-        if share == "no-precomputed-features":  # transformers versions whose forward takes no image features
-            monkeypatch.setattr(qwen_vl, "supports_shared_prompt", lambda m: False)
-        lp, _, extra = response_logprobs(model, x, ids, share_prompt=bool(share))
+        logits, extra = fn(model, x, ids)
+        lp = forward.token_logprobs(logits, x.responses)
         (-(lp * x.response_mask).sum() + extra).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        out[share] = (lp.detach() * x.response_mask, grads)
-    for other in (False, "no-precomputed-features"):
-        assert torch.allclose(out[True][0], out[other][0], atol=2e-5), (
-            other,
-            (out[True][0] - out[other][0]).abs().max(),
-        )
-        assert torch.allclose(out[True][1], out[other][1], atol=1e-4, rtol=1e-3), other
+        out[name] = (lp.detach() * x.response_mask, grads)
+    assert torch.allclose(out["shared"][0], out["full"][0], atol=2e-5), (out["shared"][0] - out["full"][0]).abs().max()
+    assert torch.allclose(out["shared"][1], out["full"][1], atol=1e-4, rtol=1e-3)
+    lp, _, _ = response_logprobs(model.eval(), x, ids)  # what the policy calls: the shared forward outside training
+    assert torch.equal(lp.detach() * x.response_mask, out["shared"][0])
     # and both equal the log-probs the sampler reported
     for k, r in enumerate(rows):
         ref = torch.tensor(rb.logprobs[r])
-        assert (out[True][0][k, : len(ref)] - ref).abs().max() < 1e-5
+        assert (out["shared"][0][k, : len(ref)] - ref).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -226,7 +224,7 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
     loss_fn = get_policy_loss("ppo")
     out = {}
     for ckpt, model in models.items():
-        assert qwen_vl.checkpointing_in_training(model) is ckpt
+        assert forward.checkpointing_in_training(model) is ckpt
         lp, ent, extra = response_logprobs(model, x, ids, with_entropy=True)
         mask = x.response_mask
         old = lp.detach() - 0.05 * mask  # ratios off 1, so the clipped branch is exercised too

@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 from vlmrl.preprocess import common, jsonl
 
+from vlmrl.config import DataConfig
 from vlmrl.data import DataError, RLDataset
 from vlmrl.models import qwen_vl
 
@@ -242,7 +243,7 @@ def test_jsonl_unusual_images_accepted_and_loaded_as_rgb(tmp_path, tiny_processo
     assert [r["images"][0]["bytes"] for r in recs] == [(img / n).read_bytes() for n in names]  # stored untouched
 
     path = out / "train.parquet"
-    ds = RLDataset(str(path), tiny_processor, {"max_prompt_length": 4096}, verbose=False)
+    ds = RLDataset(str(path), tiny_processor, DataConfig(max_prompt_length=4096), verbose=False)
     assert len(ds) == len(names)
     ip = tiny_processor.image_processor
     factor, (lo, hi) = qwen_vl.patch_factor(ip), qwen_vl.pixel_bounds(ip)
@@ -274,14 +275,14 @@ def test_overlong_prompt_kept_by_preprocessing_then_filtered_and_reported_by_the
     assert pq.read_table(out / "train.parquet").to_pylist()[1]["extra_info"]["question"] == long_q
 
     path = out / "train.parquet"
-    ds = RLDataset(str(path), tiny_processor, {"max_prompt_length": 200})
+    ds = RLDataset(str(path), tiny_processor, DataConfig(max_prompt_length=200))
     printed = capsys.readouterr().out
     assert len(ds) == 1 and ds.source_of(0) == (str(path), 0)
     assert ds.report["rows_read"] == ds.report["kept"] + ds.report["filtered"] == 3
     assert ds.report["filtered_by_reason"] == {"overlong_text": 1, "overlong_with_images": 1}
     assert "3 rows from 1 file(s) -> 1 prompts; filtered 2 (overlong_text: 1, overlong_with_images: 1;" in printed
     with pytest.raises(DataError, match=rf"^{re.escape(str(path))} row 1: prompt is \d+ tokens .* never truncated"):
-        RLDataset(str(path), tiny_processor, {"max_prompt_length": 200, "filter_overlong_prompts": False})
+        RLDataset(str(path), tiny_processor, DataConfig(max_prompt_length=200, filter_overlong_prompts=False))
 
 
 # ------------------------------------------------------------------------------------------ training-time loading
@@ -321,7 +322,7 @@ def good_then(bad: dict, path: Path) -> str:
 
 
 def load(path: str, processor, **cfg) -> RLDataset:
-    return RLDataset(path, processor, {"max_prompt_length": 4096, **cfg}, verbose=False)
+    return RLDataset(path, processor, DataConfig(max_prompt_length=4096, **cfg), verbose=False)
 
 
 def bytes_image(data: bytes) -> list[dict]:

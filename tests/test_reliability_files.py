@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from vlmrl.preprocess import common, jsonl
+from vlmrl.preprocess import common, jsonl, pipeline
 
-from vlmrl.config import ConfigError, load
+from vlmrl.config import ConfigError, DataConfig, load
 from vlmrl.data import DataError, RLDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_training_reads_only_regular_files_inside_the_parquet_folder(tmp_path: P
         pq.write_table(pa.Table.from_pylist(rows), path)
         t0 = time.monotonic()
         with pytest.raises(DataError, match=rf"^{path} row 1: image 0: ") as e:
-            RLDataset(str(path), tiny_processor, {"max_prompt_length": 4096}, verbose=False)
+            RLDataset(str(path), tiny_processor, DataConfig(max_prompt_length=4096), verbose=False)
         assert time.monotonic() - t0 < 30, bad
         assert ("leaves the data folder" in str(e.value)) == (BAD_PATHS[bad] == "image_outside_dir"), str(e.value)
 
@@ -133,10 +133,10 @@ def _die_on_fifth(payload: int) -> dict:
 
 @pytest.mark.timeout(120)
 def test_a_killed_pool_worker_ends_the_run_with_an_error(tmp_path: Path) -> None:
-    items = [common.Item(f"row {i}", i) for i in range(40)]
+    items = [pipeline.Item(f"row {i}", i) for i in range(40)]
     t0 = time.monotonic()
     with pytest.raises(common.PreprocessError, match="a preprocessing worker process died"):
-        common.run_split("train", items, _die_on_fifth, tmp_path / "train.parquet", common.record_features(),
+        pipeline.run_split("train", items, _die_on_fifth, tmp_path / "train.parquet", common.record_features(),
                          num_proc=2, progress=False)  # fmt: skip
     assert time.monotonic() - t0 < 60 and not (tmp_path / "train.parquet").exists()
 
@@ -157,7 +157,7 @@ def test_an_image_that_passes_preprocessing_never_fails_in_the_dataset(tmp_path:
     small = jsonl.main([*base, "--output-dir", str(tmp_path / "small"), "--max-pixels", "12544"])
     assert small["splits"]["train"]["rejected_by_reason"] == {"bad_aspect_ratio": 1}
     path = tmp_path / "default" / "train.parquet"
-    ds = RLDataset(str(path), tiny_processor, {"max_prompt_length": 4096, "max_pixels": 12544}, verbose=False)
+    ds = RLDataset(str(path), tiny_processor, DataConfig(max_prompt_length=4096, max_pixels=12544), verbose=False)
     assert len(ds) == 1 and ds.report["filtered_by_reason"] == {"unresizable_image": 1}
     assert f"{path} row 1: image 0: 2000x10 resizes to" in ds.report["first_filtered"]["unresizable_image"]
     assert "unresizable_image, e.g." in ds.format_report()
@@ -192,4 +192,4 @@ def test_an_image_key_naming_a_non_image_column_names_the_key_and_file(tmp_path:
     path = tmp_path / "train.parquet"
     for key in ("data_source", "ability"):
         with pytest.raises(DataError, match=rf"^{path}: data.image_key='{key}' names a column of type string"):
-            RLDataset(str(path), tiny_processor, {"image_key": key}, verbose=False)
+            RLDataset(str(path), tiny_processor, DataConfig(image_key=key), verbose=False)

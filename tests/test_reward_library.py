@@ -438,3 +438,31 @@ def test_text_visual_recipe() -> None:
     assert out["similarity"] == 1.0
     assert out["visual"] == pytest.approx(2 * 1 * 0.5 / 1.5)
     assert out["score"] == pytest.approx(0.7 * 1.0 + 0.3 * out["visual"])
+
+
+@pytest.mark.parametrize(
+    "recipe, components, samples",
+    [
+        ("geo3k", recipes.geo3k_components(), [("<think>t</think> \\boxed{3}", "3"), ("\\boxed{3}", "3"),
+                                              ("<think>t</think> \\boxed{4}", "3"), ("no answer", "3")]),
+        ("grounding", recipes.grounding_components(),
+         [("<think>l</think><answer>[10, 20, 50, 60]</answer>", "[20, 40, 100, 120]"),
+          ("[10, 20, 50, 60]", "[20, 40, 100, 120]"), ("<answer>[0, 0, 5, 5]</answer>", "[20, 40, 100, 120]")]),
+        ("text_visual", recipes.text_visual_components(), [("a red circle", "red circle"), ("blue", "red circle")]),
+    ],
+)  # fmt: skip
+def test_a_recipe_is_its_component_list_in_a_config(recipe, components, samples) -> None:
+    """``reward.function=<recipe>`` and ``reward.components=<recipe>_components()`` score every sample the same,
+    components included: the recipe is nothing but that composite."""
+    from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
+    from vlmrl.reward import RewardManager
+
+    batch = [S(r, gt, image_scales=[(0.5, 0.5)], extra_info={"objects": OBJECTS}) for r, gt in samples]
+    with RewardManager(RewardConfig(function=recipe, num_workers=0, timeout_s=0), CustomRewardFunctionConfig()) as rm:
+        by_name = rm.score(batch)
+    cfg = RewardConfig(components=components, num_workers=0, timeout_s=0)
+    with RewardManager(cfg, CustomRewardFunctionConfig()) as rm:
+        by_list = rm.score(batch)
+    assert by_name.scores == by_list.scores
+    assert by_name.components == by_list.components
+    assert len(set(by_name.scores)) > 1  # the samples are told apart

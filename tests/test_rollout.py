@@ -9,9 +9,10 @@ from utils import make_prompt, noise, solid
 
 from vlmrl.config import RolloutConfig
 from vlmrl.models import qwen_vl
+from vlmrl.models.forward import response_logprobs
+from vlmrl.models.inputs import build_inputs, process_images
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
-from vlmrl.workers.inputs import build_inputs, process_images, response_logprobs
 
 pytestmark = pytest.mark.vllm
 

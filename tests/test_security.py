@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlmrl.batch import RewardSample
-from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
+from vlmrl.config import CustomRewardFunctionConfig, DataConfig, RewardConfig
 from vlmrl.data.dataset import RLDataset
 from vlmrl.data.records import DataError
 from vlmrl.reward import RewardManager
@@ -45,7 +45,7 @@ def test_data_source_never_names_code(evil: tuple[Path, Path], source: str) -> N
     path, marker = evil
     ds = source.format(path=path)
     modules_before = set(sys.modules)
-    with RewardManager(RewardConfig(), CustomRewardFunctionConfig()) as rm:  # type: ignore[arg-type]
+    with RewardManager(RewardConfig(), CustomRewardFunctionConfig()) as rm:
         with pytest.raises(RewardConfigError, match="no reward function for data_source"):
             rm.score([RewardSample(response="x", prompt="p", ground_truth="x", data_source=ds)])
     assert not marker.exists()
@@ -56,7 +56,7 @@ def test_extra_info_and_ground_truth_are_data_not_code(evil: tuple[Path, Path]) 
     """The built-in rewards read strings out of extra_info / ground_truth; a code-like value is just a wrong answer."""
     path, marker = evil
     payload = f"__import__('runpy').run_path('{path}')"
-    with RewardManager(RewardConfig(), CustomRewardFunctionConfig()) as rm:  # type: ignore[arg-type]
+    with RewardManager(RewardConfig(), CustomRewardFunctionConfig()) as rm:
         out = rm.score(
             [
                 RewardSample(response=payload, prompt="p", ground_truth=payload, data_source="hiyouga/geometry3k"),
@@ -77,7 +77,7 @@ def test_reward_file_named_by_the_launcher_is_the_one_way_in(evil: tuple[Path, P
     """The contrast: the same file named in the config (custom_reward_function.path) is trusted and runs."""
     path, marker = evil
     cfg = CustomRewardFunctionConfig(path=str(path), name="compute_score")  # type: ignore[call-arg]
-    with RewardManager(RewardConfig(), cfg) as rm:  # type: ignore[arg-type]
+    with RewardManager(RewardConfig(), cfg) as rm:
         assert rm.score([RewardSample(response="x", prompt="p", ground_truth="x", data_source="any")]).scores == [1.0]
     assert marker.read_text() == "called"
 
@@ -101,7 +101,7 @@ def test_dataset_text_is_never_rendered_as_a_template(tmp_path: Path, tiny_proce
     """Jinja syntax inside a prompt is text: it reaches the model verbatim and is not evaluated."""
     prompt = "{{ ''.__class__.__mro__[1].__subclasses__() }} {% for x in range(3) %}loop{% endfor %} What?"
     path = _parquet(tmp_path / "t.parquet", prompt, [])
-    ds = RLDataset(path, tiny_processor, {"max_prompt_length": 4096}, verbose=False)
+    ds = RLDataset(path, tiny_processor, DataConfig(max_prompt_length=4096), verbose=False)
     text = ds[0].prompt_text
     assert "{{ ''.__class__.__mro__[1].__subclasses__() }}" in text and "looploop" not in text
 
@@ -117,7 +117,7 @@ def test_custom_template_cannot_reach_python_internals(tmp_path: Path, tiny_proc
     ):
         with pytest.raises(DataError, match="chat template failed: SecurityError|chat template failed: UndefinedError"):
             RLDataset(
-                path, tiny_processor, {"max_prompt_length": 4096, "custom_chat_template": template}, verbose=False
+                path, tiny_processor, DataConfig(max_prompt_length=4096, custom_chat_template=template), verbose=False
             )
     assert not (tmp_path / "pwned").exists()
 
@@ -129,6 +129,6 @@ def test_image_path_is_only_ever_opened_as_an_image(tmp_path: Path, tiny_process
     script.write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     path = _parquet(tmp_path / "t.parquet", "<image>Q", [{"bytes": None, "path": str(script)}])
     with pytest.raises(DataError, match=r"row 0: image 0: image cannot be read"):
-        RLDataset(path, tiny_processor, {"max_prompt_length": 4096}, verbose=False)
+        RLDataset(path, tiny_processor, DataConfig(max_prompt_length=4096), verbose=False)
     assert not marker.exists()
     assert os.path.exists(script)

@@ -1,6 +1,6 @@
 """Every key of verl's own config gets one answer from vlmrl: kept, aliased, accepted with a notice, or refused naming
-its feature (``vlmrl/config/verl.py``); never a "did you mean" towards an unrelated key. The key list is verl 0.9.1's
-(``vlmrl/config/verl_keys.txt``, regenerated from the installed verl by scripts/verl_keys.py)."""
+its feature (``vlmrl/config/verl_rules.py``); never a "did you mean" towards an unrelated key. The key list is verl
+0.9.1's (``vlmrl/config/verl_keys.txt``, regenerated from the installed verl by scripts/verl_keys.py)."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
     """Check the data files; return {split: (kept prompts or None, data sources)}."""
     import pyarrow.parquet as pq
 
-    from vlmrl.data.dataset import REWARD_KEY, normalize_files
+    from vlmrl.data.dataset import REWARD_KEY
+    from vlmrl.data.parquet import normalize_files
 
     out: dict[str, Any] = {}
     processor = None

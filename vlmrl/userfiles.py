@@ -93,9 +93,53 @@ def import_file(path: str | os.PathLike) -> Any:
 
 def load_function(path: str | os.PathLike, name: str) -> Callable[..., Any]:
     """``name`` from the Python file at ``path``; AttributeError listing the file's functions when it has none."""
-    module = import_file(path)
+    return _attr(import_file(path), name, f"'{path}'")
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``file.py:fn`` / ``module:fn`` into (target, fn name); a bare name or ``file.py`` gives (spec, None)."""
+    head, sep, tail = spec.rpartition(":")
+    # a Windows drive letter ("C:\\x.py") is not a separator
+    if sep and head and len(head) > 1 and tail and "/" not in tail and "\\" not in tail:
+        return head, tail
+    return spec, None
+
+
+def is_file_target(target: str) -> bool:
+    """True when a spec's target names a file (``x.py`` or a path) rather than an importable module."""
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def load_callable(spec: str, what: str = "function", default_name: str | None = None) -> Callable[..., Any]:
+    """The one way a launcher's ``path/to/file.py:fn`` or ``package.module:fn`` becomes a function (rewards,
+    advantage estimators, policy losses). ``what`` (the config key) is named in every error; ``default_name`` is
+    used when the spec names no function.
+
+    Only the person launching the run names these (a command-line or config value): nothing in a dataset can.
+    Raises FileNotFoundError (no such file), ValueError (no function named, or a file Python cannot import),
+    AttributeError (no such function: the module's functions are listed) and ModuleNotFoundError.
+    """
+    target, name = split_spec(spec)
+    name = name or default_name
+    if name is None:
+        raise ValueError(f"{what}={spec!r}: expected 'path/to/file.py:function' or 'package.module:function'")
+    if is_file_target(target):
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} file '{target}' does not exist (resolved to '{path.resolve()}', cwd "
+                                    f"'{os.getcwd()}')")  # fmt: skip
+        try:
+            module = import_file(path)
+        except ValueError as e:
+            raise ValueError(f"{what}: cannot import {e}") from None
+    else:
+        module = importlib.import_module(target)
+    return _attr(module, name, f"{what}: '{target}'")
+
+
+def _attr(module: Any, name: str, where: str) -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise AttributeError(f"'{path}' has no function '{name}' (it has: {', '.join(public[:20])})")
+        raise AttributeError(f"{where} has no function '{name}' (it has: {', '.join(public[:20])})")
     return fn

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmrl.utils import load_callable
+from vlmrl.userfiles import load_callable
 
 # ------------------------------------------------------------------------------------------------- advantages
 

@@ -119,7 +119,7 @@ def _open_dict(key: str) -> bool:
 def translate(overrides: list[str]) -> Translated:
     """Answer every ``key=value`` override (arguments starting with ``-`` pass through untouched): vlmrl keys are
     kept (``+key`` on a schema key becomes ``++key``, a key below an open dict becomes ``++key``), verl keys follow
-    ``vlmrl.config.verl.RULES``, unknown keys are problems naming the nearest vlmrl key."""
+    ``vlmrl.config.verl_rules.RULES``, unknown keys are problems naming the nearest vlmrl key."""
     from vlmrl.config import verl
 
     out = Translated()

@@ -4,16 +4,14 @@
 - image resizing with qwen-vl-utils' rules and the number of image tokens an image becomes;
 - prompt ids with ONE image pad per image (what a rollout engine takes) and their expansion to the
   processor's layout (what the trainer's forward takes);
-- M-RoPE inputs for a prompt+response sequence (feature-detected: ``mm_token_type_ids`` in transformers 5,
-  ``position_ids`` from ``get_rope_index`` otherwise);
-- image features computed once and shared by the n samples of a prompt, and a dummy vision-tower pass for
-  micro-batches without images (every FSDP rank then runs the same collectives);
+- the token types M-RoPE positions are built from (``mm_token_type_ids``), image features and the form the model's
+  forward takes them in, and a dummy vision-tower pass for micro-batches without images (the forward passes that
+  use them are in ``models.forward``);
 - parameter-name mapping between transformers and the rollout engine.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,24 +183,6 @@ def tokens_per_image(image_grid_thw: torch.Tensor, merge_size: int) -> list[int]
 # ----------------------------------------------------------------------------------------------------- forward
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _forward(model: torch.nn.Module) -> Any:
-    """The HF model's own ``forward`` (a peft wrapper's is ``(*args, **kwargs)`` and says nothing)."""
-    return (model.get_base_model() if hasattr(model, "get_base_model") else model).forward
-
-
-def uses_mm_token_type_ids(model: torch.nn.Module) -> bool:
-    """True where the installed transformers builds 3-D M-RoPE positions from ``mm_token_type_ids`` (transformers 5);
-    False where position ids must come from ``get_rope_index`` (transformers 4)."""
-    return _accepts(_forward(model), "mm_token_type_ids")
-
-
 def mm_token_type_ids(input_ids: torch.Tensor, ids: VisionTokenIds) -> torch.Tensor:
     """1 on image tokens, 2 on video tokens, 0 elsewhere, over prompt AND response (responses never hold pads)."""
     out = torch.zeros_like(input_ids)
@@ -233,12 +213,16 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 def image_embeddings(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
     """Merged image features, one row per image token, for all images in order."""
     inner = inner_model(model)
-    feats = inner.get_image_features(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
-    if hasattr(feats, "pooler_output"):  # transformers >= 5 returns a ModelOutput
-        feats = feats.pooler_output
-    if isinstance(feats, (tuple, list)):
-        feats = torch.cat(list(feats), dim=0)
-    return feats
+    out = inner.get_image_features(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+    return torch.cat(list(out.pooler_output), dim=0)  # one tensor per image
+
+
+def encoder_outputs(image_embeds: torch.Tensor) -> dict[str, Any]:
+    """Precomputed image features in the form the model's forward takes them (``mm_encoder_outputs``), so features
+    computed once per prompt serve all of its samples."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
 
 
 def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
@@ -266,140 +250,6 @@ def _device_of(m: torch.nn.Module) -> torch.device:
 
 def _dtype_of(m: torch.nn.Module) -> torch.dtype:
     return next(m.parameters()).dtype
-
-
-def forward_logits(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    vision_ids: VisionTokenIds,
-    pixel_values: torch.Tensor | None = None,
-    image_grid_thw: torch.Tensor | None = None,
-    image_embeds: torch.Tensor | None = None,
-    logits_to_keep: int = 0,
-) -> torch.Tensor:
-    """Logits of a padded batch of prompt+response sequences with correct M-RoPE positions.
-
-    Pass either ``pixel_values`` (the model encodes the images) or precomputed ``image_embeds`` (one row per image
-    pad of the batch, in order: features computed once per prompt and repeated for its n samples).
-    ``image_grid_thw`` lists one row per image occurrence in the batch either way (it drives the positions).
-    ``logits_to_keep`` > 0 computes the head only on the last positions (left-padded prompts + right-padded responses
-    put every response in the same trailing columns), which saves a [B, T, vocab] tensor.
-    Always called on the root module, so FSDP2's root hooks run.
-    """
-    kwargs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": False}
-    if logits_to_keep:
-        kwargs["logits_to_keep"] = logits_to_keep
-    has_images = image_grid_thw is not None and image_grid_thw.numel() > 0
-    if has_images:
-        kwargs["image_grid_thw"] = image_grid_thw
-    if uses_mm_token_type_ids(model):
-        kwargs["mm_token_type_ids"] = mm_token_type_ids(input_ids, vision_ids)
-    else:  # transformers 4: 3-D positions from get_rope_index
-        grid = image_grid_thw if has_images else None
-        kwargs["position_ids"] = inner_model(model).get_rope_index(input_ids, grid, None, attention_mask)[0]
-    if has_images and image_embeds is None:
-        kwargs["pixel_values"] = pixel_values
-    elif has_images and _accepts(_forward(model), "mm_encoder_outputs"):
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
-    elif has_images:  # calling the embedding outside the root forward would bypass FSDP2's gathering
-        raise ValueError("this transformers version takes no precomputed image features: pass pixel_values")
-    return model(input_ids=input_ids, **kwargs).logits
-
-
-def rope_position_ids(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    vision_ids: VisionTokenIds,
-    image_grid_thw: torch.Tensor | None,
-) -> torch.Tensor:
-    """3-D M-RoPE position ids [3, B, T] of a padded batch, from the model's own ``get_rope_index`` (its signature is
-    feature-detected: transformers 5 takes ``mm_token_type_ids``, transformers 4 does not)."""
-    inner = inner_model(model)
-    has_images = image_grid_thw is not None and image_grid_thw.numel() > 0
-    if not has_images:  # text only: plain positions over the real tokens, the same on all three axes
-        pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        return pos.unsqueeze(0).expand(3, -1, -1)
-    params = inspect.signature(inner.get_rope_index).parameters
-    kwargs: dict[str, Any] = {"image_grid_thw": image_grid_thw, "attention_mask": attention_mask}
-    if "mm_token_type_ids" in params:
-        kwargs["mm_token_type_ids"] = mm_token_type_ids(input_ids, vision_ids)
-    return inner.get_rope_index(input_ids, **kwargs)[0]
-
-
-def shared_prompt_logits(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_len: int,
-    prompt_rows: torch.Tensor,
-    sample_prompt: torch.Tensor,
-    vision_ids: VisionTokenIds,
-    image_grid_thw: torch.Tensor | None = None,
-    image_embeds: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Logits [B, R, V] predicting each response token, running every distinct prompt ONCE.
-
-    ``input_ids`` is [B, P+R] (left-padded prompts, right-padded responses); ``prompt_rows`` [U] picks one row per
-    distinct prompt and ``sample_prompt`` [B] says which of the U prompts each row belongs to (given, not inferred:
-    prompts with equal token ids may carry different images). The prompts run as a batch of U with a KV
-    cache; the cache is indexed out to the B samples (gradients flow back through it) and only the R response columns
-    run per sample. The n samples of a GRPO group then cost one prompt pass instead of n. ``image_grid_thw`` /
-    ``image_embeds`` cover the images of the U prompts in order.
-    """
-    P = input_ids.shape[1] - response_len
-    rows = prompt_rows.to(input_ids.device)
-    p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
-    inv = sample_prompt.to(input_ids.device)
-    if not bool((input_ids[:, :P] == p_ids[inv]).all()):
-        raise ValueError("shared-prompt forward: a sample's prompt ids differ from its prompt's")
-    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, image_grid_thw)
-    last = p_pos.amax(dim=(0, 2))  # [U] highest prompt position; responses continue from it
-    offs = (attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
-    r_pos = (last[inv].unsqueeze(-1) + 1 + offs).unsqueeze(0).expand(3, -1, -1)
-    kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
-    if image_grid_thw is not None and image_grid_thw.numel() > 0:
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-        kwargs["image_grid_thw"] = image_grid_thw
-        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
-    out = model(input_ids=p_ids, **kwargs)
-    first = out.logits[:, -1][inv]  # predicts each sample's first response token
-    cache = out.past_key_values
-    cache.batch_select_indices(inv)
-    resp = model(
-        input_ids=input_ids[:, P:],
-        attention_mask=attention_mask,
-        position_ids=r_pos,
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
-    return torch.cat([first.unsqueeze(1), resp[:, :-1]], dim=1)
-
-
-def supports_shared_prompt(model: torch.nn.Module) -> bool:
-    """The shared-prompt forward needs precomputed image features (``mm_encoder_outputs``) in the model's forward."""
-    return _accepts(_forward(model), "mm_encoder_outputs")
-
-
-def checkpointing_in_training(model: torch.nn.Module) -> bool:
-    """True when the model recomputes activations in backward right now (gradient checkpointing on, training mode).
-
-    transformers then drops the KV cache (``use_cache`` is forced off and each checkpointed layer ignores
-    ``past_key_values``), so a forward that shares a prompt's KV cache among its samples cannot run."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return bool(model.training and getattr(base, "is_gradient_checkpointing", False))
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) per position, computed in fp32 (logits[:, t] predicts targets[:, t])."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 # ------------------------------------------------------------------------------------------------------ weights

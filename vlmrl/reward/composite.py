@@ -226,13 +226,10 @@ def _plain(obj: Any) -> Any:
     """Config objects (dataclass, DictConfig, ListConfig) as plain Python containers."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
-        if isinstance(obj, DictConfig | ListConfig):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(obj, DictConfig | ListConfig):
+        return OmegaConf.to_container(obj, resolve=True)
     if isinstance(obj, Mapping):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

@@ -20,8 +20,6 @@ or the built-in table already named.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
@@ -33,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from vlmrl import userfiles
+
 # name -> "module:function"; modules are imported only when their name is used (clip pulls in transformers)
 REGISTRY: dict[str, str] = {
     "format": "vlmrl.rewards.format:format_reward",
@@ -41,6 +41,7 @@ REGISTRY: dict[str, str] = {
     "choice": "vlmrl.rewards.accuracy:choice_reward",
     "number": "vlmrl.rewards.accuracy:number_reward",
     "iou": "vlmrl.rewards.iou:iou_reward",
+    "box_format": "vlmrl.rewards.iou:box_format_reward",
     "similarity": "vlmrl.rewards.similarity:similarity_reward",
     "visual_consistency": "vlmrl.rewards.visual:visual_consistency",
     "clip_consistency": "vlmrl.rewards.clip:clip_consistency",
@@ -87,51 +88,33 @@ def registered_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _import_attr(target: str) -> Callable[..., Any]:
-    module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise RewardConfigError(f"module '{module_name}' has no function '{attr}'") from None
-
-
 def load_file_function(path: str, name: str = "compute_score") -> Callable[..., Any]:
     """Import ``name`` from the Python file at ``path`` (trusted code named by the launcher), once per process
     (``vlmrl.userfiles``: its functions pickle into child processes, helpers beside it import)."""
-    from vlmrl import userfiles
+    return _load(f"{os.path.abspath(os.path.expanduser(path))}:{name}")
 
-    full = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(full):
-        raise RewardConfigError(f"reward file not found: '{path}' (resolved to '{full}', cwd '{os.getcwd()}')")
+
+def _load(spec: str) -> Callable[..., Any]:
+    """``userfiles.load_callable`` with its errors as :class:`RewardConfigError`."""
     try:
-        return userfiles.load_function(full, name)
-    except ValueError as e:
-        raise RewardConfigError(f"cannot import reward file: {e}") from None
-    except AttributeError as e:
+        return userfiles.load_callable(spec, what="reward")
+    except FileNotFoundError as e:
         raise RewardConfigError(str(e)) from None
-
-
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``file.py:fn`` / ``module:fn`` into (target, fn name); a bare name or ``file.py`` gives (spec, None)."""
-    head, sep, tail = spec.rpartition(":")
-    # a Windows drive letter ("C:\\x.py") is not a separator
-    if sep and head and len(head) > 1 and tail and "/" not in tail and "\\" not in tail:
-        return head, tail
-    return spec, None
+    except (ValueError, AttributeError) as e:
+        raise RewardConfigError(str(e)) from None
 
 
 def resolve_function(spec: str) -> tuple[Callable[..., Any], str]:
     """Turn a registry name, ``path/to/file.py[:fn]`` or ``package.module:fn`` into (function, short name)."""
     if spec in REGISTRY:
-        return _import_attr(REGISTRY[spec]), spec
-    target, fn_name = split_spec(spec)
+        return _load(REGISTRY[spec]), spec
+    target, fn_name = userfiles.split_spec(spec)
     if target.endswith(".py"):
         name = fn_name or "compute_score"
         return load_file_function(target, name), name
     if fn_name:
         try:
-            return _import_attr(f"{target}:{fn_name}"), fn_name
+            return _load(spec), fn_name
         except ModuleNotFoundError as e:
             if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
                 raise  # the module exists but one of its own imports is missing: say so
@@ -145,7 +128,7 @@ def absolutize_spec(spec: str) -> str:
     """Make the file part of a ``file.py[:fn]`` spec absolute (worker processes may not share the cwd)."""
     if spec in REGISTRY:
         return spec
-    target, fn_name = split_spec(spec)
+    target, fn_name = userfiles.split_spec(spec)
     if target.endswith(".py"):
         target = os.path.abspath(os.path.expanduser(target))
         return f"{target}:{fn_name}" if fn_name else target

@@ -8,11 +8,14 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmrl.reward.composite import Dispatch, build_scorer, make_spec
 from vlmrl.reward.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
 from vlmrl.reward.runner import InlineRunner, ProcessRunner, timeout_text
+
+if TYPE_CHECKING:
+    from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 
 log = logging.getLogger("vlmrl.reward")
 
@@ -84,14 +87,6 @@ class RewardOutput:
         return RewardOutput(scores=scores, components=comps, metrics=metrics, errors=errors)
 
 
-def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
 def excerpt(text: Any, limit: int = _EXCERPT) -> str:
     """A short, single-line view of a (maybe huge) response for logs."""
     text = str(text)
@@ -109,12 +104,12 @@ class RewardManager:
     at the first step. Use :meth:`score` each step and :meth:`close` at the end (or use it as a context manager).
     """
 
-    def __init__(self, reward_cfg: Any = None, custom_cfg: Any = None) -> None:
-        self.num_workers = int(_cfg_get(reward_cfg, "num_workers", 1) or 0)
-        self.timeout_s = float(_cfg_get(reward_cfg, "timeout_s", 30.0) or 0.0)
-        self.on_error = str(_cfg_get(reward_cfg, "on_error", "fallback"))
-        self.fallback_score = float(_cfg_get(reward_cfg, "fallback_score", 0.0))
-        self.max_failed_ratio = float(_cfg_get(reward_cfg, "max_failed_ratio", 1.0))
+    def __init__(self, reward_cfg: RewardConfig, custom_cfg: CustomRewardFunctionConfig | None = None) -> None:
+        self.num_workers = int(reward_cfg.num_workers or 0)
+        self.timeout_s = float(reward_cfg.timeout_s or 0.0)
+        self.on_error = str(reward_cfg.on_error)
+        self.fallback_score = float(reward_cfg.fallback_score)
+        self.max_failed_ratio = float(reward_cfg.max_failed_ratio)
         if not 0.0 < self.max_failed_ratio <= 1.0:
             raise RewardConfigError(
                 f"reward.max_failed_ratio must be in (0, 1] (1.0 = stop only when every sample failed), "

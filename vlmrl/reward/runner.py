@@ -96,10 +96,7 @@ class ProcessRunner:
         self.num_workers = int(num_workers)
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 else None
         ctx = mp.get_context("forkserver")
-        try:
-            ctx.set_forkserver_preload(["vlmrl.batch", "vlmrl.reward.runner"])
-        except (AttributeError, ValueError):  # pragma: no cover - older Pythons
-            pass
+        ctx.set_forkserver_preload(["vlmrl.batch", "vlmrl.reward.runner"])
         threads = max(1, (os.cpu_count() or 1) // self.num_workers)
         self.pool = ProcessPool(
             max_workers=self.num_workers,

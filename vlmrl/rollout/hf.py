@@ -12,17 +12,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models.forward import token_logprobs
 from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - FSDP2 ships with torch >= 2.6
-        return False
     return isinstance(model, FSDPModule)
 
 
@@ -102,8 +100,8 @@ class HFRollout:
         plen = enc["input_ids"].shape[1]
         seqs = out.sequences[:, plen:]
         # raw logits -> log-probs of the chosen tokens (vLLM reports raw log-probs too)
-        logits = torch.stack(out.logits, dim=1).float()  # [B*n, R, V]
-        lps = torch.log_softmax(logits, dim=-1).gather(-1, seqs[:, : logits.shape[1], None]).squeeze(-1)
+        logits = torch.stack(out.logits, dim=1)  # [B*n, R, V]
+        lps = token_logprobs(logits, seqs[:, : logits.shape[1]])
         prompt_ids = enc["input_ids"].repeat_interleave(spec.n, dim=0)
         prompt_mask = enc["attention_mask"].repeat_interleave(spec.n, dim=0)
         for row in range(seqs.shape[0]):

@@ -20,18 +20,18 @@ import torch.distributed as dist
 from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
 from vlmrl.models import qwen_vl
+from vlmrl.models.inputs import build_inputs, process_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
-from vlmrl.workers.inputs import build_inputs, process_images
 from vlmrl.workers.policy import PolicyWorker
 
 
-def resolve_device(requested: str) -> str:
-    """``auto`` → cuda when available, else cpu; ``cuda`` where none is visible is an error."""
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
+def check_device(device: str) -> str:
+    """The device the driver resolved (``config.checks.planned_device``), checked against this worker's view."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"a worker's device is resolved by the driver to cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("trainer.device=cuda but no CUDA device is visible to this worker")
-    return requested
+    return device
 
 
 class HybridWorker:
@@ -54,7 +54,7 @@ class HybridWorker:
         self.cfg = cfg
         self.rank = rank
         self.world = world
-        self.device = resolve_device(device)
+        self.device = check_device(device)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
         else:
@@ -94,7 +94,14 @@ class HybridWorker:
                 pixel_bounds=bounds,
             )
         torch.manual_seed(cfg.trainer.seed + rank)  # vLLM reseeds the process at start; seed after it
-        self.policy = PolicyWorker(cfg, self.device, total_steps, self.vision_ids)
+        self.policy = PolicyWorker(
+            arr,
+            device=self.device,
+            total_steps=total_steps,
+            vision_ids=self.vision_ids,
+            seed=cfg.trainer.seed,
+            max_response_length=cfg.data.max_response_length,
+        )
         if arr.rollout.name == "hf":
             from vlmrl.rollout.hf import HFRollout
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
+from vlmrl.config.checks import planned_device
 from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
 
 
@@ -92,9 +93,8 @@ class RayWorkerGroup(WorkerGroup):
 
         from vlmrl.workers.hybrid import HybridWorker
 
-        req = cfg.trainer.device
-        init_ray(cfg, "cuda" if req == "cuda" else "cpu", cfg.trainer.cpu_workers)
-        self.device = req if req != "auto" else ("cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu")
+        init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", cfg.trainer.cpu_workers)
+        self.device = planned_device(cfg, cuda_available=ray.cluster_resources().get("GPU", 0) > 0)  # the cluster's
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
         if self.device == "cuda":
             self.world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node

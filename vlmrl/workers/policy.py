@@ -16,9 +16,11 @@ import torch
 import torch.distributed as dist
 
 from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
-from vlmrl.config import VLMRLConfig
+from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.models import qwen_vl
-from vlmrl.workers.inputs import ModelInputs, response_logprobs, to_device
+from vlmrl.models.forward import response_logprobs
+from vlmrl.models.inputs import ModelInputs, to_device
+from vlmrl.workers.weights import engine_weights
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -89,11 +91,23 @@ def lr_lambda(step: int, warmup: int, total: int, style: str, min_ratio: float) 
 class PolicyWorker:
     """The actor (trainable, FSDP2-sharded) and, when KL is on, the frozen reference."""
 
-    def __init__(self, cfg: VLMRLConfig, device: str, total_steps: int, vision_ids: qwen_vl.VisionTokenIds) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        arr: ActorRolloutRefConfig,
+        *,
+        device: str,
+        total_steps: int,
+        vision_ids: qwen_vl.VisionTokenIds,
+        seed: int,
+        max_response_length: int,
+    ) -> None:
+        """``arr`` is ``actor_rollout_ref``; ``seed`` (trainer.seed) orders mini-batches; ``max_response_length``
+        (data.max_response_length) normalises the seq-mean-token-sum-norm loss."""
+        self.arr = arr
         self.device = device
         self.vision_ids = vision_ids
-        arr = cfg.actor_rollout_ref
+        self.seed = int(seed)
+        self.max_response_length = int(max_response_length)
         self.actor_cfg = arr.actor
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.model = load_model(arr.model.path, device, arr.model.trust_remote_code)
@@ -167,7 +181,7 @@ class PolicyWorker:
         return out
 
     def _micro_size(self, which: str) -> int:
-        arr = self.cfg.actor_rollout_ref
+        arr = self.arr
         if which == "ref":
             return arr.ref.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
         return arr.rollout.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
@@ -187,7 +201,7 @@ class PolicyWorker:
         ref = self.logprobs(x, "ref") if self.ref is not None else None
         t_logprob = time.perf_counter() - t0
         metrics: dict[str, list[float]] = {}
-        g = torch.Generator().manual_seed(int(self.cfg.trainer.seed) + int(self.scheduler.last_epoch))
+        g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
         self.model.train()
         for _epoch in range(ac.ppo_epochs):
             order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
@@ -221,7 +235,7 @@ class PolicyWorker:
         # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch
         g_tokens = self._global_sum(float(mini.response_mask.sum()))
         g_seqs = self._global_sum(float(mini.batch_size))
-        agg_kw = dict(global_tokens=g_tokens, global_seqs=g_seqs, max_len=self.cfg.data.max_response_length)
+        agg_kw = dict(global_tokens=g_tokens, global_seqs=g_seqs, max_len=self.max_response_length)
         clip_low = ac.clip_ratio_low if ac.clip_ratio_low is not None else ac.clip_ratio
         clip_high = ac.clip_ratio_high if ac.clip_ratio_high is not None else ac.clip_ratio
         self.optimizer.zero_grad(set_to_none=True)
@@ -349,6 +363,4 @@ class PolicyWorker:
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one at a time under the engine's names. Every rank must consume the whole
         iterator in the same order: each ``full_tensor()`` is a collective."""
-        from vlmrl.workers.lora import merged_weights
-
-        yield from merged_weights(self.model)
+        yield from engine_weights(self.model)

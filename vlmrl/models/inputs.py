@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
-from vlmrl.models import qwen_vl
 
 
 @dataclass
@@ -123,100 +122,3 @@ def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
         x.images,
         x.rollout_logprobs,
     )
-
-
-def forward_response_logits(
-    model: torch.nn.Module, mb: ModelInputs, vision_ids: qwen_vl.VisionTokenIds, share_prompt: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits [b, R, V] predicting each response token, and the dummy-vision term (0-valued, keeps collectives even).
-
-    Image features are computed once for each distinct prompt of the micro-batch. With ``share_prompt`` (default) the
-    prompt itself also runs once and its KV cache serves all of its samples (``qwen_vl.shared_prompt_logits``);
-    otherwise, and under gradient checkpointing in training mode (transformers keeps no KV cache there), every sample
-    runs its full prompt. A micro-batch without images runs the vision tower on a dummy input
-    so every FSDP rank joins the same collectives; add the returned term to the loss (it is exactly 0).
-    """
-    device = mb.input_ids.device
-    order = sorted(set(mb.prompt_of.tolist()))
-    with_images = [p for p in order if mb.images[p].num_images > 0]
-    extra = torch.zeros((), device=device)
-    per_prompt: dict[int, torch.Tensor] = {}
-    precomputed = qwen_vl.supports_shared_prompt(model)  # the model's forward takes image features
-    if with_images and precomputed:
-        pv = torch.cat([mb.images[p].pixel_values for p in with_images]).to(device)
-        g = torch.cat([mb.images[p].image_grid_thw for p in with_images]).to(device)
-        feats = qwen_vl.image_embeddings(model, pv, g)
-        merge = qwen_vl.vision_tower(model).spatial_merge_size
-        sizes = [sum(qwen_vl.tokens_per_image(mb.images[p].image_grid_thw, merge)) for p in with_images]
-        per_prompt = dict(zip(with_images, torch.split(feats, sizes)))
-    elif not with_images:
-        extra = qwen_vl.dummy_vision_loss(model)
-    R = mb.responses.shape[1]
-
-    def images_of(prompts: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        used = [p for p in prompts if p in per_prompt]
-        if not used:
-            return None, None
-        grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(device)
-        return torch.cat([per_prompt[p] for p in used]), grid
-
-    if not precomputed:
-        # transformers without ``mm_encoder_outputs``: each sample's images are encoded inside the root forward
-        # (where FSDP2 has gathered the embedding table), at the cost of encoding them once per sample
-        used = [p for p in mb.prompt_of.tolist() if mb.images[p].num_images > 0]
-        pv = torch.cat([mb.images[p].pixel_values for p in used]).to(device) if used else None
-        grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(device) if used else None
-        logits = qwen_vl.forward_logits(
-            model, mb.input_ids, mb.attention_mask, vision_ids, pixel_values=pv, image_grid_thw=grid,
-            logits_to_keep=R + 1,
-        )  # fmt: skip
-        return logits[:, :-1], extra
-    if share_prompt and not qwen_vl.checkpointing_in_training(model):
-        first_row = {}
-        for row, p in enumerate(mb.prompt_of.tolist()):
-            first_row.setdefault(p, row)
-        embeds, grid = images_of(order)
-        logits = qwen_vl.shared_prompt_logits(
-            model,
-            mb.input_ids,
-            mb.attention_mask,
-            R,
-            torch.tensor([first_row[p] for p in order]),
-            torch.tensor([order.index(p) for p in mb.prompt_of.tolist()]),
-            vision_ids,
-            image_grid_thw=grid,
-            image_embeds=embeds,
-        )
-        return logits, extra
-    embeds, grid = images_of(mb.prompt_of.tolist())
-    logits = qwen_vl.forward_logits(
-        model,
-        mb.input_ids,
-        mb.attention_mask,
-        vision_ids,
-        image_grid_thw=grid,
-        image_embeds=embeds,
-        logits_to_keep=R + 1,
-    )
-    return logits[:, :-1], extra
-
-
-def response_logprobs(
-    model: torch.nn.Module,
-    mb: ModelInputs,
-    vision_ids: qwen_vl.VisionTokenIds,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    share_prompt: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Per-token log-probs [b, R] of the responses (and entropy [b, R] when asked), plus the dummy-vision term."""
-    logits, extra = forward_response_logits(model, mb, vision_ids, share_prompt)
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    lp = logp_all.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-    return lp, ent, extra

@@ -1,0 +1,364 @@
+"""The table behind ``vlmrl.config.verl``: how each verl key that is not vlmrl's own is answered (``RULES``, first
+match wins) and which values of vlmrl's own keys name verl features vlmrl does not implement (``VALUE_REASONS``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ALIAS, NOTICE, ACCEPT, FEATURE = "alias", "notice", "accept", "feature"
+DROP = object()
+"""An alias value map entry meaning: the override has no effect (vlmrl already behaves so), drop it."""
+
+_MEGATRON = "the Megatron-LM backend (vlmrl trains with PyTorch FSDP2)"
+_CRITIC = "the PPO critic (value model); GRPO-family estimators need none"
+_RM = "model-based reward models (use reward.function, reward.components or custom_reward_function.path)"
+_PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
+_MULTI_TURN = "multi-turn / tool-calling rollouts (vlmrl samples one response per prompt)"
+_DYN = "the rollout and log-prob settings of the same name in actor_rollout_ref.rollout / ref"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one verl key (an fnmatch pattern over the dotted path; ``*`` crosses dots) is answered."""
+
+    pattern: str
+    kind: str
+    why: str = ""
+    """notice: what vlmrl does instead; accept / feature: the feature; alias: an optional note."""
+    target: str | None = None
+    """alias: the vlmrl key that takes the value."""
+    values: tuple[Any, ...] = ()
+    """accept: the values accepted (vlmrl behaves so)."""
+    mapping: dict[Any, Any] | None = None
+    """alias: value translation (a value missing from the map is refused); ``DROP`` = accepted with no effect."""
+
+
+def alias(pattern: str, target: str, mapping: dict[Any, Any] | None = None, why: str = "") -> Rule:
+    """Rewrite ``pattern`` to ``target`` (with a value map when the two spell values differently)."""
+    return Rule(pattern, ALIAS, why, target=target, mapping=mapping)
+
+
+def notice(pattern: str, why: str) -> Rule:
+    """Accept any value with one printed notice saying what vlmrl does instead."""
+    return Rule(pattern, NOTICE, why)
+
+
+def accept(pattern: str, values: tuple[Any, ...], why: str) -> Rule:
+    """Accept these values (what vlmrl does); refuse others naming the feature ``why``."""
+    return Rule(pattern, ACCEPT, why, values=values)
+
+
+def feature(pattern: str, why: str) -> Rule:
+    """Refuse, naming the feature ``why``."""
+    return Rule(pattern, FEATURE, why)
+
+
+def _engine(name: str) -> Rule:
+    return alias(
+        f"actor_rollout_ref.rollout.{name}",
+        f"actor_rollout_ref.rollout.engine_kwargs.vllm.{name}",
+        why="a vLLM engine setting",
+    )
+
+
+# First match wins: specific patterns before general ones.
+RULES: tuple[Rule, ...] = (
+    # ---------------------------------------------------------------------------------------------- aliases
+    alias("actor_rollout_ref.actor.freeze_vision_tower", "actor_rollout_ref.model.freeze_vision_tower"),
+    alias("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"),
+    alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
+    alias(
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        "actor_rollout_ref.actor.policy_loss",
+        mapping={"vanilla": "ppo", "ppo": "ppo"},
+    ),
+    alias("actor_rollout_ref.model.custom_chat_template", "data.custom_chat_template"),
+    alias("reward.custom_reward_function.path", "custom_reward_function.path"),
+    alias("reward.custom_reward_function.name", "custom_reward_function.name"),
+    alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
+    alias("trainer.max_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep"),
+    alias("trainer.use_ray", "trainer.launcher", mapping={False: "inline", True: "auto"}, why="vlmrl's older key"),
+    alias(
+        "actor_rollout_ref.actor.fsdp_config.offload_policy",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        mapping={False: DROP, True: True},
+        why="FSDP2's CPUOffloadPolicy",
+    ),
+    alias(
+        "actor_rollout_ref.ref.fsdp_config.offload_policy",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        mapping={False: DROP, True: True},
+        why="FSDP2's CPUOffloadPolicy",
+    ),
+    *(
+        _engine(k)
+        for k in (
+            "max_num_seqs",
+            "cudagraph_capture_sizes",
+            "scheduling_policy",
+            "disable_log_stats",
+            "enable_prefix_caching",
+            "logprobs_mode",
+        )
+    ),
+    # ---------------------------------------------------------------------------------------------- notices
+    notice("actor_rollout_ref.model.use_fused_kernels", "vlmrl computes log-probs and entropy with its own forward"),
+    notice("actor_rollout_ref.actor.use_fused_kernels", "vlmrl computes log-probs and entropy with its own forward"),
+    notice("actor_rollout_ref.model.fused_kernel_options.*", "no fused kernels in vlmrl"),
+    notice("actor_rollout_ref.model.use_liger", "no Liger kernels in vlmrl (transformers' own modules run)"),
+    notice("*.use_torch_compile", "vlmrl runs the model eagerly (no torch.compile)"),
+    notice("*.entropy_from_logits_with_chunking", "vlmrl computes entropy from the response logits directly"),
+    notice("*.entropy_from_logits_chunk_size", "vlmrl computes entropy from the response logits directly"),
+    notice("*.entropy_checkpointing", "vlmrl computes entropy from the response logits directly"),
+    notice("actor_rollout_ref.model.use_remove_padding", "vlmrl always trims padding per micro-batch"),
+    notice("actor_rollout_ref.actor.use_remove_padding", "vlmrl always trims padding per micro-batch"),
+    notice("*.pad_to_length", "vlmrl trims padding per micro-batch"),
+    notice("*.pad_to_length_bucket", "vlmrl trims padding per micro-batch"),
+    notice("*.fsdp_config.forward_prefetch", "FSDP2 prefetches by default"),
+    notice("*.fsdp_config.use_orig_params", "FSDP2 always keeps the original parameters"),
+    notice("*.fsdp_config.wrap_policy.*", "vlmrl wraps each decoder layer and vision block"),
+    notice("*.fsdp_config.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
+    notice("*.fsdp_config.seed", "model-side randomness uses trainer.seed"),
+    notice("*.fsdp_config.forward_only", "the reference is forward-only, the actor is not"),
+    notice("*.use_shm", "models and data load from disk"),
+    notice("actor_rollout_ref.actor.calculate_entropy", "vlmrl always computes and logs entropy"),
+    notice("actor_rollout_ref.actor.use_prefix_grouper", "vlmrl always runs each prompt once for its n samples"),
+    notice("actor_rollout_ref.actor.data_loader_seed", "mini-batch shuffling (actor.shuffle) uses trainer.seed"),
+    notice("actor_rollout_ref.actor.optim.zero_indexed_step", "the learning-rate schedule counts from step 0"),
+    notice("actor_rollout_ref.rollout.calculate_log_probs", "the engine always reports sampled-token log-probs"),
+    notice("actor_rollout_ref.rollout.layered_summon", "weights are pushed one FSDP unit at a time, LoRA merged"),
+    notice("actor_rollout_ref.rollout.skip_tokenizer_init", "vlmrl gives the engine token ids either way"),
+    notice(
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+        "weights are pushed one FSDP unit at a time",
+    ),
+    notice(
+        "actor_rollout_ref.rollout.mode",
+        "vlmrl runs the engine inside each worker; single-turn sampling is the same in verl's sync and async modes",
+    ),
+    notice("data.filter_overlong_prompts_workers", "the overlong filter tokenises in batches in one process"),
+    notice("data.return_raw_chat", "rewards always see the chat messages"),
+    notice("data.return_raw_input_ids", "no reward model re-tokenises prompts in vlmrl"),
+    notice("data.return_full_prompt", "rewards always get the rendered prompt (RewardSample.prompt)"),
+    notice("data.return_multi_modal_inputs", "image inputs are processed once per prompt in the trainer"),
+    notice("trainer.balance_batch", "each worker gets an equal share of the prompts"),
+    notice("trainer.ray_wait_register_center_timeout", "vlmrl's workers report readiness directly"),
+    notice("trainer.use_legacy_worker_impl", "vlmrl has one worker implementation"),
+    notice("trainer.use_v1", "vlmrl has one trainer"),
+    notice("algorithm.kl_penalty", "the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl"),
+    notice("algorithm.kl_ctrl.*", "the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl"),
+    notice("algorithm.lam", "GAE's lambda; the GRPO-family estimators do not use it, as in verl"),
+    # ------------------------------------------------------------------------ accepted at the value meaning "off"
+    accept(
+        "algorithm.use_kl_in_reward",
+        (False,),
+        "the in-reward KL penalty (use actor_rollout_ref.actor.use_kl_loss=True: the KL loss against the reference)",
+    ),
+    accept("algorithm.gamma", (1.0,), "discounting (the estimators score whole responses: nothing to discount)"),
+    accept("algorithm.use_pf_ppo", (False,), "PF-PPO"),
+    feature("algorithm.pf_ppo.*", "PF-PPO"),
+    accept("algorithm.rollout_correction.rollout_is", (None,), "rollout importance-sampling correction"),
+    accept("algorithm.rollout_correction.rollout_rs", (None,), "rollout rejection sampling"),
+    accept("algorithm.rollout_correction.bypass_mode", (False,), "rollout correction's bypass mode"),
+    notice("algorithm.rollout_correction.*", "rollout correction is off (rollout_is / rollout_rs unset)"),
+    accept("algorithm.filter_groups.max_inflight_gen_batches", (1,), "overlapping generation batches"),
+    accept(
+        "actor_rollout_ref.hybrid_engine",
+        (True,),
+        "a separate rollout worker pool; vlmrl always colocates "
+        "policy, reference and engine in one worker (the hybrid engine)",
+    ),
+    accept("trainer.critic_warmup", (0,), _CRITIC),
+    accept("trainer.default_hdfs_dir", (None,), "copying checkpoints to HDFS"),
+    accept("trainer.del_local_ckpt_after_load", (False,), "deleting checkpoints after loading"),
+    accept("trainer.esi_redundant_time", (0, 0.0), "elastic (ESI) checkpoint timing"),
+    accept("trainer.checkpoint_callback_class", (None,), "checkpoint callbacks"),
+    accept("trainer.max_critic_ckpt_to_keep", (None,), _CRITIC),
+    feature("trainer.v1.*", "verl's v1 trainer modes (async / colocated variants)"),
+    accept(
+        "actor_rollout_ref.model.enable_activation_offload",
+        (False,),
+        "activation offloading (use actor_rollout_ref.model.enable_gradient_checkpointing=True)",
+    ),
+    accept("actor_rollout_ref.model.external_lib", (None,), "importing a model library"),
+    accept("actor_rollout_ref.model.hf_config_path", (None,), "a separate model config (vlmrl reads model.path)"),
+    accept("actor_rollout_ref.model.tokenizer_path", (None,), "a separate tokenizer (vlmrl reads model.path)"),
+    accept("actor_rollout_ref.model.lora_adapter_path", (None,), "starting LoRA from saved adapters"),
+    accept("actor_rollout_ref.model.override_config", ({},), "overriding the model's config"),
+    accept("actor_rollout_ref.model.tiled_mlp.enabled", (False,), "tiled MLP"),
+    notice("actor_rollout_ref.model.tiled_mlp.*", "tiled MLP is off"),
+    accept("*.mtp.enable*", (False,), "multi-token prediction"),
+    accept("actor_rollout_ref.rollout.mtp", (None,), "multi-token prediction"),
+    feature("*.mtp.*", "multi-token prediction"),
+    accept("*.qat.enable", (False,), "quantization-aware training"),
+    accept("actor_rollout_ref.rollout.qat", (None,), "quantization-aware training"),
+    feature("*.qat.*", "quantization-aware training"),
+    feature("actor_rollout_ref.model.lora.*", "Megatron LoRA settings (vlmrl: actor_rollout_ref.model.lora_rank)"),
+    feature("*.turbo_config.*", "verl's turbo FSDP engine"),
+    accept("*.ulysses_sequence_parallel_size", (1,), "Ulysses sequence parallelism"),
+    accept("*.fsdp_config.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
+    accept("*.fsdp_config.strategy", ("fsdp", "fsdp2"), _MEGATRON),
+    accept("*.fsdp_config.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
+    accept("*.fsdp_config.full_determinism", (False,), "deterministic kernels"),
+    accept("actor_rollout_ref.actor.loss_scale_factor", (None,), "a constant loss scale"),
+    accept("actor_rollout_ref.actor.calculate_sum_pi_squared", (False,), "the sum-of-pi-squared metric"),
+    accept("actor_rollout_ref.actor.tau_pos", (1.0,), "SAPO's soft clipping"),
+    accept("actor_rollout_ref.actor.tau_neg", (1.05,), "SAPO's soft clipping"),
+    accept("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", (0.0002,), "the clip-cov policy loss"),
+    accept("actor_rollout_ref.actor.policy_loss.clip_cov_lb", (1.0,), "the clip-cov policy loss"),
+    accept("actor_rollout_ref.actor.policy_loss.clip_cov_ub", (5.0,), "the clip-cov policy loss"),
+    accept("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", (0.0002,), "the kl-cov policy loss"),
+    accept("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", (0.1,), "the kl-cov policy loss"),
+    accept("actor_rollout_ref.actor.policy_loss.dro_beta", (None,), "the DRO policy loss"),
+    accept("actor_rollout_ref.actor.checkpoint.async_save", (False,), "asynchronous checkpoint saving"),
+    accept("actor_rollout_ref.actor.checkpoint.strict", (True,), "non-strict checkpoint loading"),
+    accept(
+        "actor_rollout_ref.actor.checkpoint.*_contents",
+        (["model", "optimizer", "extra"],),
+        "choosing checkpoint contents (vlmrl saves model, optimizer and extra state)",
+    ),
+    accept("actor_rollout_ref.actor.optim.optimizer", ("AdamW", "adamw"), "other optimizers (vlmrl uses AdamW)"),
+    accept("actor_rollout_ref.actor.optim.optimizer_impl", ("torch.optim",), "other optimizer implementations"),
+    accept(
+        "actor_rollout_ref.actor.optim.total_training_steps",
+        (-1,),
+        "a separate step count for the schedule (it follows trainer.total_training_steps)",
+    ),
+    accept("actor_rollout_ref.actor.optim.num_cycles", (0.5,), "cosine schedules with other cycle counts"),
+    accept("actor_rollout_ref.actor.optim.override_optimizer_config", (None, {}), "optimizer overrides"),
+    feature("actor_rollout_ref.actor.optim.*", "Megatron optimizer settings"),
+    feature("actor_rollout_ref.*.rollout_n", "a derived value: set actor_rollout_ref.rollout.n"),
+    feature(
+        "actor_rollout_ref.actor.ppo_micro_batch_size",
+        "the global micro-batch size (deprecated in verl): set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    ),
+    feature(
+        "actor_rollout_ref.*.log_prob_micro_batch_size",
+        "the global micro-batch size (deprecated in verl): set the matching log_prob_micro_batch_size_per_gpu",
+    ),
+    accept(
+        "actor_rollout_ref.rollout.do_sample",
+        (True,),
+        "greedy training rollouts (GRPO compares sampled "
+        "responses; validation is greedy by default: rollout.val_kwargs.do_sample)",
+    ),
+    accept("actor_rollout_ref.rollout.over_sample_rate", (0, 0.0), "over-sampling and cancelling slow requests"),
+    accept("actor_rollout_ref.rollout.data_parallel_size", (1,), "data-parallel engines inside one worker"),
+    accept("actor_rollout_ref.rollout.expert_parallel_size", (1,), "expert parallelism (MoE)"),
+    accept("actor_rollout_ref.rollout.pipeline_model_parallel_size", (1,), "pipeline-parallel rollout"),
+    accept("actor_rollout_ref.rollout.full_determinism", (False,), "deterministic rollout kernels"),
+    accept("actor_rollout_ref.rollout.enable_rollout_routing_replay", (False,), "MoE routing replay"),
+    accept("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", (0,), "MoE load-balance metrics"),
+    accept("actor_rollout_ref.rollout.multi_stage_wake_up", (False,), "multi-stage wake-up (an SGLang feature)"),
+    accept("actor_rollout_ref.rollout.quantization", (None,), "quantized (fp8) rollout"),
+    accept("actor_rollout_ref.rollout.quantization_config_file", (None,), "quantized (fp8) rollout"),
+    accept("actor_rollout_ref.rollout.router_config_path", (None,), "a rollout router"),
+    accept(
+        "actor_rollout_ref.rollout.nnodes",
+        (0,),
+        "a separate rollout pool (the engine runs in the training workers: trainer.nnodes / n_gpus_per_node)",
+    ),
+    feature(
+        "actor_rollout_ref.rollout.n_gpus_per_node",
+        "a separate rollout pool (the engine runs in the training workers: trainer.n_gpus_per_node)",
+    ),
+    feature("actor_rollout_ref.rollout.prompt_length", "a derived value: set data.max_prompt_length"),
+    feature("actor_rollout_ref.rollout.response_length", "a derived value: set data.max_response_length"),
+    accept("actor_rollout_ref.rollout.disaggregation.enabled", (False,), "prefill/decode disaggregation"),
+    notice("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
+    accept("actor_rollout_ref.rollout.prometheus.enable", (False,), "the vLLM server's Prometheus metrics"),
+    notice("actor_rollout_ref.rollout.prometheus.*", "the vLLM server's Prometheus metrics are off"),
+    accept("actor_rollout_ref.rollout.trace.backend", (None,), "rollout tracing (weave / mlflow)"),
+    notice("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
+    accept("actor_rollout_ref.rollout.checkpoint_engine.backend", ("naive",), "weight-sync backends"),
+    accept("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module", (None,), "weight-sync backends"),
+    accept("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs", ({},), "weight-sync backends"),
+    accept("actor_rollout_ref.rollout.agent.custom_async_server.*", (None,), "custom async rollout servers"),
+    accept("actor_rollout_ref.rollout.agent.agent_loop_config_path", (None,), "agent loops"),
+    accept("actor_rollout_ref.rollout.agent.default_agent_loop", ("single_turn_agent",), "agent loops"),
+    notice("actor_rollout_ref.rollout.agent.num_workers", "rollouts run in the training workers"),
+    accept("actor_rollout_ref.rollout.multi_turn.enable", (False,), _MULTI_TURN),
+    feature("actor_rollout_ref.rollout.multi_turn.*", _MULTI_TURN),
+    accept("actor_rollout_ref.rollout.engine_kwargs.sglang", ({},), "the SGLang rollout (use rollout.name=vllm)"),
+    feature("actor_rollout_ref.rollout.engine_kwargs.sglang.*", "the SGLang rollout (use rollout.name=vllm)"),
+    accept("actor_rollout_ref.rollout.engine_kwargs.trtllm", ({},), "the TensorRT-LLM rollout"),
+    feature("actor_rollout_ref.rollout.engine_kwargs.trtllm.*", "the TensorRT-LLM rollout (use rollout.name=vllm)"),
+    accept("data.tool_config_path", (None,), _MULTI_TURN),
+    accept("data.function_tool_path", (None,), _MULTI_TURN),
+    accept("data.tokenizer", (None,), "a separate tokenizer (vlmrl uses the model's processor)"),
+    accept(
+        "data.trust_remote_code",
+        (False,),
+        "remote code for the tokenizer (set actor_rollout_ref.model.trust_remote_code)",
+    ),
+    accept(
+        "data.reward_fn_key",
+        ("data_source",),
+        "routing rewards by another column (reward.dispatch routes by data_source)",
+    ),
+    accept("data.image_patch_size", (14,), "another vision patch size (vlmrl reads it from the model's processor)"),
+    accept("data.video_key", ("videos",), "video inputs"),
+    accept("data.audio_key", ("audios",), "audio inputs"),
+    accept("data.validation_shuffle", (False,), "shuffling the validation set"),
+    accept("data.custom_cls.*", (None,), "a custom dataset class"),
+    accept("data.apply_chat_template_kwargs", ({},), "chat-template keyword arguments"),
+    accept(
+        "data.mm_processor_kwargs", ({},), "image-processor keyword arguments (set data.min_pixels / data.max_pixels)"
+    ),
+    # ------------------------------------------------------------------------------------------ features (refused)
+    feature("*.megatron.*", _MEGATRON),
+    feature("*.megatron", _MEGATRON),
+    feature("critic.*", _CRITIC),
+    feature("critic", _CRITIC),
+    accept("reward_model.enable", (False, None), _RM),
+    accept(
+        "reward_model.reward_manager",
+        ("naive", None),
+        "other reward managers (vlmrl's scores every sample with "
+        "the reward function, as verl's naive does; DAPO's overlong penalty is the length_penalty reward "
+        "component; parallel scoring: reward.num_workers)",
+    ),
+    feature(
+        "reward_model.overlong_buffer.*",
+        "DAPO's overlong penalty as a reward-manager option (vlmrl: add "
+        "{function: length_penalty, kwargs: {buffer_len: N, penalty_factor: F}} to reward.components)",
+    ),
+    feature("reward_model.*", _RM),
+    accept(
+        "reward.reward_manager.name",
+        ("naive",),
+        "other reward managers (DAPO's overlong penalty is the length_penalty reward component)",
+    ),
+    accept("reward.reward_manager.source", ("register",), "custom reward managers"),
+    accept("reward.reward_manager.module.*", (None, "custom_reward_manager"), "custom reward managers"),
+    accept("reward.reward_model.enable*", (False,), _RM),
+    feature("reward.reward_model.*", _RM),
+    accept("*sandbox_fusion.url", (None,), "SandboxFusion code-execution rewards"),
+    notice("*sandbox_fusion.*", "SandboxFusion is off (no url)"),
+    accept("distillation.enabled", (False,), "distillation"),
+    feature("distillation.*", "distillation"),
+    accept("transfer_queue.enable", (False,), "TransferQueue"),
+    feature("transfer_queue.*", "TransferQueue"),
+    accept("global_profiler.tool", (None,), _PROFILER),
+    accept("*.profiler.enable", (False,), _PROFILER),
+    feature("global_profiler.*", _PROFILER),
+    feature("*.profiler.*", _PROFILER),
+    accept("skip.*.enable", (False,), "rollout dump / replay"),
+    feature("skip.*", "rollout dump / replay"),
+    feature("ray_kwargs.*", "Ray start options (vlmrl starts Ray itself; trainer.ray_address joins a cluster)"),
+    feature("npu_profile.*", "Ascend NPU support"),
+)
+
+
+# schema keys whose values name verl features vlmrl does not implement: (key, value) -> reason
+VALUE_REASONS: dict[tuple[str, Any], str] = {
+    ("actor_rollout_ref.actor.strategy", "megatron"): f"not implemented in vlmrl: {_MEGATRON}",
+    ("actor_rollout_ref.ref.strategy", "megatron"): f"not implemented in vlmrl: {_MEGATRON}",
+    ("actor_rollout_ref.rollout.name", "sglang"): "the SGLang rollout is not implemented in vlmrl",
+    ("actor_rollout_ref.rollout.name", "trtllm"): "the TensorRT-LLM rollout is not implemented in vlmrl",
+    ("actor_rollout_ref.rollout.load_format", "dummy"): "vLLM's dummy load randomises persistent buffers that no "
+    "weight push restores (Qwen2.5-VL's visual.input_norm, the attention scales): the engine would never match the "
+    "policy; the engine reads the checkpoint itself",
+    ("trainer.device", "npu"): "not implemented in vlmrl: Ascend NPUs (CUDA GPUs and CPUs are)",
+}

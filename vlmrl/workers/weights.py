@@ -1,0 +1,64 @@
+"""The policy's weights as the rollout engine takes them: full tensors under the engine's names, streamed.
+
+Every step pushes them into the running engine (``HybridWorker.push_weights``); peft adapters are merged, never sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+from vlmrl.models import qwen_vl
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+
+def _fsdp_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module | None, list[str]]]:
+    """Parameter names grouped by the FSDP2 unit that owns them (the deepest ``fully_shard``-ed module above each),
+    in module order. Without FSDP: one group, no unit."""
+    units = {name: m for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+    if not units:
+        return [(None, [n for n, _ in model.named_parameters()])]
+    groups: dict[str, list[str]] = {name: [] for name in units}
+    for pname, _ in model.named_parameters():
+        owner = max((u for u in units if u == "" or pname.startswith(u + ".")), key=len)
+        groups[owner].append(pname)
+    return [(units[u], names) for u, names in groups.items() if names]
+
+
+def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(engine name, full tensor) for every parameter, LoRA adapters merged into their base weights, one FSDP unit
+    materialised at a time.
+
+    Under FSDP2 each unit (a decoder layer, a vision block, the tower, the root) is all-gathered once with
+    ``unshard()`` and freed again with ``reshard()`` after its tensors were consumed: a single collective per unit
+    instead of one per tensor, and never more than one unit's full weights in memory. Every rank must run this
+    generator to the end, in order.
+    """
+    lora_modules = {}
+    for mname, module in model.named_modules():
+        if hasattr(module, "lora_A") and hasattr(module, "base_layer") and len(getattr(module, "lora_A", {})) > 0:
+            lora_modules[mname] = module
+    for unit, names in _fsdp_groups(model):
+        if unit is not None:
+            unit.unshard()
+        try:
+            for name in names:
+                if qwen_vl.is_lora_param(name):
+                    continue
+                full = _full(model.get_parameter(name))
+                owner = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
+                if owner is not None and owner in lora_modules and name.endswith("weight"):
+                    m = lora_modules[owner]
+                    for adapter in m.active_adapters:
+                        a = _full(m.lora_A[adapter].weight).to(full.dtype)
+                        b = _full(m.lora_B[adapter].weight).to(full.dtype)
+                        full = full + m.scaling[adapter] * (b @ a)
+                yield qwen_vl.engine_weight_name(name), full
+        finally:
+            if unit is not None:
+                unit.reshard()
