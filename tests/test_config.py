@@ -205,8 +205,6 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("algorithm.use_kl_in_reward=True", "use actor_rollout_ref.actor.use_kl_loss=True"),
         ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn / tool-calling rollouts"),
         ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5", "multi-turn / tool-calling rollouts"),
-        ("actor_rollout_ref.actor.use_dynamic_bsz=True", "token-budget micro-batches are not implemented"),
-        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "token-budget micro-batches"),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "Ulysses sequence parallelism"),
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "hybrid sharding"),
         ("reward_model.reward_manager=dapo", "length_penalty reward component"),
@@ -230,6 +228,37 @@ def test_unsupported_option_is_rejected_with_the_reason(tmp_path: Path, override
         load(geo3k_launch_line(tmp_path) + [override])
     msg = str(e.value)
     assert override.split("=")[0].lstrip("+") in msg and reason in msg, msg
+
+
+def test_dynamic_batch_sizes_follow_verls_defaults_and_budgets_must_hold_a_sample(tmp_path: Path) -> None:
+    """verl's seq-balance keys: the log-prob forwards follow the actor's switch and budget unless set; a budget that
+    cannot hold max_prompt_length + max_response_length tokens is refused at compose time."""
+    from vlmrl.config.checks import token_budgets
+
+    line = geo3k_launch_line(tmp_path)  # 1024 + 2048 tokens per sample
+    dyn = "actor_rollout_ref.actor.use_dynamic_bsz=True"
+    budget = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    cfg = load([*line, dyn, f"{budget}=6144", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192"])
+    budgets = token_budgets(cfg.actor_rollout_ref)
+    assert budgets["update"][1:] == (True, 6144)
+    assert budgets["actor"] == ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", True, 6144)
+    assert budgets["ref"] == ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", True, 8192)
+    off = load(
+        [
+            *line,
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False",
+        ]
+    )
+    assert token_budgets(off.actor_rollout_ref)["actor"][1] is False
+    with pytest.raises(ConfigError, match=r"ppo_max_token_len_per_gpu=2048 with dynamic batch sizes: .* = 3072 tokens"):
+        load(
+            [
+                *line,
+                "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
+            ]
+        )
 
 
 def test_unsupported_value_through_the_cli_exits_2_with_the_reason(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ SCRIPTS: dict[str, str | None] = {
     "run_qwen2_5_vl_3b_npu.sh": None,
     "run_qwen2_5_vl_7b_npu.sh": None,
     "run_qwen2_5_vl_32b_npu.sh": None,
-    "run_qwen2_5_vl-7b_seq_balance.sh": "use_dynamic_bsz=True: token-budget micro-batches are not implemented",
+    "run_qwen2_5_vl-7b_seq_balance.sh": None,
     "run_qwen2_5_vl-7b-sglang.sh": "the SGLang rollout is not implemented in vlmrl",
     "run_qwen2_5_vl-7b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
     "run_qwen3_vl-8b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",

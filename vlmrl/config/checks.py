@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vlmrl.config.schema import VLMRLConfig
+from vlmrl.config.schema import ActorRolloutRefConfig, VLMRLConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 """Advantage estimators that compare the samples of one prompt (they need rollout.n >= 2)."""
@@ -22,6 +22,25 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
     if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 1:
         problems.append(f"{key}={value!r}: must be a whole number >= 1{fix}.")
+
+
+def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]]:
+    """For the update (``update``), the old-log-prob (``actor``) and the reference (``ref``) forwards: (budget key,
+    dynamic batch sizes on, token budget), with verl's defaults resolved (the log-prob settings follow the actor's
+    when unset)."""
+    a = arr.actor
+    out = {
+        "update": ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
+    }
+    for which, name, c in (("actor", "rollout", arr.rollout), ("ref", "ref", arr.ref)):
+        on = a.use_dynamic_bsz if c.log_prob_use_dynamic_bsz is None else bool(c.log_prob_use_dynamic_bsz)
+        budget = (
+            a.ppo_max_token_len_per_gpu
+            if c.log_prob_max_token_len_per_gpu is None
+            else c.log_prob_max_token_len_per_gpu
+        )
+        out[which] = (f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu", on, budget)
+    return out
 
 
 def check_values(cfg: VLMRLConfig) -> list[str]:
@@ -95,15 +114,19 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
             f"set actor_rollout_ref.rollout.n >= 2 (got {ro.n})."
         )
-    for key, on in (
-        ("actor_rollout_ref.actor.use_dynamic_bsz", actor.use_dynamic_bsz),
-        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", arr.ref.log_prob_use_dynamic_bsz),
-        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", ro.log_prob_use_dynamic_bsz),
+    _positive(p, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)
+    for key, budget in (
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu),
+        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", ro.log_prob_max_token_len_per_gpu),
     ):
-        if on:
+        if budget is not None:
+            _positive(p, key, budget)
+    longest = data.max_prompt_length + data.max_response_length
+    for key, on, budget in token_budgets(arr).values():
+        if on and isinstance(budget, int) and budget < longest:
             p.append(
-                f"{key}=True: token-budget micro-batches are not implemented yet; size micro-batches with the "
-                "matching *_micro_batch_size_per_gpu key (padding is trimmed per micro-batch)."
+                f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
+                f"data.max_response_length = {longest} tokens; set the budget to at least that."
             )
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         p.append(

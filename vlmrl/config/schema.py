@@ -127,10 +127,12 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = 8
     """Samples per forward/backward pass on one worker."""
     use_dynamic_bsz: bool = False
-    """verl's token-budget micro-batches; not implemented yet, True is rejected (padding is trimmed per
-    micro-batch)."""
+    """Size micro-batches by tokens instead of samples (verl's key): as few as hold the samples within
+    ppo_max_token_len_per_gpu tokens each, with balanced token sums (``workers.micro_batches``). Loss and gradients
+    are the fixed-size run's; ppo_micro_batch_size_per_gpu is then unused."""
     ppo_max_token_len_per_gpu: int = 16384
-    """verl's token budget per micro-batch for use_dynamic_bsz."""
+    """Token budget per update micro-batch with use_dynamic_bsz (prompt with its image tokens + response, per
+    sample)."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     clip_ratio: float = 0.2
@@ -166,10 +168,10 @@ class RefConfig:
     """Reference model backend: fsdp | fsdp2 (both mean FSDP2); megatron is rejected."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per reference forward; None = actor.ppo_micro_batch_size_per_gpu."""
-    log_prob_use_dynamic_bsz: bool = False
-    """verl's token-budget micro-batches for the reference forward; not implemented yet, True is rejected."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """verl's token budget per reference micro-batch for log_prob_use_dynamic_bsz."""
+    log_prob_use_dynamic_bsz: bool | None = None
+    """Token-budget micro-batches for the reference forward; None = actor.use_dynamic_bsz (verl's default)."""
+    log_prob_max_token_len_per_gpu: int | None = None
+    """Token budget per reference micro-batch; None = actor.ppo_max_token_len_per_gpu (verl's default)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -217,10 +219,10 @@ class RolloutConfig:
     """On GPU, put the engine to sleep (free KV cache, offload weights) while training."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per old-log-prob forward; None = actor.ppo_micro_batch_size_per_gpu."""
-    log_prob_use_dynamic_bsz: bool = False
-    """verl's token-budget micro-batches for the old-log-prob forward; not implemented yet, True is rejected."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """verl's token budget per old-log-prob micro-batch for log_prob_use_dynamic_bsz."""
+    log_prob_use_dynamic_bsz: bool | None = None
+    """Token-budget micro-batches for the old-log-prob forward; None = actor.use_dynamic_bsz (verl's default)."""
+    log_prob_max_token_len_per_gpu: int | None = None
+    """Token budget per old-log-prob micro-batch; None = actor.ppo_max_token_len_per_gpu (verl's default)."""
     load_format: str = "auto"
     """How the engine reads the checkpoint at start: auto | safetensors | pt. verl's dummy (random weights, the
     trainer's pushed in later) is refused: vLLM's dummy load also randomises persistent buffers that no weight push

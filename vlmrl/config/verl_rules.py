@@ -15,7 +15,6 @@ _CRITIC = "the PPO critic (value model); GRPO-family estimators need none"
 _RM = "model-based reward models (use reward.function, reward.components or custom_reward_function.path)"
 _PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
 _MULTI_TURN = "multi-turn / tool-calling rollouts (vlmrl samples one response per prompt)"
-_DYN = "the rollout and log-prob settings of the same name in actor_rollout_ref.rollout / ref"
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ import torch.distributed as dist
 
 from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
 from vlmrl.config import ActorRolloutRefConfig
+from vlmrl.config.checks import token_budgets
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import ModelInputs, to_device
+from vlmrl.workers import micro_batches
 from vlmrl.workers.weights import engine_weights
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -155,8 +157,30 @@ class PolicyWorker:
                     state[k] = v.to(device, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------------ log-probs
-    def _micro_batches(self, x: ModelInputs, size: int) -> list[ModelInputs]:
-        return [x.select(list(range(i, min(i + size, x.batch_size)))) for i in range(0, x.batch_size, size)]
+    def micro_batches(self, x: ModelInputs, rows: list[int], which: str) -> list[list[int]]:
+        """``rows`` of ``x`` as micro-batches for the update (``which="update"``) or a log-prob forward (``actor`` =
+        old log-probs, ``ref``): fixed sizes, or token budgets (``use_dynamic_bsz``) with the count every rank
+        needs reduced to the largest, so all ranks run the same number of passes."""
+        arr = self.arr
+        key, dynamic, budget = token_budgets(arr)[which]
+        if not dynamic:
+            if which == "update":
+                size = arr.actor.ppo_micro_batch_size_per_gpu
+            else:
+                c = arr.ref if which == "ref" else arr.rollout
+                size = c.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
+            return micro_batches.fixed(rows, size)
+        plen = x.input_ids.shape[1] - x.responses.shape[1]
+        prompt_lens = x.attention_mask[rows, :plen].sum(-1).tolist()
+        response_lens = x.response_mask[rows].sum(-1).tolist()
+        batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key)
+        count = len(batches)
+        if dist.is_initialized() and self.world > 1:
+            t = torch.tensor([count], dtype=torch.int64, device=self.device if self.device == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            count = int(t.item())
+        # ranks hold equal sample counts (plan_shards), so a rank can always split to the count another needs
+        return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)))
 
     @torch.no_grad()
     def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
@@ -166,25 +190,17 @@ class PolicyWorker:
         cache is shared by its samples even when gradient checkpointing is on."""
         model = self.model if which == "actor" else self.ref
         assert model is not None, "reference model requested but actor.use_kl_loss is off"
-        size = self._micro_size(which)
         out = torch.zeros(x.responses.shape, dtype=torch.float32)
-        i = 0
         was_training = model.training
         model.eval()
         try:
-            for mb in self._micro_batches(x, size):
-                lp, _, _ = response_logprobs(model, to_device(mb, self.device), self.vision_ids, self.temperature)
-                out[i : i + mb.batch_size, : lp.shape[1]] = lp.float().cpu()
-                i += mb.batch_size
+            for idx in self.micro_batches(x, list(range(x.batch_size)), which):
+                mb = to_device(x.select(idx), self.device)
+                lp, _, _ = response_logprobs(model, mb, self.vision_ids, self.temperature)
+                out[idx, : lp.shape[1]] = lp.float().cpu()
         finally:
             model.train(was_training)
         return out
-
-    def _micro_size(self, which: str) -> int:
-        arr = self.arr
-        if which == "ref":
-            return arr.ref.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
-        return arr.rollout.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
 
     # --------------------------------------------------------------------------------------------------- update
     def update(self, x: ModelInputs, advantages: torch.Tensor, mini_batch_samples: int) -> dict[str, float]:
@@ -239,15 +255,19 @@ class PolicyWorker:
         clip_low = ac.clip_ratio_low if ac.clip_ratio_low is not None else ac.clip_ratio
         clip_high = ac.clip_ratio_high if ac.clip_ratio_high is not None else ac.clip_ratio
         self.optimizer.zero_grad(set_to_none=True)
-        size = ac.ppo_micro_batch_size_per_gpu
-        for start in range(0, len(rows), size):
-            idx = rows[start : start + size]
+        # diagnostics of the whole mini-batch on this rank, whatever its split: sums, then one value each
+        tokens = max(float(mini.response_mask.sum()), 1.0)
+        sums: dict[str, float] = {}
+
+        def add(name: str, value: float) -> None:
+            sums[name] = sums.get(name, 0.0) + value
+
+        for idx in self.micro_batches(x, rows.tolist(), "update"):
             mb = to_device(x.select(idx), self.device)
-            want_entropy = True
-            lp, ent, extra = response_logprobs(
-                self.model, mb, self.vision_ids, self.temperature, with_entropy=want_entropy
-            )
+            lp, ent, extra = response_logprobs(self.model, mb, self.vision_ids, self.temperature, with_entropy=True)
             mask = mb.response_mask
+            m = mask.to(lp.dtype)
+            n_tok = float(mask.sum())
             R = lp.shape[1]
             old_lp = lp.detach() if old is None else old[idx, :R].to(lp.device)
             adv = advantages[idx].to(lp.device)
@@ -263,24 +283,25 @@ class PolicyWorker:
                 **agg_kw,
             )
             loss = out.loss
-            ent_mean = aggregate(ent.detach(), mask, "token-mean")
             if mb.rollout_logprobs is not None and self.temperature == 1.0:
                 # engine vs trainer log-probs of the same tokens: drifts when a weight push or M-RoPE input is wrong
                 gap = (lp.detach() - mb.rollout_logprobs.to(lp.device)).abs()
-                metrics.setdefault("rollout/logprob_diff", []).append(float(aggregate(gap, mask, "token-mean")))
+                add("rollout/logprob_diff", float((gap * m).sum()))
             if ac.entropy_coeff:
                 loss = loss - ac.entropy_coeff * aggregate(ent, mask, ac.loss_agg_mode, **agg_kw)
             if ref is not None:
                 kl = kl_penalty(lp, ref[idx, :R].to(lp.device), ac.kl_loss_type)
                 kl_loss = aggregate(kl, mask, ac.loss_agg_mode, **agg_kw)
                 loss = loss + ac.kl_loss_coef * kl_loss
-                metrics.setdefault("actor/kl_loss", []).append(float(aggregate(kl.detach(), mask, "token-mean")))
+                add("actor/kl_loss", float((kl.detach() * m).sum()))
             # FSDP averages gradients over ranks; the global denominators above already did: undo the average
             (loss * self.world + extra).backward()
-            metrics.setdefault("actor/pg_loss", []).append(float(out.loss.detach()) * self.world)
-            metrics.setdefault("actor/pg_clipfrac", []).append(float(out.clip_frac))
-            metrics.setdefault("actor/ppo_kl", []).append(float(out.approx_kl))
-            metrics.setdefault("actor/entropy", []).append(float(ent_mean))
+            add("actor/pg_loss", float(out.loss.detach()) * self.world)  # the micro-batch's part of the loss
+            add("actor/pg_clipfrac", float(out.clip_frac) * n_tok)
+            add("actor/ppo_kl", float(out.approx_kl) * n_tok)
+            add("actor/entropy", float((ent.detach() * m).sum()))
+        for name, value in sums.items():
+            metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
         params = [p for p in self.model.parameters() if p.requires_grad]
         gn = torch.nn.utils.clip_grad_norm_(params, ac.grad_clip)
         if hasattr(gn, "full_tensor"):
