@@ -24,10 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def geo3k_launch_line(home: Path) -> list[str]:
-    """verl's Qwen2.5-VL geo3k launch line (tests/utils.py) with ``multi_turn.enable=False`` as some releases set it;
-    tensor parallelism 1 (the rollout engine is one per worker until issue 17's tensor-parallel rollout)."""
-    line = [o for o in verl_geo3k_launch_line(home) if "tensor_model_parallel_size" not in o]
-    return [*line, "actor_rollout_ref.rollout.multi_turn.enable=False"]
+    """verl's Qwen2.5-VL geo3k launch line (tests/utils.py) with ``multi_turn.enable=False`` as some releases set it."""
+    return [*verl_geo3k_launch_line(home), "actor_rollout_ref.rollout.multi_turn.enable=False"]
 
 
 def run_cli(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
@@ -60,7 +58,7 @@ def test_verl_geo3k_launch_line_loads_with_typed_values(tmp_path: Path) -> None:
     assert arr.actor.entropy_coeff == 0.0 and isinstance(arr.actor.entropy_coeff, float)
     assert arr.actor.fsdp_config.param_offload is False and arr.actor.fsdp_config.optimizer_offload is False
     ro = arr.rollout
-    assert ro.n == 5 and ro.name == "vllm" and ro.tensor_model_parallel_size == 1
+    assert ro.n == 5 and ro.name == "vllm" and ro.tensor_model_parallel_size == 2
     assert ro.log_prob_micro_batch_size_per_gpu == 20 and ro.gpu_memory_utilization == pytest.approx(0.6)
     assert ro.engine_kwargs["vllm"]["disable_mm_preprocessor_cache"] is True
     assert ro.enable_chunked_prefill is False and ro.enforce_eager is False and ro.free_cache_engine is True
@@ -345,6 +343,17 @@ def test_check_config_batch_not_divisible_by_workers(good: VLMRLConfig) -> None:
         check_config(good)
     assert "data.train_batch_size=3 must be divisible by the 2 workers" in str(e.value)
     assert "trainer.cpu_workers" in str(e.value)
+
+
+def test_check_config_tensor_parallel_engines_must_fit_the_workers(good: VLMRLConfig) -> None:
+    good.actor_rollout_ref.rollout.tensor_model_parallel_size = 4
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=4 must divide the 2 workers"):
+        check_config(good)
+    good.actor_rollout_ref.rollout.tensor_model_parallel_size = 2
+    check_config(good)  # one engine shared by both workers
+    good.actor_rollout_ref.rollout.name = "hf"
+    with pytest.raises(ConfigError, match=r"tensor-parallel engines are vLLM's; the HF rollout generates with the"):
+        check_config(good)
 
 
 def test_check_config_grpo_needs_two_samples_per_prompt(good: VLMRLConfig) -> None:

@@ -49,7 +49,7 @@ def verl_geo3k_line(home: Path) -> dict[str, str]:
 
 # where vlmrl's geo3k scripts deliberately differ from verl's line (None: the key is left out), and why
 GEO3K_DIFFERENCES: dict[str, str | None] = {
-    # one vLLM engine per GPU worker, each fed its own prompts: no tensor-parallel engine groups
+    # one vLLM engine per GPU (a 3B/7B engine fits one): twice the engines of verl's TP=2, which vlmrl also runs
     "actor_rollout_ref.rollout.tensor_model_parallel_size": None,
     # a speed switch vlmrl has no use for (accepted with a notice on verl's line; not set in vlmrl's own)
     "actor_rollout_ref.model.use_fused_kernels": None,

@@ -79,3 +79,15 @@ def test_groups_moved_by_dynamic_sampling_travel_as_data() -> None:
     # rank 1 trains groups 2-3: group 3 is its own, group 2 (rank 0's) is sent and goes last
     assert shards[1].stored == [(1, 3)] and [p.index for p in shards[1].sent[0]] == [5]
     assert shards[1].advantages == [6.0, 7.0, 4.0, 5.0]
+
+
+def test_tensor_parallel_engine_groups_share_their_rollouts() -> None:
+    """4 workers, engines of 2 (tensor_model_parallel_size=2): engine group 0 (ranks 0, 1) generated groups 0-3 and
+    both of its workers keep them; each worker trains a quarter of the step and is named its share, nothing sent."""
+    step = batch([0, 0, 0, 0, 1, 1, 1, 1], rid=3, start=0)
+    shards = plan_shards(step, [float(i) for i in range(16)], world=4, mini_batch_samples=4, tp=2)
+    assert [s.stored for s in shards] == [[(3, 0), (3, 1)], [(3, 2), (3, 3)], [(3, 4), (3, 5)], [(3, 6), (3, 7)]]
+    assert [s.sent for s in shards] == [None] * 4
+    # the same layout read as one engine per worker would send most groups as data
+    as_tp1 = plan_shards(step, [float(i) for i in range(16)], world=4, mini_batch_samples=4)
+    assert [s.sent is None for s in as_tp1] == [True, False, False, False]

@@ -6,136 +6,22 @@ Each run is a subprocess in its own session with its own Ray temp dir; every pro
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from runs import ENV, Run, base_args, make_colour_data, metrics, run_to_end, wait_for_step
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def colour_data(tmp_path_factory) -> Path:
-    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it."""
-    out = tmp_path_factory.mktemp("colour")
-    subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(out), "--families", "colour",
-         "--image-size", "112", "--train-size", "4096", "--test-size", "96", "--seed", "0", "--no-progress"],
-        check=True, capture_output=True, cwd=Path(__file__).parents[1],
-    )  # fmt: skip
-    return out
-
-
-class Run:
-    """A training subprocess and every process it spawns (Ray's included)."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.ray_dir = tempfile.mkdtemp(prefix="vr", dir="/tmp")  # short: Ray's socket paths have a length limit
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="vlmrl-run-", suffix=".log", delete=False)  # noqa: SIM115
-        full_env = {**os.environ, **env, "RAY_TMPDIR": self.ray_dir, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vlmrl.train", *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
-            cwd=Path(__file__).parents[1],
-        )  # fmt: skip
-        self.seen: set[int] = set()
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        self.seen.update(k.pid for k in kids)
-        return kids
-
-    def workers(self) -> list[psutil.Process]:
-        out = []
-        for p in self.descendants():
-            try:
-                if "vlmrl-worker-" in " ".join(p.cmdline()):
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.cleanup()
-            raise AssertionError(f"run did not finish within {timeout} s:\n{self.output()[-4000:]}") from None
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
-
-    def cleanup(self) -> None:
-        """End the driver and everything it started (only those processes)."""
-        self.descendants()
-        for pid in [self.proc.pid, *self.seen]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=30)
-
-
-def run_to_end(args: list[str], timeout: float = 600) -> Run:
-    """Run training to its end and end every process it started; asserts a zero exit status (showing the log's tail)."""
-    run = Run(args, ENV)
-    try:
-        rc = run.wait(timeout=timeout)
-    finally:
-        run.cleanup()
-    assert rc == 0, run.output()[-4000:]
-    return run
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return rows
-
-
-def wait_for_step(run: Run, run_dir: Path, step: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(r.get("step", 0) >= step for r in metrics(run_dir)):
-            return
-        if run.proc.poll() is not None:
-            raise AssertionError(f"run ended (rc {run.proc.returncode}) before step {step}:\n{run.output()[-4000:]}")
-        time.sleep(0.02)
-    run.cleanup()
-    raise AssertionError(f"step {step} not reached within {timeout} s:\n{run.output()[-4000:]}")
-
-
-def base_args(model: str, data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config-name", "tiny_cpu",
-        f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}",
-        "trainer.logger=[jsonl]", *extra,
-    ]  # fmt: skip
-
-
-ENV = {"OMP_NUM_THREADS": "1"}
+    return make_colour_data(tmp_path_factory.mktemp("colour"))
 
 
 def test_quickstart_config_learns(tiny_model_dir, colour_data, tmp_path):

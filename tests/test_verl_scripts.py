@@ -125,10 +125,14 @@ def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_mod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh"])
+@pytest.mark.parametrize(
+    "script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_seq_balance.sh"]
+)
 def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
     """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.smoke's scale-down appended, as a
-    verl user appends overrides), validation before and after, the checkpoint at the last step."""
+    verl user appends overrides), validation before and after, the checkpoint at the last step. Their
+    ``tensor_model_parallel_size=2`` makes the two workers share one vLLM engine; the seq-balance script's
+    ``use_dynamic_bsz`` sizes micro-batches by its 6144-token budget."""
     from vlmrl.smoke import OVERRIDES
 
     out = tmp_path / "run"
@@ -140,3 +144,4 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     assert (out / "global_step_2" / "actor" / ".metadata").is_file()
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"val/reward/mean"' in lines[0] and '"actor/kl_loss"' in lines[1]
+    assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout, proc.stdout[-3000:]

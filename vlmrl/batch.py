@@ -91,7 +91,8 @@ class RewardSample:
 
 
 GroupOrigin = tuple[int, int, int]
-"""Where a prompt group's samples were generated: (worker rank, that worker's rollout id, group index in it)."""
+"""Where a prompt group's samples were generated: (engine group: the worker's rank // tensor_model_parallel_size,
+the workers' rollout id, group index in it); every worker of that engine group keeps them."""
 
 
 @dataclass
@@ -111,8 +112,8 @@ class RolloutBatch:
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent, by stage."""
     origins: list[GroupOrigin] = field(default_factory=list)
-    """Per prompt group: the worker that generated it and where it keeps it (set for training rollouts, which the
-    worker keeps until the update that names them)."""
+    """Per prompt group: the engine group that generated it and where its workers keep it (set for training
+    rollouts, which the workers keep until the update that names them)."""
 
     def __len__(self) -> int:
         return len(self.response_ids)

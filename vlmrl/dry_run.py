@@ -177,13 +177,19 @@ def _engine(cfg: VLMRLConfig, rep: Report) -> None:
     except ValueError as e:
         rep.problems.append(str(e))
         return
+    tp = ro.tensor_model_parallel_size
+    world = planned_world(cfg)
+    engines = f"{world // tp} engine(s) of {tp} worker(s) each" if tp > 1 and world % tp == 0 else "one per worker"
     rep.plan.append(
-        f"rollout: vLLM, n={ro.n}, temperature={ro.temperature}, tensor_model_parallel_size="
-        f"{ro.tensor_model_parallel_size}, engine kwargs {kwargs}"
+        f"rollout: vLLM, n={ro.n}, temperature={ro.temperature}, tensor_model_parallel_size={tp} ({engines}), "
+        f"engine kwargs {kwargs}"
     )
 
 
-def _resources(cfg: VLMRLConfig, rep: Report) -> None:
+def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
+    """Workers, launcher, and how the batches split over them (when the values are ``sane``). A run that asks for
+    GPUs, on a machine without CUDA and with ``trainer.device=auto``, is checked for the GPUs it asks for; what would
+    not fit the CPU workers this machine would use instead is a note."""
     import torch
 
     tr = cfg.trainer
@@ -203,14 +209,19 @@ def _resources(cfg: VLMRLConfig, rep: Report) -> None:
     from vlmrl.workers.group import launcher_of
 
     rep.plan.append(f"launcher: {launcher_of(cfg)}")
+    if not sane:
+        return
     if cfg.trainer.device == "auto" and not cuda and tr.launcher != "inline" and tr.nnodes * tr.n_gpus_per_node > 1:
-        gpu_cfg = _with_device(cfg, "cuda")
-        for problem in batch_problems(gpu_cfg):
+        for problem in batch_problems(_with_device(cfg, "cuda")):
             rep.problems.append(f"on GPUs ({tr.nnodes} x {tr.n_gpus_per_node}): {problem}")
+        here = batch_problems(cfg)
         rep.notes.append(
-            f"trainer.device=auto and no CUDA here: this machine would train on {world} CPU worker(s); on a GPU "
-            f"machine the plan is {tr.nnodes} x {tr.n_gpus_per_node} GPU worker(s) (batch sizes checked for both)"
+            f"trainer.device=auto and no CUDA here: this machine would train on {world} CPU worker(s)"
+            + (f", which it cannot as set ({' '.join(here)})" if here else "")
+            + f"; on a GPU machine the plan is {tr.nnodes} x {tr.n_gpus_per_node} GPU worker(s), checked above"
         )
+    else:
+        rep.problems += batch_problems(cfg)
 
 
 def _with_device(cfg: VLMRLConfig, device: str) -> VLMRLConfig:
@@ -265,7 +276,7 @@ def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int
     rep = Report(problems=list(problems), notes=list(notices))
     if cfg is not None:
         rep.problems += check_environment(cfg)
-        _resources(cfg, rep)
+        _resources(cfg, rep, sane=not problems)
         folder = _model(cfg, rep)
         data = _data(cfg, folder, rep)
         _reward(cfg, set().union(*(s for _, s in data.values())) if data else set(), rep)

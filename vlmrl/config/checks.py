@@ -1,8 +1,9 @@
 """The config gate: every check a run passes before anything expensive starts, each problem with its fix.
 
 ``check_values`` looks at the config alone (run by ``to_object``, so a composed config is a checked one);
-``check_environment`` looks at the machine the run would start on (files, model folder, output folder, devices).
-Both return every problem, not only the first; ``check_config`` raises them together.
+``check_environment`` looks at the machine the run would start on (files, model folder, output folder);
+``batch_problems`` at how the batches split over the workers it would start there (``planned_world``: CPU workers or
+GPUs) and their engines. Each returns every problem, not only the first; ``check_config`` raises them together.
 """
 
 from __future__ import annotations
@@ -159,8 +160,6 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
-    if not p:  # batch arithmetic only once the numbers themselves are sane
-        p += batch_problems(cfg)
     return p
 
 
@@ -188,7 +187,8 @@ def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
 
 
 def batch_problems(cfg: VLMRLConfig) -> list[str]:
-    """Batch sizes that do not split over the planned workers."""
+    """Batch sizes that do not split over the planned workers, and engine groups that do not fit them (call it on
+    values ``check_values`` accepted)."""
     arr, data = cfg.actor_rollout_ref, cfg.data
     world = planned_world(cfg)
     p = []
@@ -203,7 +203,26 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
             f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
         )
+    tp = arr.rollout.tensor_model_parallel_size
+    if tp > 1:
+        key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
+        if arr.rollout.name != "vllm":
+            p.append(f"{key}: tensor-parallel engines are vLLM's; the HF rollout generates with the policy itself "
+                     "(set rollout.name=vllm or tensor_model_parallel_size=1).")  # fmt: skip
+        elif world % tp:
+            p.append(f"{key} must divide the {world} workers (each engine is shared by {tp} of them).")
+        elif planned_device(cfg) == "cuda" and cfg.trainer.n_gpus_per_node % tp:
+            p.append(
+                f"{key} must divide trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: an engine's "
+                "workers share one node."
+            )
     return p
+
+
+def tp_size(cfg: VLMRLConfig) -> int:
+    """Workers that share one rollout engine (``rollout.tensor_model_parallel_size`` with vLLM; 1 with HF)."""
+    ro = cfg.actor_rollout_ref.rollout
+    return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
 
 
 def check_environment(cfg: VLMRLConfig) -> list[str]:
@@ -255,6 +274,7 @@ def check_config(cfg: VLMRLConfig) -> None:
     """Raise ConfigError listing every problem of the values and of the environment."""
     from vlmrl.config import ConfigError
 
-    problems = check_values(cfg) + check_environment(cfg)
+    problems = check_values(cfg)
+    problems += check_environment(cfg) + (batch_problems(cfg) if not problems else [])  # arithmetic on sane numbers
     if problems:
         raise ConfigError("\n".join(problems))

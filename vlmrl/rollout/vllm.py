@@ -91,6 +91,7 @@ class VLLMRollout:
         device: str = "cpu",
         seed: int = 0,
         distributed: bool = False,
+        tensor_parallel_size: int = 1,
         trust_remote_code: bool = False,
         pixel_bounds: tuple[int, int] | None = None,
     ) -> None:
@@ -110,7 +111,7 @@ class VLLMRollout:
             limit_mm_per_prompt={"image": max(1, limit_images), "video": 0},
             seed=seed,
             trust_remote_code=trust_remote_code,
-            tensor_parallel_size=1,  # one engine per worker, fed that worker's prompts (see grpo.check_config)
+            tensor_parallel_size=tensor_parallel_size,
             enable_prefix_caching=True,
             load_format=rollout_cfg.load_format,
         )
@@ -125,8 +126,12 @@ class VLLMRollout:
         if rollout_cfg.enable_chunked_prefill is not None:
             kwargs["enable_chunked_prefill"] = rollout_cfg.enable_chunked_prefill
         if distributed:
-            # one engine per rank inside the torch.distributed world the trainer built
+            # inside the torch.distributed world the trainer built: one engine per group of tensor_parallel_size
+            # consecutive ranks (vLLM's external data parallelism across the groups), every rank of a group calls
+            # it with the same prompts and seed
             kwargs["distributed_executor_backend"] = "external_launcher"
+        elif tensor_parallel_size != 1:
+            raise ValueError("a tensor-parallel engine runs inside the trainer's process group (distributed=True)")
         kwargs.update(default_cache_off())
         kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
         t0 = time.perf_counter()

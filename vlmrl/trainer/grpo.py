@@ -23,7 +23,7 @@ from vlmrl.algos import filter_groups
 from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
-from vlmrl.config.checks import check_config
+from vlmrl.config.checks import check_config, tp_size
 from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.step import StepData, assemble, mean_of_workers, plan_shards, split_even, stats, zero_variance_groups
 
@@ -107,10 +107,16 @@ class Trainer:
         t0 = time.perf_counter()
         self.group = make_worker_group(cfg, self.total_steps, limit)
         self.world = self.group.world
-        nodes = sorted({str(i.get("node")) for i in self.group.infos})
+        self.tp = tp_size(cfg)
+        nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
+        engines = (
+            f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
+            if arr.rollout.name == "vllm"
+            else "HF rollout on the policy"
+        )
         print(
             f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {time.perf_counter() - t0:.1f} s "
-            f"(node(s): {', '.join(nodes)}); {len(self.train_ds)} training prompts, {self.total_steps} steps",
+            f"(rank@node: {nodes}); {engines}; {len(self.train_ds)} training prompts, {self.total_steps} steps",
             flush=True,
         )
         self.step = 0
@@ -188,13 +194,16 @@ class Trainer:
             self.sampler.set_epoch(self.sampler.epoch + 1)
 
     def rollout(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
-        """Generate on every worker (prompts split evenly by rank) and gather in order."""
-        chunks = split_even(prompts, self.world) if len(prompts) % self.world == 0 else None
-        if chunks is None:  # validation tail: pad ranks with empty lists
-            k = -(-len(prompts) // self.world)
-            chunks = [prompts[i * k : (i + 1) * k] for i in range(self.world)]
-        parts = self.group.generate(chunks, validate)
-        return RolloutBatch.concat([p for p in parts if len(p) or p is parts[0]])
+        """Generate on every engine (prompts split evenly over the engine groups; the ranks of a tensor-parallel
+        group all get their group's prompts) and gather in order, one copy per group."""
+        groups = self.world // self.tp
+        chunks = split_even(prompts, groups) if len(prompts) % groups == 0 else None
+        if chunks is None:  # validation tail: pad groups with empty lists
+            k = -(-len(prompts) // groups)
+            chunks = [prompts[i * k : (i + 1) * k] for i in range(groups)]
+        parts = self.group.generate([chunks[rank // self.tp] for rank in range(self.world)], validate)
+        leaders = parts[:: self.tp]
+        return RolloutBatch.concat([p for p in leaders if len(p) or p is leaders[0]])
 
     def collect(self, batches: Iterator[list[int]]) -> tuple[StepData, dict[str, float]]:
         """One step's data: prompts → rollout → reward samples → scores. With ``algorithm.filter_groups.enable`` (DAPO
@@ -286,7 +295,7 @@ class Trainer:
                 )
             # 5. update + weight push on every worker, each on exactly the shard it is given
             t0 = time.perf_counter()
-            worker_metrics = self.group.train(plan_shards(step, adv.tolist(), self.world, mini_samples))
+            worker_metrics = self.group.train(plan_shards(step, adv.tolist(), self.world, mini_samples, self.tp))
             metrics["timing/train_s"] = time.perf_counter() - t0
             metrics.update(mean_of_workers(worker_metrics))
             # 6. metrics

@@ -50,13 +50,16 @@ def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepDa
     return StepData(prompts, rollout, samples, scores)
 
 
-def plan_shards(step: StepData, advantages: list[float], world: int, mini_batch_samples: int) -> list[TrainShard]:
-    """Each worker's share of the step: the prompt groups split evenly over ranks in order; a group the worker
-    generated is named (it keeps it), any other is sent as data (only after dynamic sampling moved groups)."""
+def plan_shards(
+    step: StepData, advantages: list[float], world: int, mini_batch_samples: int, tp: int = 1
+) -> list[TrainShard]:
+    """Each worker's share of the step: the prompt groups split evenly over ranks in order; a group the worker's
+    engine generated is named (the worker keeps it: every rank of a tensor-parallel group of ``tp`` does), any other
+    is sent as data (only after dynamic sampling moved groups, or where a group's engine is another's)."""
     n, origins = step.rollout.n, step.rollout.origins
     shards = []
     for rank, groups in enumerate(split_even(list(range(len(step.prompts))), world)):
-        own = [g for g in groups if origins and origins[g][0] == rank]
+        own = [g for g in groups if origins and origins[g][0] == rank // tp]
         other = [g for g in groups if g not in own]
         order = own + other
         sent = ([step.prompts[g] for g in other], step.rollout.select_groups(other)) if other else None

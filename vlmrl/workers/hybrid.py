@@ -1,7 +1,9 @@
 """The hybrid worker: FSDP2 policy + reference + rollout engine in ONE process on the same device.
 
 One step, as the driver calls it:
-1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake); on GPU it then sleeps.
+1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake); on GPU it then sleeps. With
+   ``rollout.tensor_model_parallel_size`` k > 1, k consecutive ranks share one engine (each holds 1/k of it) and all
+   k get the same prompts and return the same samples.
 2. ``train(shard)``: old/ref log-probs and the update on exactly the samples the shard names (groups this worker
    generated, kept here under their rollout id; groups from elsewhere sent with it), then the new weights go into the
    engine one tensor at a time (on GPU: wake weights, push, wake KV cache). Nothing is kept between steps.
@@ -10,6 +12,7 @@ One step, as the driver calls it:
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import time
 from typing import Any
@@ -19,6 +22,7 @@ import torch.distributed as dist
 
 from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
+from vlmrl.config.checks import tp_size
 from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import build_inputs, process_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
@@ -79,6 +83,8 @@ class HybridWorker:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.engine: Any
+        self.tp = tp_size(cfg)
+        self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
         if arr.rollout.name == "vllm":
             from vlmrl.rollout.vllm import VLLMRollout
 
@@ -88,12 +94,16 @@ class HybridWorker:
                 max_model_len=max_len,
                 limit_images=arr.rollout.limit_images or limit_images,
                 device=self.device,
-                seed=arr.rollout.seed + rank,
-                distributed=True,  # one engine per rank inside the trainer's process group
+                seed=arr.rollout.seed + self.engine_group,  # the same within an engine's group: same samples
+                distributed=True,  # inside the trainer's process group: one engine per tensor-parallel group
+                tensor_parallel_size=self.tp,
                 trust_remote_code=arr.model.trust_remote_code,
                 pixel_bounds=bounds,
             )
-        torch.manual_seed(cfg.trainer.seed + rank)  # vLLM reseeds the process at start; seed after it
+        # vLLM reseeds the process at start: seed after it. vLLM samples from this process's torch generator, so the
+        # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its
+        # own tokens and the engine's forward mixes them): one seed per engine group, checked before each rollout
+        torch.manual_seed(cfg.trainer.seed + self.engine_group)
         self.policy = PolicyWorker(
             arr,
             device=self.device,
@@ -115,22 +125,43 @@ class HybridWorker:
 
     # ----------------------------------------------------------------------------------------------- rollout
     def generate(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
-        """Sample responses for this rank's prompts. A training rollout is kept here under an id, recorded in the
-        returned batch's ``origins``, until the next ``train`` (which names what it uses, then drops them all)."""
+        """Sample responses for this rank's prompts (the same on every rank of a tensor-parallel group). A training
+        rollout is kept here under an id, recorded in the returned batch's ``origins`` with this rank's engine group,
+        until the next ``train`` (which names what it uses, then drops them all)."""
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
+        if self.tp > 1:
+            self._check_engine_group_in_step()
         self.engine.wake()  # a no-op unless a second rollout of the same step follows a sleep (filter_groups)
         rb = self.engine.generate(prompts, spec)
         if not validate:
             rid = self._next_rollout
             self._next_rollout += 1
-            rb.origins = [(self.rank, rid, g) for g in range(len(prompts))]
+            rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
             self._rollouts[rid] = (prompts, rb)
             t0 = time.perf_counter()
             self.engine.sleep()
             rb.timing["sleep_s"] = time.perf_counter() - t0
         return rb
+
+    def _check_engine_group_in_step(self) -> None:
+        """All ranks: raise (on every rank of the group) when the ranks of this rank's tensor-parallel engine hold
+        different random states, which would make them sample different tokens."""
+        state = torch.get_rng_state().numpy().tobytes()
+        if self.device == "cuda":
+            state += torch.cuda.get_rng_state().numpy().tobytes()
+        digest = int.from_bytes(hashlib.blake2b(state, digest_size=7).digest(), "little")
+        dev = "cuda" if self.device == "cuda" else "cpu"
+        mine = torch.tensor([digest], dtype=torch.int64, device=dev)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine)
+        group = [int(t.item()) for t in every[self.engine_group * self.tp : (self.engine_group + 1) * self.tp]]
+        if len(set(group)) > 1:
+            raise RuntimeError(
+                f"the ranks of tensor-parallel engine {self.engine_group} hold different random states before a "
+                "rollout (something drew random numbers on one rank only); they would sample different tokens"
+            )
 
     # ------------------------------------------------------------------------------------------------- train
     def train(self, shard: TrainShard) -> dict[str, float]:
