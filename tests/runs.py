@@ -31,7 +31,7 @@ class Run:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.ray_dir = tempfile.mkdtemp(prefix="vr", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vlmrl-run-", suffix=".log", delete=False)  # noqa: SIM115
-        full_env = {**os.environ, **env, "RAY_TMPDIR": self.ray_dir, "PYTHONUNBUFFERED": "1"}
+        full_env = {**os.environ, "RAY_TMPDIR": self.ray_dir, **env, "PYTHONUNBUFFERED": "1"}  # env may name a cluster
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vlmrl.train", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
@@ -82,9 +82,9 @@ class Run:
         self.proc.wait(timeout=30)
 
 
-def run_to_end(args: list[str], timeout: float = 600) -> Run:
+def run_to_end(args: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> Run:
     """Run training to its end and end every process it started; asserts a zero exit status (showing the log's tail)."""
-    run = Run(args, ENV)
+    run = Run(args, {**ENV, **(env or {})})
     try:
         rc = run.wait(timeout=timeout)
     finally:

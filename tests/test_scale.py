@@ -1,15 +1,24 @@
-"""Scale: tensor-parallel rollout engines shared by groups of workers (vLLM's CPU build runs them here), and the
-guard that keeps an engine's workers sampling in step."""
+"""Scale: tensor-parallel rollout engines shared by groups of workers (vLLM's CPU build runs them here), the guard
+that keeps an engine's workers sampling in step, and a real multi-node Ray cluster on this machine."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 import types
 from pathlib import Path
 
+import psutil
 import pytest
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import ENV, Run, base_args, make_colour_data, metrics, run_to_end, wait_for_step
 
 # ----------------------------------------------------------------------------------- tensor-parallel engines
 
@@ -89,3 +98,110 @@ def test_tensor_parallel_engine_samples_and_trains_exactly(tiny_model_dir, colou
     rows = [r for r in metrics(out2) if "rollout/logprob_diff" in r]
     assert len(rows) == 3 and all(r["rollout/logprob_diff"] < 1e-3 for r in rows), rows
     assert all(r["actor/grad_norm"] > 0 for r in rows)
+
+
+# ------------------------------------------------------------------------------------------- a Ray cluster
+
+
+class RayCluster:
+    """The README's multi-node recipe on this machine, node by node: a private token file, ``ray start --head`` and
+    ``ray start --address`` (one CPU each, so the two workers must land on different nodes), both with
+    ``RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH``. Its processes are told apart by its own temp dir; only they are
+    ended."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="vc", dir="/tmp")  # short: Ray's socket paths have a length limit
+        token = Path(self.tmp) / "token"
+        make_token = f'(umask 077; "{sys.executable}" -c "import secrets; print(secrets.token_hex(32))" > {token})'
+        subprocess.run(["bash", "-c", make_token], check=True)  # the README's line
+        assert oct(token.stat().st_mode & 0o777) == "0o600"
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_TMPDIR": self.tmp}
+        ray = str(Path(sys.executable).with_name("ray"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        common = ["--num-cpus=1", "--disable-usage-stats"]
+        self._start([ray, "start", "--head", f"--port={port}", "--include-dashboard=false", *common])
+        self.head = self.pids()
+        self._start([ray, "start", f"--address=127.0.0.1:{port}", *common])
+        self.second = self.pids() - self.head
+
+    def _start(self, cmd: list[str]) -> None:
+        proc = subprocess.run(cmd, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    def pids(self) -> set[int]:
+        """This cluster's processes: those whose command line names its temp dir, and their children."""
+        found: set[int] = set()
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if self.tmp in " ".join(p.info["cmdline"] or []):
+                    found |= {p.pid, *(c.pid for c in p.children(recursive=True))}
+            except psutil.Error:
+                pass
+        return found
+
+    def kill(self, pids: set[int]) -> None:
+        for pid in pids:
+            try:
+                for c in psutil.Process(pid).children(recursive=True):
+                    c.kill()
+                os.kill(pid, signal.SIGKILL)
+            except (psutil.Error, ProcessLookupError):
+                pass
+
+    def stop(self) -> None:
+        self.kill(self.pids())
+
+
+@pytest.fixture
+def ray_cluster():
+    cluster = RayCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _nodes(log: str) -> list[str]:
+    line = next(x for x in log.splitlines() if "hybrid worker(s) on" in x and "rank@node:" in x)
+    return re.findall(r"(\d+)@(\S+?)[,)]", line.split("rank@node:")[1])
+
+
+@pytest.mark.slow
+def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_data, tmp_path, ray_cluster) -> None:
+    """A 2-node Ray cluster started as the README says (token authentication on): 3 steps with trainer.nnodes=2
+    trainer.cpu_workers=1 trainer.ray_address=auto put one worker on each node (the start-up line names them) and
+    give the same metrics as 2 worker processes on one machine with the same seed. Then losing a node mid-run is
+    reported like a dead worker: the run stops, exit 1, naming the worker and the checkpoint to resume from."""
+    from test_train_e2e import CURVE_KEYS, _compare_curves
+
+    steps = ("trainer.total_training_steps=3", "trainer.val_before_train=false")
+    one = tmp_path / "one"
+    run_to_end(base_args(tiny_model_dir, colour_data, one, *steps, "trainer.cpu_workers=2"))
+    two = tmp_path / "two"
+    cluster_args = ("trainer.nnodes=2", "trainer.cpu_workers=1", "trainer.ray_address=auto")
+    run = run_to_end(base_args(tiny_model_dir, colour_data, two, *steps, *cluster_args), env=ray_cluster.env)
+    nodes = dict(_nodes(run.output()))
+    assert set(nodes) == {"0", "1"} and nodes["0"] != nodes["1"], run.output()[-3000:]
+    _compare_curves(metrics(one), metrics(two), CURVE_KEYS)
+
+    lost = tmp_path / "lost"
+    args = base_args(tiny_model_dir, colour_data, lost, "trainer.total_training_steps=200", "trainer.save_freq=1",
+                     "trainer.val_before_train=false", *cluster_args)  # fmt: skip
+    victim = Run(args, {**ENV, **ray_cluster.env})
+    try:
+        wait_for_step(victim, lost, 2, timeout=300)
+        t0 = time.monotonic()
+        ray_cluster.kill(ray_cluster.second)  # the second machine goes away: its raylet and the worker on it
+        rc = victim.wait(timeout=240)
+        took = time.monotonic() - t0
+    finally:
+        victim.cleanup()
+    out = victim.output()
+    assert rc == 1, out[-3000:]
+    stop = re.search(r"step \d+: worker\(s\) \[1\] lost during \w+: their node \S+ left the Ray cluster", out)
+    assert stop, out[-3000:]  # the worker that was on the lost machine, not the survivor whose collective broke
+    resume = r"last complete checkpoint: \S*global_step_\d+ \(trainer.resume_mode=auto continues from it\)"
+    assert re.search(resume, out), out[-3000:]
+    print(f"lost node reported {took:.1f} s after the kill: {stop.group(0)}")

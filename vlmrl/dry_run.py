@@ -206,9 +206,14 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
         rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
-    from vlmrl.workers.group import launcher_of
+    from vlmrl.workers.group import launcher_of, ray_address
 
-    rep.plan.append(f"launcher: {launcher_of(cfg)}")
+    launcher = launcher_of(cfg)
+    if launcher == "ray":
+        address = ray_address(cfg)
+        where = f"joins the Ray cluster at {address}" if address else "starts a private one-machine Ray cluster"
+        launcher += f" ({where}; workers of a node on one machine)"
+    rep.plan.append(f"launcher: {launcher}")
     if not sane:
         return
     if cfg.trainer.device == "auto" and not cuda and tr.launcher != "inline" and tr.nnodes * tr.n_gpus_per_node > 1:

@@ -164,14 +164,16 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
 
 
 def planned_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
-    """Hybrid workers the run asks for: 1 inline, nnodes x n_gpus_per_node on GPU, cpu_workers on CPU."""
+    """Hybrid workers the run asks for: 1 inline, else nnodes x (n_gpus_per_node on GPU, cpu_workers on CPU)."""
     if cfg.trainer.launcher == "inline":
         return 1
-    return (
-        cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-        if planned_device(cfg, cuda_available) == "cuda"
-        else (cfg.trainer.cpu_workers)
-    )
+    return cfg.trainer.nnodes * per_node(cfg, cuda_available)
+
+
+def per_node(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
+    """Workers on each machine: n_gpus_per_node on GPU, cpu_workers on CPU."""
+    gpu = planned_device(cfg, cuda_available) == "cuda"
+    return cfg.trainer.n_gpus_per_node if gpu else cfg.trainer.cpu_workers
 
 
 def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
@@ -192,10 +194,15 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
     arr, data = cfg.actor_rollout_ref, cfg.data
     world = planned_world(cfg)
     p = []
+    if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local":
+        p.append(
+            f"trainer.nnodes={cfg.trainer.nnodes} with trainer.launcher=local: the local launcher runs on this machine "
+            "only; several machines train as a Ray cluster (README, GPUs and clusters: launcher auto or ray)."
+        )
     if data.train_batch_size % world:
         p.append(
             f"data.train_batch_size={data.train_batch_size} must be divisible by the {world} workers "
-            f"(trainer.cpu_workers on CPU, nnodes x n_gpus_per_node on GPU)."
+            f"(trainer.nnodes x trainer.cpu_workers on CPU, trainer.nnodes x trainer.n_gpus_per_node on GPU)."
         )
     mini = arr.actor.ppo_mini_batch_size
     if mini > data.train_batch_size or data.train_batch_size % mini or (mini * arr.rollout.n) % world:
@@ -211,11 +218,9 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
                      "(set rollout.name=vllm or tensor_model_parallel_size=1).")  # fmt: skip
         elif world % tp:
             p.append(f"{key} must divide the {world} workers (each engine is shared by {tp} of them).")
-        elif planned_device(cfg) == "cuda" and cfg.trainer.n_gpus_per_node % tp:
-            p.append(
-                f"{key} must divide trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: an engine's "
-                "workers share one node."
-            )
+        elif per_node(cfg) % tp and cfg.trainer.launcher != "inline":
+            what = "n_gpus_per_node" if planned_device(cfg) == "cuda" else "cpu_workers"
+            p.append(f"{key} must divide trainer.{what}={per_node(cfg)}: an engine's workers share one node.")
     return p
 
 

@@ -328,11 +328,12 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda when available) | cuda | cpu."""
     nnodes: int = 1
-    """Machines in the Ray cluster used for training."""
+    """Machines the run trains on (more than 1: a Ray cluster, trainer.ray_address). Workers = nnodes x
+    n_gpus_per_node on GPUs, nnodes x cpu_workers on CPUs; the workers of one node stay on one machine."""
     n_gpus_per_node: int = 1
     """GPUs per machine (one hybrid worker each)."""
     cpu_workers: int = 2
-    """Hybrid workers when training on CPU."""
+    """Hybrid workers per machine when training on CPU."""
     total_epochs: int = 30
     """Epochs over the training set (verl's default)."""
     total_training_steps: int | None = None

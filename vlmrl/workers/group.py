@@ -90,10 +90,18 @@ LAUNCHERS = ("auto", "local", "ray", "inline")
 
 
 def launcher_of(cfg: VLMRLConfig) -> str:
-    """The launcher a config asks for: ``auto`` is ray when a cluster address is given, else local."""
+    """The launcher a config asks for: ``auto`` is ray when a cluster address is given or the run spans several
+    machines (``trainer.nnodes`` > 1: it joins the cluster this machine is part of, as verl's ``ray.init()`` does),
+    else local."""
     if cfg.trainer.launcher != "auto":
         return cfg.trainer.launcher
-    return "ray" if (cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")) else "local"
+    return "ray" if (ray_address(cfg) or cfg.trainer.nnodes > 1) else "local"
+
+
+def ray_address(cfg: VLMRLConfig) -> str | None:
+    """The cluster to join: ``trainer.ray_address``, else ``RAY_ADDRESS``, else ``auto`` when the run spans several
+    machines (the cluster this machine joined with ``ray start``); None = start a private one-machine cluster."""
+    return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS") or ("auto" if cfg.trainer.nnodes > 1 else None)
 
 
 def make_worker_group(cfg: VLMRLConfig, total_steps: int, limit_images: int) -> WorkerGroup:

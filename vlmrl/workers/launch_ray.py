@@ -1,10 +1,12 @@
-"""Workers as Ray actors, for clusters (``trainer.launcher=ray``, picked by ``auto`` when a cluster address is given).
+"""Workers as Ray actors, for clusters (``trainer.launcher=ray``, picked by ``auto`` when a cluster address is given
+or ``trainer.nnodes`` > 1).
 
-GPU: ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` workers (nccl); CPU: ``trainer.cpu_workers`` (gloo). Workers of
-one node are packed together (a PACK placement group). Ray's token authentication stays on: a cluster vlmrl starts
-itself runs with ``RAY_AUTH_MODE=token``, and joining a cluster whose processes run without it is refused unless
-the environment says so explicitly (README, "GPUs and clusters"). Ray's processes listen on the node's interfaces:
-that is what a cluster is; the token is what keeps others out.
+``trainer.nnodes`` machines, each with ``trainer.n_gpus_per_node`` GPU workers (nccl) or ``trainer.cpu_workers`` CPU
+workers (gloo); a node's workers are one STRICT_PACK placement group (one machine), checked after placement. Ray's
+token authentication stays on: a cluster vlmrl starts itself runs with ``RAY_AUTH_MODE=token`` and a fresh private
+token; a cluster it joins must use the token in ``RAY_AUTH_TOKEN_PATH`` (README, "GPUs and clusters");
+``RAY_AUTH_MODE=disabled`` is refused. Ray's processes listen on the node's interfaces: that is what a cluster is;
+the token is what keeps others out.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import time
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
-from vlmrl.config.checks import planned_device
-from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
+from vlmrl.config.checks import per_node, planned_device
+from vlmrl.workers.group import WorkerError, WorkerGroup, ray_address, worker_env
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -54,8 +56,7 @@ def auth_env(cfg: VLMRLConfig) -> None:
             "ports could run code as you). Unset it: Ray then uses token authentication (README, GPUs and clusters)"
         )
     os.environ["RAY_AUTH_MODE"] = "token"
-    joining = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
-    if not joining and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+    if not ray_address(cfg) and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN_PATH"] = new_token_file()
 
 
@@ -66,7 +67,7 @@ def init_ray(cfg: VLMRLConfig, device: str, n_workers: int) -> None:
 
     if ray.is_initialized():
         return
-    address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(cfg)
     kwargs: dict[str, Any] = dict(
         include_dashboard=False,
         log_to_driver=True,
@@ -79,7 +80,16 @@ def init_ray(cfg: VLMRLConfig, device: str, n_workers: int) -> None:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, n_workers)
         if os.environ.get("RAY_TMPDIR"):
             kwargs["_temp_dir"] = os.environ["RAY_TMPDIR"]
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError) as e:
+        if not address:
+            raise
+        raise WorkerError(
+            f"could not join the Ray cluster at {address!r} ({type(e).__name__}: {e}). Start it first with token "
+            "authentication (README, GPUs and clusters: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<the cluster's token "
+            "file> in the environment of ray start and of this launch), or run on one machine with trainer.nnodes=1"
+        ) from None
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -96,24 +106,27 @@ class RayWorkerGroup(WorkerGroup):
         init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", cfg.trainer.cpu_workers)
         self.device = planned_device(cfg, cuda_available=ray.cluster_resources().get("GPU", 0) > 0)  # the cluster's
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
-        if self.device == "cuda":
-            self.world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-            bundles = [{"CPU": 1, "GPU": 1} for _ in range(self.world)]
-        else:
-            self.world = cfg.trainer.cpu_workers
-            bundles = [{"CPU": 1} for _ in range(self.world)]
+        nodes, per = cfg.trainer.nnodes, per_node(cfg, self.device == "cuda")
+        self.world = nodes * per
+        bundle = {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
         t0 = time.perf_counter()
-        self.pg = placement_group(bundles, strategy="PACK")
+        # one placement group per node, STRICT_PACK: a node's workers (an engine's tensor-parallel group among them)
+        # share one machine; rank r is bundle r % per of group r // per
+        self.pgs = [placement_group([bundle] * per, strategy="STRICT_PACK") for _ in range(nodes)]
         try:
-            ray.get(self.pg.ready(), timeout=120)
+            ray.get([pg.ready() for pg in self.pgs], timeout=120)
         except Exception as e:  # noqa: BLE001
             raise WorkerError(
-                f"could not reserve {self.world} worker slot(s) {bundles[0]} in the Ray cluster "
-                f"(resources: {ray.cluster_resources()}); lower trainer.cpu_workers / n_gpus_per_node or add nodes"
+                f"could not reserve {nodes} node(s) x {per} worker slot(s) {bundle} in the Ray cluster (resources: "
+                f"{ray.cluster_resources()}, {len(ray.nodes())} node(s)); lower trainer.nnodes / cpu_workers / "
+                "n_gpus_per_node, or add machines"
             ) from e
+        self.node_ids = self._placement(per)
 
-        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
-            return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
+        def strategy(rank: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(
+                placement_group=self.pgs[rank // per], placement_group_bundle_index=rank % per
+            )
 
         gpus = 1 if self.device == "cuda" else 0
         master = ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=strategy(0))
@@ -126,7 +139,24 @@ class RayWorkerGroup(WorkerGroup):
             for i in range(self.world)
         ]
         self.infos = self.call("startup", "info", [()] * self.world)
+        ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        for info, node in zip(self.infos, self.node_ids):
+            info["node"] = f"{ip.get(node, '?')}/{node[:8]}"  # Ray's node: machines may share a host name
         self.startup_s = time.perf_counter() - t0
+
+    def _placement(self, per: int) -> list[str]:
+        """Each rank's Ray node id, read back from the cluster; a node's group spread over machines (what
+        STRICT_PACK promises) is an error, not an assumption."""
+        import ray
+
+        node_ids = []
+        for k, pg in enumerate(self.pgs):
+            table = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+            ids = [table[i] for i in range(per)]
+            if len(set(ids)) != 1:
+                raise WorkerError(f"the workers of node {k} were placed on {len(set(ids))} machines: {ids}")
+            node_ids += ids
+        return node_ids
 
     def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
         """``method(*args[i])`` on worker i; results in rank order. The first failure, or no answer within
@@ -144,7 +174,7 @@ class RayWorkerGroup(WorkerGroup):
                 try:
                     ray.get(f)
                 except Exception as e:  # noqa: BLE001
-                    raise WorkerError(f"worker {rank_of[f]} failed during {stage}: {type(e).__name__}: {e}") from e
+                    raise self._explain(rank_of[f], stage, e) from e
             if pending and time.monotonic() > deadline:
                 ranks = sorted(rank_of[f] for f in pending)
                 raise WorkerError(
@@ -152,6 +182,33 @@ class RayWorkerGroup(WorkerGroup):
                     "(trainer.worker_timeout_s): frozen, or waiting in a collective for a worker that is"
                 )
         return ray.get(futures)
+
+    def _explain(self, rank: int, stage: str, error: Exception, wait_s: float = 30.0) -> WorkerError:
+        """The error to report for worker ``rank``'s failure. When it looks like a lost peer (an actor that died, a
+        connection a collective lost), wait up to ``wait_s`` for Ray to mark a node dead (its heartbeats stop: ~15 s)
+        and name the workers that were on it: a machine that left the cluster is reported like a dead worker, not
+        as the survivor whose collective broke."""
+        import ray
+
+        text = f"{type(error).__name__}: {error}"
+        peer_lost = isinstance(error, ray.exceptions.RayActorError) or any(
+            s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket Timeout")
+        )
+        deadline = time.monotonic() + (wait_s if peer_lost else 0.0)
+        while True:
+            dead = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if not n.get("Alive", True)}
+            lost = [r for r, node in enumerate(self.node_ids) if node in dead]
+            if lost or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if not lost:
+            return WorkerError(f"worker {rank} failed during {stage}: {text}")
+        nodes = sorted({f"{dead[self.node_ids[r]]}/{self.node_ids[r][:8]}" for r in lost})
+        first = text.splitlines()[0][:300] if text else ""
+        return WorkerError(
+            f"worker(s) {lost} lost during {stage}: their node {', '.join(nodes)} left the Ray cluster (its raylet "
+            f"stopped answering; worker {rank} then failed: {first})"
+        )
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """End the workers and release their slots (only what this group started; Ray kills actors at once)."""
@@ -163,7 +220,8 @@ class RayWorkerGroup(WorkerGroup):
                 ray.kill(w)
             except Exception:  # noqa: BLE001
                 pass
-        try:
-            remove_placement_group(self.pg)
-        except Exception:  # noqa: BLE001
-            pass
+        for pg in self.pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
