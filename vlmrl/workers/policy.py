@@ -62,7 +62,20 @@ def _fsdp_wrap(
     with torch.no_grad():
         ids = torch.zeros((1, 2), dtype=torch.long, device=device)
         model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    # with reshard_after_forward=False that forward leaves every unit gathered, its parameters registered as the
+    # gathered copies: an optimizer built now would step those (overwritten by the next gather) and never learn
+    _reshard_all(model)
     return model
+
+
+def _reshard_all(model: torch.nn.Module) -> None:
+    """Free every FSDP unit's gathered weights, so each unit's parameters are its sharded ones again (the ones an
+    optimizer must hold)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def load_model(path: str, device: str, trust_remote_code: bool = False, where: str | None = None) -> torch.nn.Module:
@@ -138,7 +151,7 @@ class PolicyWorker:
         oc = arr.actor.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay, foreach=device == "cuda"
+            params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay, foreach=True
         )
         warmup = oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -230,12 +243,13 @@ class PolicyWorker:
         out["timing/update_s"] = time.perf_counter() - t0 - t_logprob
         return out
 
-    def _global_sum(self, value: float) -> float:
+    def _global_sums(self, *values: float) -> list[float]:
+        """Sums of these numbers over ranks, in one all-reduce."""
         if not dist.is_initialized() or self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device if self.device == "cuda" else "cpu")
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device == "cuda" else "cpu")
         dist.all_reduce(t)
-        return float(t.item())
+        return t.tolist()
 
     def _mini_step(
         self,
@@ -249,8 +263,7 @@ class PolicyWorker:
         ac = self.actor_cfg
         mini = x.select(rows)
         # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch
-        g_tokens = self._global_sum(float(mini.response_mask.sum()))
-        g_seqs = self._global_sum(float(mini.batch_size))
+        g_tokens, g_seqs = self._global_sums(float(mini.response_mask.sum()), float(mini.batch_size))
         agg_kw = dict(global_tokens=g_tokens, global_seqs=g_seqs, max_len=self.max_response_length)
         clip_low = ac.clip_ratio_low if ac.clip_ratio_low is not None else ac.clip_ratio
         clip_high = ac.clip_ratio_high if ac.clip_ratio_high is not None else ac.clip_ratio
@@ -302,8 +315,8 @@ class PolicyWorker:
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        gn = torch.nn.utils.clip_grad_norm_(params, ac.grad_clip)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]  # the sharded ones, as registered
+        gn = torch.nn.utils.clip_grad_norm_(params, ac.grad_clip, foreach=True)
         if hasattr(gn, "full_tensor"):
             gn = gn.full_tensor()
         gn = float(gn)
