@@ -1,4 +1,4 @@
-"""Scaling: vlmrl GRPO step time vs prompts per step and vs image size, on the tiny Qwen2.5-VL (2 Ray CPU workers).
+"""Scaling: vlmrl GRPO step time vs prompts per step and vs image size, on the tiny Qwen2.5-VL (2 CPU worker processes).
 
     python benchmarks/bench_scaling.py [--prompts 4,8,16,32] [--image-sizes 56,112,224] [--steps 6]
 
@@ -96,8 +96,8 @@ def markdown(res: dict[str, Any]) -> str:
     """The README section."""
     c = res["config"]
     lines = [
-        f"`python benchmarks/bench_scaling.py --steps {c['steps']}` ({res['date']}). vlmrl, tiny Qwen2.5-VL, 2 Ray "
-        f"workers x 1 thread, n=8, {c['max_tokens']} tokens (`ignore_eos`), one optimizer step per batch; "
+        f"`python benchmarks/bench_scaling.py --steps {c['steps']}` ({res['date']}). vlmrl, tiny Qwen2.5-VL, 2 worker "
+        f"processes x 1 thread, n=8, {c['max_tokens']} tokens (`ignore_eos`), one optimizer step per batch; "
         f"median of steps {c['warmup'] + 1}-{c['steps']} of one run per point.",
         "",
         "**Prompts per step** (56x56 images, 4 image tokens):",

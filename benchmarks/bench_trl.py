@@ -1,4 +1,4 @@
-"""GRPO step time and time-to-learn: vlmrl (vLLM rollout, 2 Ray CPU workers x 1 thread) against TRL's
+"""GRPO step time and time-to-learn: vlmrl (vLLM rollout, 2 CPU worker processes x 1 thread) against TRL's
 ``GRPOTrainer`` (HF ``generate``, one process x 2 threads) on the same tiny Qwen2.5-VL and synthetic colour task.
 
     python benchmarks/bench_trl.py [--rounds 2] [--steps 12] [--learn-budget-s 240] [--image-size 112]
@@ -164,7 +164,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"({c['model_params']:,} parameters), synthetic "
         f"colour task ({c['image_size']}x{c['image_size']} images), {c['prompts']} prompts x {c['n']} samples x "
         f"{c['max_tokens']} tokens per step, KL off, one optimizer step per batch. vlmrl: vLLM rollout, "
-        f"{c['vlmrl_workers']} Ray workers x 1 thread. TRL {res['versions']['trl']}: `GRPOTrainer`, HF `generate` "
+        f"{c['vlmrl_workers']} worker processes x 1 thread. TRL {res['versions']['trl']}: `GRPOTrainer`, HF `generate` "
         f"(`use_vllm=False`), one process x {c['trl_threads']} threads, {c['trl_micro']} samples per micro-batch.",
         "",
         f"**Step time** (equal lengths: `ignore_eos` / `min_new_tokens`; first {c['warmup']} steps of each run "
@@ -192,7 +192,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{c['max_tokens']}" + (f" (vlmrl generated ~{short:.0f} % fewer tokens)." if short > 0.5 else "."),
         "",
         f"Goal vlmrl <= 0.5x TRL per step: **{verdict}** ({ratio:.2f}x). Start-up (not in the step time): vlmrl "
-        f"{st['vlmrl_startup_s']:.0f} s (Ray + 2 workers + FSDP2 + vLLM engines), TRL {st['trl_startup_s']:.0f} s "
+        f"{st['vlmrl_startup_s']:.0f} s (2 worker processes + FSDP2 + vLLM engines), TRL {st['trl_startup_s']:.0f} s "
         "(process start to first step).",
         "",
         *gap_note(st),
@@ -224,7 +224,7 @@ def markdown(res: dict[str, Any]) -> str:
         ],
         ["weight sync (push to engine)", "0", *cols(lambda v: v["push_s"]), "TRL generates with the trained module"],
         [
-            "Ray RPC / driver / other",
+            "worker calls / driver / other",
             "-",
             *cols(lambda v: v["rpc_sync_s"] + v["driver_other_s"]),
             "vlmrl: " + ", ".join(f"rpc {v['rpc_sync_s']:.3f} + driver {v['driver_other_s']:.3f}" for v in vs),

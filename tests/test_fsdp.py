@@ -1,6 +1,7 @@
-"""FSDP2 settings that must not change what is learned: ``reshard_after_forward=False`` (keep each unit's gathered
-weights from its forward to its backward) trains exactly as the default does. It once trained nothing: the
-optimizer was built while the units were still gathered and stepped copies that the next gather overwrote."""
+"""FSDP2 settings that must not change what is learned, only what it costs: ``reshard_after_forward=False`` (keep
+each unit's gathered weights from its forward to its backward) and ``wrap_policy.min_num_params`` (small layers
+gathered with their parent: fewer units) train exactly as the default does. reshard_after_forward=False once trained
+nothing: the optimizer was built while the units were still gathered and stepped copies the next gather overwrote."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from test_micro_batches import varied_batch  # noqa: F401 - the fixture
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.models import qwen_vl
 
+SETTINGS = ("default", "reshard_after_forward=False", "min_num_params=1e6")
+
 
 def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict) -> None:
     import torch.distributed as dist
@@ -21,11 +24,12 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
     from vlmrl.workers.policy import PolicyWorker
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
-    for reshard in (True, False):
+    for setting in SETTINGS:
         arr = ActorRolloutRefConfig()
         arr.model.path = model_dir
         arr.model.enable_gradient_checkpointing = False
-        arr.actor.fsdp_config.reshard_after_forward = reshard
+        arr.actor.fsdp_config.reshard_after_forward = setting != "reshard_after_forward=False"
+        arr.actor.fsdp_config.wrap_policy.min_num_params = 10**6 if setting == "min_num_params=1e6" else 0
         arr.actor.ppo_micro_batch_size_per_gpu = 3
         arr.actor.shuffle = False
         arr.actor.optim.lr = 1e-2
@@ -39,14 +43,17 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
         before = logprobs(worker)
         for _ in range(2):  # two updates of two mini-batches each: four optimizer steps
             worker.update(x, advantages, 6)
-        out[reshard] = {
+        from torch.distributed.fsdp import FSDPModule
+
+        out[setting] = {
             "before": before, "after": logprobs(worker),
             "pushed": {name: t.clone() for name, t in worker.engine_weights()},
+            "units": sum(isinstance(m, FSDPModule) for m in worker.model.modules()),
         }  # fmt: skip
     dist.destroy_process_group()
 
 
-def test_reshard_after_forward_false_trains_exactly_as_the_default(tiny_model_dir, tiny_processor, varied_batch,  # noqa: F811
+def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny_processor, varied_batch,  # noqa: F811
                                                                     tmp_path: Path) -> None:  # fmt: skip
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
@@ -58,13 +65,18 @@ def test_reshard_after_forward_false_trains_exactly_as_the_default(tiny_model_di
         p.start()
         p.join(300)
         results = dict(out)
-    assert p.exitcode == 0 and set(results) == {True, False}, p.exitcode
-    default, kept = results[True], results[False]
+    assert p.exitcode == 0 and set(results) == set(SETTINGS), p.exitcode
+    default = results["default"]
     mask = x.response_mask.bool()
-    assert torch.equal(default["before"], kept["before"])
     moved = float((default["after"] - default["before"])[mask].abs().max())
     assert moved > 1e-2, moved  # the updates changed what the model computes
-    assert float((kept["after"] - default["after"])[mask].abs().max()) <= 1e-5  # ... and changed it alike
-    assert default["pushed"].keys() == kept["pushed"].keys()
-    worst = max(float((default["pushed"][k] - kept["pushed"][k]).abs().max()) for k in default["pushed"])
-    assert worst <= 1e-5, worst  # the engine gets the same new weights
+    # 2 decoder layers + 2 vision blocks + the tower + the root; 1e6 folds the layers into the tower and the root
+    assert default["units"] == 6 and results["min_num_params=1e6"]["units"] == 2
+    for setting in SETTINGS[1:]:
+        other = results[setting]
+        assert torch.equal(default["before"], other["before"])
+        gap = float((other["after"] - default["after"])[mask].abs().max())
+        assert gap <= 1e-5, (setting, gap)  # ... and changed it alike
+        assert default["pushed"].keys() == other["pushed"].keys()
+        worst = max(float((default["pushed"][k] - other["pushed"][k]).abs().max()) for k in default["pushed"])
+        assert worst <= 1e-5, (setting, worst)  # the engine gets the same new weights

@@ -76,6 +76,10 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     _positive(p, "trainer.nnodes", tr.nnodes)
     _positive(p, "trainer.n_gpus_per_node", tr.n_gpus_per_node)
     _positive(p, "trainer.cpu_workers", tr.cpu_workers)
+    for key, fc in (("actor", actor.fsdp_config), ("ref", arr.ref.fsdp_config)):
+        if fc.wrap_policy.min_num_params < 0:
+            p.append(f"actor_rollout_ref.{key}.fsdp_config.wrap_policy.min_num_params={fc.wrap_policy.min_num_params}:"
+                     " must be >= 0 (0: every decoder layer and vision block is an FSDP unit).")  # fmt: skip
     _positive(p, "actor_rollout_ref.rollout.tensor_model_parallel_size", ro.tensor_model_parallel_size)
     _positive(p, "actor_rollout_ref.nccl_timeout", arr.nccl_timeout, " (seconds)")
     if not (math.isfinite(tr.worker_timeout_s) and tr.worker_timeout_s > 0):

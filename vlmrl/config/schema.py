@@ -105,6 +105,14 @@ class OptimConfig:
 
 
 @dataclass
+class WrapPolicyConfig:
+    min_num_params: int = 0
+    """A decoder layer or vision block is its own FSDP unit (gathered and freed on its own) only when it has at least
+    this many parameters; smaller ones are gathered with the vision tower or the whole model (0: every one is a unit,
+    verl's default). For tiny models a large value means fewer collectives per step; for large ones it costs memory."""
+
+
+@dataclass
 class FSDPConfig:
     param_offload: bool = False
     """Keep parameters on CPU between uses (FSDP2 CPUOffloadPolicy; GPU only)."""
@@ -115,6 +123,8 @@ class FSDPConfig:
     dtype: str = "auto"
     """Mixed-precision compute dtype (FSDP2 MixedPrecisionPolicy: parameters gathered in it, gradients reduced in
     fp32, fp32 master weights): auto (bfloat16 on GPU, float32 on CPU) | bfloat16 | float16 | float32."""
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    """Which layers are FSDP units of their own."""
 
 
 @dataclass

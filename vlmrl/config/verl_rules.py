@@ -116,7 +116,6 @@ RULES: tuple[Rule, ...] = (
     notice("*.pad_to_length_bucket", "vlmrl trims padding per micro-batch"),
     notice("*.fsdp_config.forward_prefetch", "FSDP2 prefetches by default"),
     notice("*.fsdp_config.use_orig_params", "FSDP2 always keeps the original parameters"),
-    notice("*.fsdp_config.wrap_policy.*", "vlmrl wraps each decoder layer and vision block"),
     notice("*.fsdp_config.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
     notice("*.fsdp_config.seed", "model-side randomness uses trainer.seed"),
     notice("*.fsdp_config.forward_only", "the reference is forward-only, the actor is not"),

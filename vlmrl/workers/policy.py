@@ -35,9 +35,15 @@ def compute_dtype(setting: str, device: str) -> torch.dtype:
 
 
 def _fsdp_wrap(
-    model: torch.nn.Module, device: str, offload: bool, reshard: bool, dtype: torch.dtype = torch.float32
+    model: torch.nn.Module,
+    device: str,
+    offload: bool,
+    reshard: bool,
+    dtype: torch.dtype = torch.float32,
+    min_params: int = 0,
 ) -> torch.nn.Module:
-    """FSDP2 over the decoder layers, vision blocks, vision tower and root. ``dtype`` other than fp32: parameters are
+    """FSDP2 over the decoder layers, vision blocks (those with at least ``min_params`` parameters), vision tower
+    and root. ``dtype`` other than fp32: parameters are
     gathered and computed in it, gradients reduced in fp32, master weights stay fp32 (MixedPrecisionPolicy, on GPU
     and CPU alike). ``offload``: sharded parameters, gradients and optimizer state live in host memory between uses
     (CPUOffloadPolicy; pinned on GPU machines)."""
@@ -49,10 +55,9 @@ def _fsdp_wrap(
     if offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
     inner = qwen_vl.inner_model(model)
-    for layer in inner.language_model.layers:
-        fully_shard(layer, **kw)
-    for block in inner.visual.blocks:
-        fully_shard(block, **kw)
+    for layer in [*inner.language_model.layers, *inner.visual.blocks]:
+        if sum(p.numel() for p in layer.parameters()) >= min_params:
+            fully_shard(layer, **kw)
     # the tower as a unit too: image features are computed by calling it directly (once per prompt, outside the
     # root forward), so its own hooks must gather patch_embed / merger
     fully_shard(inner.visual, **kw)
@@ -138,15 +143,17 @@ class PolicyWorker:
         fc = arr.actor.fsdp_config
         if dist.is_initialized():
             self.model = _fsdp_wrap(
-                self.model, device, fc.param_offload, fc.reshard_after_forward, compute_dtype(fc.dtype, device)
-            )
+                self.model, device, fc.param_offload, fc.reshard_after_forward, compute_dtype(fc.dtype, device),
+                fc.wrap_policy.min_num_params,
+            )  # fmt: skip
         self.ref = None
         if arr.actor.use_kl_loss:
             ref = load_model(arr.model.path, device, arr.model.trust_remote_code).eval()
             ref.requires_grad_(False)
             if dist.is_initialized():
                 rc = arr.ref.fsdp_config
-                ref = _fsdp_wrap(ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device))
+                ref = _fsdp_wrap(ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device),
+                                 rc.wrap_policy.min_num_params)  # fmt: skip
             self.ref = ref
         oc = arr.actor.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
