@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU quick start: build the tiny Qwen2.5-VL, generate the synthetic colour task, train GRPO with the vLLM rollout
-# on 2 worker processes, then print the reward curve and write it as a PNG. Extra arguments are Hydra overrides, e.g.
+# on 2 worker processes, then print the reward curve, write it as a PNG and write the run report (report.html:
+# every metric's panel, health checks, validation samples). Extra arguments are Hydra overrides, e.g.
 #   bash examples/quickstart_cpu.sh trainer.total_training_steps=200 actor_rollout_ref.rollout.name=hf
 # OUT (default runs/quickstart) is where data, metrics, checkpoints and plots go. Smoke mode, SMOKE=1: the same
 # pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training).
@@ -29,3 +30,4 @@ fi
   actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} "$@"
 
 "$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"
+"$PY" -m vlmrl.report "$OUT" --output "$OUT/report.html"

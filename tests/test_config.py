@@ -442,6 +442,10 @@ BASE = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
         (["actor_rollout_ref.rollout.name=vLLM"], "actor_rollout_ref.rollout.name='vLLM': use vllm | hf"),
         (["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
         (["trainer.logger=[console,mlflow]"], "trainer.logger: ['mlflow'] not available"),
+        (
+            ["trainer.logger=[console,prometheus]", "trainer.prometheus.host=0.0.0.0"],
+            "trainer.prometheus.host=0.0.0.0 accepts connections from other machines: set trainer.prometheus.token",
+        ),
     ],
 )
 def test_a_config_that_trains_nothing_is_refused_when_composed(overrides: list[str], message: str) -> None:

@@ -400,6 +400,11 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     assert (run_dir / "reward_curve.png").is_file() and list((run_dir / "val_gallery").glob("step_*.html"))
     if script.name == "quickstart_cpu.sh":  # the quick start saves no checkpoint (trainer.save_freq=-1)
         assert "[quickstart] tiny model:" in log and not list(run_dir.glob("global_step_*"))
+        # it ends with the run report next to the reward curve, and the run's health checks printed
+        report = (run_dir / "report.html").read_text()
+        assert "id='panel-reward'" in report and "data:image/png;base64," in report
+        assert (run_dir / "report_panels" / "reward.png").is_file()
+        assert "[vlmrl] health:" in log and f"report written to {run_dir / 'report.html'}" in log
         return
     ckpt = run_dir / "global_step_2"
     assert (ckpt / "actor" / ".metadata").is_file()

@@ -164,6 +164,18 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
+    prom = tr.prometheus
+    if "prometheus" in list(tr.logger or []):
+        from vlmrl.trainer.prometheus import is_loopback
+
+        if not is_loopback(prom.host) and not prom.token_file:
+            p.append(
+                f"trainer.prometheus.host={prom.host} accepts connections from other machines: set "
+                "trainer.prometheus.token_file (a file holding a secret; scrapers send it as a bearer token), or keep "
+                "the default 127.0.0.1."
+            )
+        if not 0 <= prom.port <= 65535:
+            p.append(f"trainer.prometheus.port={prom.port}: a port number (0 = any free port).")
     return p
 
 

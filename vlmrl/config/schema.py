@@ -328,13 +328,28 @@ class RewardConfig:
 
 
 @dataclass
+class PrometheusConfig:
+    """``trainer.logger`` with ``prometheus``: the step's metrics as gauges at http://host:port/metrics."""
+
+    host: str = "127.0.0.1"
+    """Address the exporter listens on; anything but loopback needs token_file."""
+    port: int = 9464
+    """Port (0: any free port; the address is printed at start-up)."""
+    token_file: str | None = None
+    """A file holding a secret: scrapers must send ``Authorization: Bearer <secret>`` (required off loopback)."""
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "vlmrl"
     """Tracking project name."""
     experiment_name: str = "run"
     """Tracking run name."""
     logger: Any = field(default_factory=lambda: ["console", "jsonl"])
-    """A list of console, jsonl, tensorboard, wandb (or one name, as verl scripts write ``trainer.logger=console``)."""
+    """A list of console, jsonl, tensorboard, wandb, prometheus (or one name, as verl scripts write
+    ``trainer.logger=console``)."""
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    """The exporter of ``trainer.logger=[..., prometheus]``."""
     device: str = "auto"
     """auto (cuda when available) | cuda | cpu."""
     nnodes: int = 1
@@ -419,5 +434,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
 """Every string option with a closed set of values (a bad value fails when the config is composed). Options that
 also take a file (``adv_estimator``, ``policy_loss``, reward names) are checked by their loaders at the same time."""
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "prometheus")
 """Values of ``trainer.logger``."""

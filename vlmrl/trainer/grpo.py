@@ -100,6 +100,7 @@ class Trainer:
             cfg.trainer.experiment_name,
             OmegaConf.to_container(OmegaConf.structured(cfg)),
             fresh=self.resume_state is None,
+            prometheus=cfg.trainer.prometheus,
         )
         limit = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
         from vlmrl.workers.group import make_worker_group
@@ -283,6 +284,7 @@ class Trainer:
                 raise FloatingPointError(f"non-finite advantages from scores {scored.scores}")
             flat = zero_variance_groups(scores, n)
             metrics["advantages/zero_variance_groups"] = float(flat)
+            metrics["advantages/zero_variance_share"] = flat / max(1, len(scores) // n)
             if flat == len(scores) // n and not self._warned_flat:
                 self._warned_flat = True
                 print(
@@ -398,12 +400,14 @@ class Trainer:
         self.rewards.close()
         self.group.shutdown(grace_s)
         if self.tracker.jsonl_path.exists():
+            from vlmrl.report import health_summary, load_run
             from vlmrl.trainer.tracking import plot_curve
 
             try:
                 plot_curve(self.tracker.jsonl_path, self.out_dir / "reward_curve.png")
+                print("[vlmrl] " + health_summary(load_run(self.out_dir).rows).replace("\n", "\n[vlmrl] "), flush=True)
             except Exception as e:  # noqa: BLE001 - a plot must never fail a finished run
-                print(f"[vlmrl] could not draw the reward curve: {e}", flush=True)
+                print(f"[vlmrl] could not draw the reward curve or check the run's health: {e}", flush=True)
 
 
 class RunStopped(RuntimeError):

@@ -1,4 +1,5 @@
-"""Experiment tracking: console, JSON lines, TensorBoard, Weights & Biases; and the reward curve as a PNG."""
+"""Experiment tracking: console, JSON lines, TensorBoard, Weights & Biases, Prometheus; and the reward curve as a
+PNG."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+from vlmrl.config.schema import LOGGERS, PrometheusConfig
 
 
 class Tracker:
@@ -23,13 +24,14 @@ class Tracker:
         experiment: str,
         config: Any,
         fresh: bool = False,
+        prometheus: PrometheusConfig | None = None,
     ):
         """``fresh``: this run does not continue the log in ``out_dir`` (no resume); an existing ``metrics.jsonl`` is
         moved aside to ``metrics.<time>.jsonl`` when the first line is written (not before: a run that fails during
-        start-up leaves the folder as it was)."""
-        bad = [x for x in loggers if x not in KNOWN_LOGGERS]
+        start-up leaves the folder as it was). ``prometheus``: where the exporter listens (``trainer.prometheus``)."""
+        bad = [x for x in loggers if x not in LOGGERS]
         if bad:
-            raise ValueError(f"trainer.logger: unknown backend(s) {bad}; choose from {list(KNOWN_LOGGERS)}")
+            raise ValueError(f"trainer.logger: unknown backend(s) {bad}; choose from {list(LOGGERS)}")
         self.loggers = list(loggers)
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +50,13 @@ class Tracker:
             except ImportError as e:
                 raise ImportError("trainer.logger includes wandb but it is not installed: pip install wandb") from e
             self._wandb = wandb.init(project=project, name=experiment, config=config, dir=str(self.out_dir))
+        self.prometheus = None
+        if "prometheus" in self.loggers:
+            from vlmrl.trainer.prometheus import PrometheusExporter
+
+            pc = prometheus or PrometheusConfig()
+            self.prometheus = PrometheusExporter(pc.host, pc.port, project, experiment, pc.token_file)
+            print(f"[vlmrl] Prometheus metrics at {self.prometheus.url}", flush=True)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Record one step's metrics everywhere."""
@@ -67,6 +76,8 @@ class Tracker:
                     self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
+        if self.prometheus is not None:
+            self.prometheus.publish(clean, step)
         if "console" in self.loggers:
             print(console_line(step, clean), flush=True)
 
@@ -78,6 +89,8 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self.prometheus is not None:
+            self.prometheus.close()
 
 
 def _plain(v: Any) -> Any:

@@ -195,6 +195,7 @@ class HybridWorker:
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
             torch.cuda.reset_peak_memory_stats()
+        metrics["perf/cpu_memory_rss_gb"] = self.rss_bytes() / 2**30
         return metrics
 
     def push_weights(self) -> float:
