@@ -261,6 +261,10 @@ def test_each_health_check_names_its_metric_and_the_step_it_started() -> None:
     rows = _rows(20, **{"advantages/zero_variance_share": lambda s: 0.9 if s <= 8 else 0.1,
                         "reward/mean": lambda s: 0.0 if s <= 8 else 0.5})  # fmt: skip
     assert check_health(rows) == []
+    # ... nor is one at the end of a run that learned the task (every sample of most groups right)
+    rows = _rows(20, **{"advantages/zero_variance_share": lambda s: 0.9 if s >= 14 else 0.1,
+                        "reward/mean": lambda s: 0.95 if s >= 14 else 0.5})  # fmt: skip
+    assert check_health(rows) == []
     rows = _rows(20, **{"reward/mean": lambda s: 0.0 if s <= 10 else 0.5})  # half the run: a finding
     assert at(check_health(rows), "reward flat at 0") == ("reward/mean", 1)
     rows = _rows(20, **{"rollout/logprob_diff": lambda s: 0.3 if s >= 9 else 0.001})

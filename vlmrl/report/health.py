@@ -116,9 +116,11 @@ def check_health(
                 severity="info",
             ))  # fmt: skip
     # groups whose samples all scored the same: no gradient from them
-    zv = _series(rows, "advantages/zero_variance_share")
+    # (groups that all scored alike because the model solves them, reward >= 0.9, are a learned task, not a problem)
+    mean_at = dict(rew)
+    zv = [(step, (v, mean_at.get(step, 0.0))) for step, v in _series(rows, "advantages/zero_variance_share")]
     if len(zv) >= window:
-        s = _first_stretch(zv, lambda v: v >= 0.5, window)
+        s = _first_stretch(zv, lambda v: v[0] >= 0.5 and v[1] < 0.9, window)
         if s:
             found.append(Finding(
                 "groups without reward variance", "advantages/zero_variance_share", s[0],
