@@ -201,8 +201,8 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("reward_model.model.path=some/rm", "model-based reward models"),
         ("reward.reward_model.enable=True", "model-based reward models"),
         ("algorithm.use_kl_in_reward=True", "use actor_rollout_ref.actor.use_kl_loss=True"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn / tool-calling rollouts"),
-        ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5", "multi-turn / tool-calling rollouts"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=True", "needs actor_rollout_ref.rollout.multi_turn.tool_config"),
+        ("actor_rollout_ref.rollout.multi_turn.function_tool_path=f.py", "tools from plain Python functions"),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "Ulysses sequence parallelism"),
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "hybrid sharding"),
         ("reward_model.reward_manager=dapo", "length_penalty reward component"),
@@ -226,6 +226,35 @@ def test_unsupported_option_is_rejected_with_the_reason(tmp_path: Path, override
         load(geo3k_launch_line(tmp_path) + [override])
     msg = str(e.value)
     assert override.split("=")[0].lstrip("+") in msg and reason in msg, msg
+
+
+def test_verls_multi_turn_keys_compose_and_wrong_values_are_named(tmp_path: Path) -> None:
+    """verl's geo3k multi-turn settings (its config file's multi_turn block and tool config, unchanged) compose; values
+    vlmrl cannot honour are refused at compose time naming the key."""
+    from utils import VERL_EXAMPLES
+
+    tools = VERL_EXAMPLES / "sglang_multiturn/config/tool_config/geo3k_tool_config.yaml"
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    base = geo3k_launch_line(tmp_path) + [f"{mt}.enable=True", f"{mt}.max_assistant_turns=5",
+                                          f"{mt}.tool_config_path={tools}"]  # fmt: skip
+    cfg = load(base)
+    m = cfg.actor_rollout_ref.rollout.multi_turn
+    assert m.enable and m.max_assistant_turns == 5 and m.format == "hermes" and m.max_tool_response_length == 256
+    for override, msg in (
+        (f"{mt}.interaction_config_path=x.yaml", "simulated-user interactions are not implemented"),
+        (f"{mt}.use_inference_chat_template=True", "token-in/token-out"),
+        (f"{mt}.max_parallel_calls=0", "must be a whole number >= 1"),
+        (f"{mt}.format=gpt-oss", "hermes"),
+        (f"{mt}.tool_response_truncate_side=top", "middle"),
+        (f"{mt}.tool_timeout_s=0", "seconds > 0"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load([*base, override])
+        assert override.split("=")[0] in str(e.value) and msg in str(e.value), str(e.value)
+    from vlmrl.config.checks import check_environment
+
+    missing = load([*base, f"{mt}.tool_config_path={tmp_path}/none.yaml"])  # files: checked before a run starts
+    assert any(f"{mt}.tool_config_path" in p and "is not a file" in p for p in check_environment(missing))
 
 
 def test_dynamic_batch_sizes_follow_verls_defaults_and_budgets_must_hold_a_sample(tmp_path: Path) -> None:

@@ -63,6 +63,10 @@ class RewardSample:
     """The run's response length limit in tokens (for overlong penalties)."""
     finish_reason: str = "stop"
     """stop | length."""
+    trajectory: Trajectory | None = None
+    """Multi-turn samples: the turns (``turn_texts``), tool calls and the images tools returned (None otherwise).
+    ``response`` is then the whole response, tool turns included (as verl decodes it), and ``extra_info`` also holds
+    verl's ``tool_rewards`` (each call's step reward) and ``turn_scores``."""
 
     @staticmethod
     def of_rollout(
@@ -73,21 +77,71 @@ class RewardSample:
         out = []
         for i, text in enumerate(texts):
             p = prompts[i // rollout.n]
+            traj = rollout.trajectories[i] if rollout.trajectories else None
+            info = p.extra_info
+            if traj is not None:
+                info = {**p.extra_info, "tool_rewards": [c.reward for c in traj.calls], "turn_scores": []}
             out.append(
                 RewardSample(
                     response=text,
                     prompt=p.prompt_text,
                     ground_truth=p.ground_truth,
                     data_source=p.data_source,
-                    extra_info=p.extra_info,
+                    extra_info=info,
                     images=p.images,
                     image_scales=p.image_scales,
                     response_length=len(rollout.response_ids[i]),
                     max_response_length=max_response_length,
                     finish_reason=rollout.finish_reasons[i],
+                    trajectory=traj,
                 )
             )
         return out
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call of a multi-turn trajectory, as the policy wrote it and as the tool answered."""
+
+    name: str
+    """The tool called ("" when the call could not be parsed)."""
+    arguments: dict[str, Any]
+    """The parsed arguments."""
+    text: str
+    """What the policy read back (the tool's text, or the error message)."""
+    images: int = 0
+    """Images the tool returned."""
+    error: str | None = None
+    """None on success; else the kind (parse | unknown_tool | exception | timeout | bad_result | budget) and why."""
+    reward: float = 0.0
+    """The tool's step reward."""
+    seconds: float = 0.0
+    """Wall time of create + execute + release."""
+    turn: int = 0
+    """The policy turn (0-based) that made the call."""
+
+
+@dataclass
+class Trajectory:
+    """What a multi-turn sample did besides its tokens: turns, tool calls, the images tools returned."""
+
+    response_mask: list[int]
+    """Per response token (as in ``RolloutBatch.response_ids``): 1 = the policy's, 0 = a tool turn's."""
+    images: list[Image.Image] = field(default_factory=list)
+    """Images the tools returned, in order (resized as the model saw them)."""
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    """Every tool call, in order."""
+    assistant_turns: int = 0
+    """Policy turns."""
+    user_turns: int = 0
+    """Tool turns appended."""
+    turn_texts: list[tuple[str, str]] = field(default_factory=list)
+    """(role, text) of each turn of the response: ``assistant`` (the policy's) or ``tool`` (what it read)."""
+
+    @property
+    def tool_reward(self) -> float:
+        """Sum of the calls' step rewards (verl's ``tool_rewards``)."""
+        return float(sum(c.reward for c in self.calls))
 
 
 GroupOrigin = tuple[int, int, int]
@@ -114,6 +168,9 @@ class RolloutBatch:
     origins: list[GroupOrigin] = field(default_factory=list)
     """Per prompt group: the engine group that generated it and where its workers keep it (set for training
     rollouts, which the workers keep until the update that names them)."""
+    trajectories: list[Trajectory] = field(default_factory=list)
+    """Per sample, for multi-turn rollouts (empty otherwise): the policy-token mask, tool images and calls. Tool
+    turns are part of ``response_ids`` (their image pads expanded) with log-prob 0."""
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -134,6 +191,7 @@ class RolloutBatch:
             n=self.n,
             timing=dict(self.timing),
             origins=[self.origins[g] for g in groups] if self.origins else [],
+            trajectories=[self.trajectories[i] for i in rows] if self.trajectories else [],
         )
 
     @staticmethod
@@ -151,6 +209,9 @@ class RolloutBatch:
             out.logprobs += p.logprobs
             out.finish_reasons += p.finish_reasons
             out.origins += p.origins
+            out.trajectories += p.trajectories
+        if out.trajectories and len(out.trajectories) != len(out.response_ids):
+            raise ValueError("cannot concatenate multi-turn and single-turn rollouts")
         out.timing = {k: max(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
         return out
 

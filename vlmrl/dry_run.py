@@ -127,7 +127,9 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
             from vlmrl.data.dataset import RLDataset
 
             try:
-                ds = RLDataset(files, processor, cfg.data, split=split, verbose=False)
+                from vlmrl.tools.config import config_tool_schemas
+
+                ds = RLDataset(files, processor, cfg.data, split=split, verbose=False, tools=config_tool_schemas(cfg))
                 kept = len(ds)
                 r = ds.report
                 why = ", ".join(f"{k}: {v}" for k, v in r["filtered_by_reason"].items())

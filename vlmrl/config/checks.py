@@ -133,6 +133,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
                 f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
                 f"data.max_response_length = {longest} tokens; set the budget to at least that."
             )
+    p += multi_turn_problems(cfg)
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         p.append(
             f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
@@ -246,6 +247,37 @@ def tp_size(cfg: VLMRLConfig) -> int:
     return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
 
 
+def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
+    """Problems of ``actor_rollout_ref.rollout.multi_turn`` (values only; the tool file is loaded by
+    ``check_environment``)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    key = "actor_rollout_ref.rollout.multi_turn"
+    if not mt.enable:
+        return []
+    p: list[str] = []
+    if not mt.tool_config_path:
+        p.append(f"{key}.enable=True needs {key}.tool_config_path (verl's tool YAML: tools: [{{class_name, ...}}]).")
+    for name, value in (("max_assistant_turns", mt.max_assistant_turns), ("max_user_turns", mt.max_user_turns),
+                        ("max_tokens_per_turn", mt.max_tokens_per_turn)):  # fmt: skip
+        if value is not None:
+            _positive(p, f"{key}.{name}", value, " (or null)")
+    _positive(p, f"{key}.max_parallel_calls", mt.max_parallel_calls)
+    _positive(p, f"{key}.max_tool_images", mt.max_tool_images)
+    _positive(p, f"{key}.max_tool_response_length", mt.max_tool_response_length, " (characters)")
+    if not (math.isfinite(mt.tool_timeout_s) and mt.tool_timeout_s > 0):
+        p.append(f"{key}.tool_timeout_s={mt.tool_timeout_s}: must be a finite number of seconds > 0.")
+    for name, value, why in (
+        ("interaction_config_path", mt.interaction_config_path, "simulated-user interactions are not implemented"),
+        ("num_repeat_rollouts", mt.num_repeat_rollouts, "repeated interaction rollouts are not implemented"),
+    ):
+        if value is not None:
+            p.append(f"{key}.{name}={value!r}: {why}; leave it null.")
+    if mt.use_inference_chat_template:
+        p.append(f"{key}.use_inference_chat_template=True: vlmrl keeps the policy's own tokens (token-in/token-out, "
+                 "nothing is re-rendered); leave it False.")  # fmt: skip
+    return p
+
+
 def check_environment(cfg: VLMRLConfig) -> list[str]:
     """Problems of the machine the run would start on: data files, the model folder, the output folder."""
     p: list[str] = []
@@ -282,6 +314,14 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
                     f"data.{key}: {str(f)!r} does not exist or is not a file "
                     "(make it with a preprocess/ script, e.g. python preprocess/synthetic.py --output-dir DIR)."
                 )
+    mt = arr.rollout.multi_turn
+    if mt.enable and mt.tool_config_path:
+        from vlmrl.tools.config import ToolConfigError, build_tools
+
+        try:
+            build_tools(mt.tool_config_path)
+        except (ToolConfigError, FileNotFoundError, ValueError, AttributeError, ImportError) as e:
+            p.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {e}")
     out = Path(tr.default_local_dir)
     probe = out if out.exists() else next((q for q in out.parents if q.exists()), Path("."))
     if not probe.is_dir():

@@ -200,6 +200,45 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """verl's ``actor_rollout_ref.rollout.multi_turn``: the policy calls tools over several turns (hermes format).
+    The whole trajectory (policy and tool tokens) fits in ``data.max_response_length``, as in verl; the loss covers
+    the policy's tokens only."""
+
+    enable: bool = False
+    """Multi-turn tool rollouts on."""
+    max_assistant_turns: int | None = None
+    """Policy turns per trajectory; None = until the token budget."""
+    max_user_turns: int | None = None
+    """Tool turns per trajectory; None = until the token budget."""
+    tool_config_path: str | None = None
+    """verl's tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
+    format: str = "hermes"
+    """Tool-call format: hermes (``<tool_call>{json}</tool_call>``, Qwen2.5's)."""
+    max_parallel_calls: int = 1
+    """Tool calls run per turn (extra calls in one turn are ignored and counted)."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's text the policy reads; longer text is truncated."""
+    tool_response_truncate_side: str = "middle"
+    """Where long tool text is cut: left (keep the start) | right (keep the end) | middle."""
+    max_tokens_per_turn: int | None = None
+    """Tokens one policy turn may generate; None = what is left of the trajectory's budget."""
+    max_tool_images: int = 4
+    """Images tools may add to one trajectory (the engine reserves room for them per request); a call that would add
+    more gets an error as its result."""
+    tool_timeout_s: float = 30.0
+    """Seconds a tool call may take; past it the policy reads a timeout error and the call is counted."""
+    interaction_config_path: str | None = None
+    """verl's simulated-user interactions (not implemented: must stay None)."""
+    use_inference_chat_template: bool = False
+    """verl's switch for re-rendering with the inference template (vlmrl is token-in/token-out: must stay False)."""
+    tokenization_sanity_check_mode: str = "strict"
+    """verl's re-tokenisation check (vlmrl never re-tokenises generated text: nothing to check)."""
+    num_repeat_rollouts: int | None = None
+    """verl's repeated interaction rollouts (not implemented: must stay None)."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"
     """Rollout engine: vllm | hf."""
@@ -247,6 +286,7 @@ class RolloutConfig:
     """Extra engine arguments: ``engine_kwargs.vllm.<arg>`` pass to ``vllm.LLM``; unknown ones are an error. verl's
     rollout keys that are vLLM settings (``max_num_seqs``, ``enable_prefix_caching``...) arrive here."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -426,6 +466,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "actor_rollout_ref.rollout.load_format": ("auto", "safetensors", "pt"),
+    "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": ("strict", "ignore_strippable", "disable"),
     "reward.on_error": ("fallback", "raise"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),

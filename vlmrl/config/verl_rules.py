@@ -14,7 +14,7 @@ _MEGATRON = "the Megatron-LM backend (vlmrl trains with PyTorch FSDP2)"
 _CRITIC = "the PPO critic (value model); GRPO-family estimators need none"
 _RM = "model-based reward models (use reward.function, reward.components or custom_reward_function.path)"
 _PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
-_MULTI_TURN = "multi-turn / tool-calling rollouts (vlmrl samples one response per prompt)"
+_FUNCTION_TOOLS = "tools from plain Python functions (declare tool classes in multi_turn.tool_config_path)"
 
 
 @dataclass(frozen=True)
@@ -276,14 +276,13 @@ RULES: tuple[Rule, ...] = (
     accept("actor_rollout_ref.rollout.agent.agent_loop_config_path", (None,), "agent loops"),
     accept("actor_rollout_ref.rollout.agent.default_agent_loop", ("single_turn_agent",), "agent loops"),
     notice("actor_rollout_ref.rollout.agent.num_workers", "rollouts run in the training workers"),
-    accept("actor_rollout_ref.rollout.multi_turn.enable", (False,), _MULTI_TURN),
-    feature("actor_rollout_ref.rollout.multi_turn.*", _MULTI_TURN),
     accept("actor_rollout_ref.rollout.engine_kwargs.sglang", ({},), "the SGLang rollout (use rollout.name=vllm)"),
     feature("actor_rollout_ref.rollout.engine_kwargs.sglang.*", "the SGLang rollout (use rollout.name=vllm)"),
     accept("actor_rollout_ref.rollout.engine_kwargs.trtllm", ({},), "the TensorRT-LLM rollout"),
     feature("actor_rollout_ref.rollout.engine_kwargs.trtllm.*", "the TensorRT-LLM rollout (use rollout.name=vllm)"),
-    accept("data.tool_config_path", (None,), _MULTI_TURN),
-    accept("data.function_tool_path", (None,), _MULTI_TURN),
+    accept("actor_rollout_ref.rollout.multi_turn.function_tool_path", (None,), _FUNCTION_TOOLS),
+    accept("data.tool_config_path", (None,), "tools declared in the data config (set multi_turn.tool_config_path)"),
+    accept("data.function_tool_path", (None,), _FUNCTION_TOOLS),
     accept("data.tokenizer", (None,), "a separate tokenizer (vlmrl uses the model's processor)"),
     accept(
         "data.trust_remote_code",

@@ -64,6 +64,7 @@ class RLDataset:
         *,
         cache_row_groups: int = 2,
         verbose: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         started = time.perf_counter()
         self.files = normalize_files(files)
@@ -80,6 +81,7 @@ class RLDataset:
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {', '.join(TRUNCATION_MODES)}")
         self.system_prompt = data_cfg.system_prompt or None
+        self.tools = list(tools or [])  # multi-turn: the tools' schemas go into the system message (hermes)
         max_samples = data_cfg.train_max_samples if split == "train" else data_cfg.val_max_samples
         self.max_samples = int(max_samples if max_samples is not None else -1)
         self.renderer = ChatRenderer(processor, data_cfg.custom_chat_template)
@@ -253,6 +255,15 @@ class RLDataset:
         key = repr(messages)
         text = self._text_cache.get(key)
         if text is None:
+            if self.tools:
+                from vlmrl.tools import hermes
+
+                messages = list(messages)
+                first = messages[0] if messages else {}
+                if first.get("role") == "system" and isinstance(first.get("content"), str):
+                    messages[0] = {**first, "content": hermes.system_prompt(self.tools, first["content"])}
+                else:
+                    messages.insert(0, {"role": "system", "content": hermes.system_prompt(self.tools)})
             text = self.renderer.render(messages)
             self._text_cache.put(key, text)
         return text

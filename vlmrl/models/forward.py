@@ -158,17 +158,42 @@ def _images_of(
     return torch.cat([feats[p] for p in used]), grid
 
 
+def _response_features(model: torch.nn.Module, mb: ModelInputs) -> dict[int, torch.Tensor]:
+    """Features of the images tools returned inside each row's response (multi-turn), by row: one vision pass for
+    all of the micro-batch's."""
+    if not mb.has_response_images:
+        return {}
+    rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
+    imgs = [mb.sample_images[r] for r in rows]  # type: ignore[index]
+    device = mb.input_ids.device
+    pixels = torch.cat([i.pixel_values for i in imgs]).to(device)
+    feats = qwen_vl.image_embeddings(model, pixels, torch.cat([i.image_grid_thw for i in imgs]).to(device))
+    merge = qwen_vl.vision_tower(model).spatial_merge_size
+    sizes = [sum(qwen_vl.tokens_per_image(i.image_grid_thw, merge)) for i in imgs]
+    return dict(zip(rows, torch.split(feats, sizes)))
+
+
 def full_sequence_logits(
     model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits [b, R, V] predicting each response token, every sample running its whole prompt+response (image
-    features still computed once per prompt), and the dummy-vision term."""
+    """Logits [b, R, V] predicting each response token, every sample running its whole prompt+response (prompt image
+    features still computed once per prompt; images inside a response, from tools, follow their prompt's in the
+    row's order), and the dummy-vision term."""
     feats, extra = _prompt_features(model, mb)
-    embeds, grid = _images_of(mb, feats, mb.prompt_of.tolist())
+    tool = _response_features(model, mb)
+    embeds, grids = [], []
+    for row, p in enumerate(mb.prompt_of.tolist()):
+        if p in feats:
+            embeds.append(feats[p])
+            grids.append(mb.images[p].image_grid_thw)
+        if row in tool:
+            embeds.append(tool[row])
+            grids.append(mb.sample_images[row].image_grid_thw)  # type: ignore[index]
     R = mb.responses.shape[1]
     logits = forward_logits(
-        model, mb.input_ids, mb.attention_mask, vision_ids, image_grid_thw=grid, image_embeds=embeds,
-        logits_to_keep=R + 1,
+        model, mb.input_ids, mb.attention_mask, vision_ids,
+        image_grid_thw=torch.cat(grids).to(mb.input_ids.device) if grids else None,
+        image_embeds=torch.cat(embeds) if embeds else None, logits_to_keep=R + 1,
     )  # fmt: skip
     return logits[:, :-1], extra
 
@@ -225,8 +250,10 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per-token log-probs [b, R] of the responses (and entropy [b, R] when asked), plus the dummy-vision term (add
     it to the loss: it is exactly 0). Shares each prompt's forward among its samples unless the model is
-    checkpointing in training mode."""
-    forward = full_sequence_logits if checkpointing_in_training(model) else shared_sample_logits
+    checkpointing in training mode or some response holds images (multi-turn tool results: their M-RoPE positions
+    need the whole sequence)."""
+    full = checkpointing_in_training(model) or mb.has_response_images
+    forward = full_sequence_logits if full else shared_sample_logits
     logits, extra = forward(model, mb, vision_ids)
     lp, ent = logprobs_and_entropy(logits, mb.responses, temperature, with_entropy)
     return lp, ent, extra

@@ -46,6 +46,13 @@ class ModelInputs:
     """Per prompt: processed pixels."""
     rollout_logprobs: torch.Tensor | None = None
     """[B, R] log-probs the rollout engine reported for the sampled tokens (a drift diagnostic)."""
+    sample_images: list[PromptImages] | None = None
+    """Per sample (multi-turn): the images tools returned inside its response, after its prompt's images."""
+
+    @property
+    def has_response_images(self) -> bool:
+        """True when some sample's response holds images (tool results): positions then need the full sequence."""
+        return self.sample_images is not None and any(im.num_images for im in self.sample_images)
 
     @property
     def batch_size(self) -> int:
@@ -60,12 +67,13 @@ class ModelInputs:
         plen = self.input_ids.shape[1] - self.responses.shape[1]
         used_p = attn[:, :plen].sum(0).nonzero()
         p0 = int(used_p[0]) if len(used_p) else plen
-        used_r = rmask.sum(0).nonzero()
+        used_r = attn[:, plen:].sum(0).nonzero()
         r1 = int(used_r[-1]) + 1 if len(used_r) else 1
         keep = torch.cat([torch.arange(p0, plen), torch.arange(plen, plen + r1)])
         rlp = None if self.rollout_logprobs is None else self.rollout_logprobs[rows][:, :r1]
+        extra = None if self.sample_images is None else [self.sample_images[int(r)] for r in rows]
         return ModelInputs(
-            ids[:, keep], attn[:, keep], resp[:, :r1], rmask[:, :r1], self.prompt_of[rows], self.images, rlp
+            ids[:, keep], attn[:, keep], resp[:, :r1], rmask[:, :r1], self.prompt_of[rows], self.images, rlp, extra
         )
 
 
@@ -81,10 +89,31 @@ def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptIm
     return out
 
 
+def process_response_images(processor: Any, rollout: RolloutBatch) -> list[PromptImages] | None:
+    """The processor's output for the images tools returned in each multi-turn sample (None for a single-turn
+    rollout)."""
+    if not rollout.trajectories:
+        return None
+    out = []
+    for t in rollout.trajectories:
+        if not t.images:
+            out.append(PromptImages(None, None))
+            continue
+        enc = processor.image_processor(images=t.images, return_tensors="pt")
+        out.append(PromptImages(enc["pixel_values"], enc["image_grid_thw"]))
+    return out
+
+
 def build_inputs(
-    prompts: list[PromptSample], rollout: RolloutBatch, images: list[PromptImages], pad_id: int
+    prompts: list[PromptSample],
+    rollout: RolloutBatch,
+    images: list[PromptImages],
+    pad_id: int,
+    response_images: list[PromptImages] | None = None,
 ) -> ModelInputs:
-    """Tensors for ``len(rollout)`` samples; sample i belongs to prompt ``i // rollout.n``."""
+    """Tensors for ``len(rollout)`` samples; sample i belongs to prompt ``i // rollout.n``. Multi-turn samples
+    (``rollout.trajectories``) mask their tool turns out of ``response_mask``; ``response_images`` are their tool
+    images (:func:`process_response_images`)."""
     n = rollout.n
     B = len(rollout)
     if B != len(prompts) * n:
@@ -103,12 +132,18 @@ def build_inputs(
             input_ids[i, P : P + len(rids)] = torch.tensor(rids)
             attn[i, P : P + len(rids)] = 1
             responses[i, : len(rids)] = torch.tensor(rids)
-            rmask[i, : len(rids)] = 1
+            if rollout.trajectories:
+                mask = rollout.trajectories[i].response_mask
+                if len(mask) != len(rids):
+                    raise ValueError(f"sample {i}: a response mask of {len(mask)} for {len(rids)} tokens")
+                rmask[i, : len(rids)] = torch.tensor(mask, dtype=torch.long)
+            else:
+                rmask[i, : len(rids)] = 1
             lps = rollout.logprobs[i] if i < len(rollout.logprobs) else []
             if len(lps) == len(rids):
                 rlp[i, : len(rids)] = torch.tensor(lps)
     prompt_of = torch.arange(B) // n
-    return ModelInputs(input_ids, attn, responses, rmask, prompt_of, images, rlp)
+    return ModelInputs(input_ids, attn, responses, rmask, prompt_of, images, rlp, response_images)
 
 
 def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
@@ -121,4 +156,5 @@ def to_device(x: ModelInputs, device: torch.device | str) -> ModelInputs:
         x.prompt_of,
         x.images,
         x.rollout_logprobs,
+        x.sample_images,
     )

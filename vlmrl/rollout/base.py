@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -59,11 +59,39 @@ def sampling_specs(rollout_cfg, max_response_length: int) -> tuple[SamplingSpec,
     return train, val
 
 
+@dataclass
+class TurnRequest:
+    """One generation of a multi-turn trajectory: the whole context so far, token-in."""
+
+    ids: list[int]
+    """Context ids with ONE image pad per image (the engine expands them)."""
+    images: list[Any]
+    """The context's images in order (prompt images, then tool images), resized as the model sees them."""
+    max_tokens: int
+    """Tokens this turn may generate."""
+
+
+@dataclass
+class TurnOutput:
+    """What one turn generated."""
+
+    ids: list[int]
+    """Generated ids (EOS included when generated)."""
+    logprobs: list[float]
+    """Engine log-prob of each generated id."""
+    finish: str
+    """stop | length."""
+
+
 class Rollout(Protocol):
     """A rollout engine: generates responses for prompts with images, and takes new policy weights."""
 
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` samples per prompt, grouped by prompt; engine-expanded prompt ids, response ids, logprobs."""
+        ...
+
+    def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
+        """One sample per request (``spec.n`` is ignored), each with its own ``max_tokens``: a multi-turn step."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:

@@ -7,6 +7,7 @@ weights), so ``update_weights`` has nothing to copy when the rollout shares the 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -15,9 +16,10 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models import qwen_vl
 from vlmrl.models.forward import token_logprobs
 from vlmrl.models.qwen_vl import vision_token_ids
-from vlmrl.rollout.base import SamplingSpec
+from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
@@ -64,8 +66,79 @@ class HFRollout:
         batch.timing["generate_s"] = time.perf_counter() - t0
         return batch
 
+    @torch.no_grad()
+    def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
+        """One sample per request, token-in (image pads expanded here as the processor would), each cut at its own
+        ``max_tokens`` (tokens after a request's limit are generated with the batch and dropped: the kept ones are
+        sampled exactly as a shorter call would)."""
+        out: list[TurnOutput] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(requests), self.micro_batch_prompts):
+                out += self._turn_chunk(requests[i : i + self.micro_batch_prompts], spec)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _turn_chunk(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
+        pad = self.vision_ids.image_pad
+        merge = int(getattr(self.processor.image_processor, "merge_size", 2))
+        rows, pixels, grids = [], [], []
+        for r in requests:
+            if r.images:
+                enc = self.processor.image_processor(images=list(r.images), return_tensors="pt")
+                pixels.append(enc["pixel_values"])
+                grids.append(enc["image_grid_thw"])
+                counts = qwen_vl.tokens_per_image(enc["image_grid_thw"], merge)
+                rows.append(qwen_vl.expand_image_pads(r.ids, pad, counts))
+            else:
+                rows.append(qwen_vl.expand_image_pads(r.ids, pad, []))
+        width = max(len(x) for x in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, x in enumerate(rows):
+            ids[i, width - len(x) :] = torch.tensor(x)
+            attn[i, width - len(x) :] = 1
+        dev = self._device()
+        enc2: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": attn.to(dev)}
+        enc2["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(enc2["input_ids"], self.vision_ids)
+        if pixels:
+            enc2["pixel_values"] = torch.cat(pixels).to(dev)
+            enc2["image_grid_thw"] = torch.cat(grids).to(dev)
+        longest = max(max(1, r.max_tokens) for r in requests)
+        seqs, lps = self._run_generate(enc2, dataclasses.replace(spec, n=1, max_tokens=longest))
+        result = []
+        for row, r in enumerate(requests):
+            limit = max(1, r.max_tokens)
+            row_ids = seqs[row].tolist()[:limit]
+            end, finish = len(row_ids), "length"
+            for j, t in enumerate(row_ids):
+                if t in self.eos_ids and not spec.ignore_eos:
+                    end, finish = j + 1, "stop"
+                    break
+            result.append(TurnOutput(row_ids[:end], lps[row, :end].tolist(), finish))
+        return result
+
     def _generate_chunk(self, prompts: list[PromptSample], spec: SamplingSpec, batch: RolloutBatch) -> None:
         enc = self._encode(prompts)
+        seqs, lps = self._run_generate(enc, spec)
+        prompt_ids = enc["input_ids"].repeat_interleave(spec.n, dim=0)
+        prompt_mask = enc["attention_mask"].repeat_interleave(spec.n, dim=0)
+        for row in range(seqs.shape[0]):
+            ids = seqs[row].tolist()
+            end, finish = len(ids), "length"
+            for j, t in enumerate(ids):
+                if t in self.eos_ids and not spec.ignore_eos:
+                    end, finish = j + 1, "stop"
+                    break
+            batch.prompt_ids.append(prompt_ids[row][prompt_mask[row].bool()].tolist())
+            batch.response_ids.append(ids[:end])
+            batch.logprobs.append(lps[row, :end].tolist())
+            batch.finish_reasons.append(finish)
+
+    def _run_generate(self, enc: dict[str, torch.Tensor], spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """(generated ids [B*n, R], their raw-logit log-probs [B*n, R']) of one ``generate`` call."""
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=spec.max_tokens,
             num_return_sequences=spec.n,
@@ -101,20 +174,7 @@ class HFRollout:
         seqs = out.sequences[:, plen:]
         # raw logits -> log-probs of the chosen tokens (vLLM reports raw log-probs too)
         logits = torch.stack(out.logits, dim=1)  # [B*n, R, V]
-        lps = token_logprobs(logits, seqs[:, : logits.shape[1]])
-        prompt_ids = enc["input_ids"].repeat_interleave(spec.n, dim=0)
-        prompt_mask = enc["attention_mask"].repeat_interleave(spec.n, dim=0)
-        for row in range(seqs.shape[0]):
-            ids = seqs[row].tolist()
-            end, finish = len(ids), "length"
-            for j, t in enumerate(ids):
-                if t in self.eos_ids and not spec.ignore_eos:
-                    end, finish = j + 1, "stop"
-                    break
-            batch.prompt_ids.append(prompt_ids[row][prompt_mask[row].bool()].tolist())
-            batch.response_ids.append(ids[:end])
-            batch.logprobs.append(lps[row, :end].tolist())
-            batch.finish_reasons.append(finish)
+        return seqs, token_logprobs(logits, seqs[:, : logits.shape[1]])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Copy weights into the generating model, unless it is the trainer's own module (then nothing to do)."""

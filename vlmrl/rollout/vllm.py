@@ -19,7 +19,7 @@ import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models.qwen_vl import vision_token_ids
-from vlmrl.rollout.base import SamplingSpec
+from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 
 # a bias no real logit survives; the engine applies it to raw logits before sampling
 _NEVER = -1.0e4
@@ -184,6 +184,26 @@ class VLLMRollout:
                 batch.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
         batch.timing["generate_s"] = time.perf_counter() - t0
         return batch
+
+    def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
+        """One sample per request with its own token limit (a multi-turn step; prefix caching reuses each
+        trajectory's earlier turns)."""
+        engine_requests = []
+        params = []
+        for r in requests:
+            req: dict[str, Any] = {"prompt_token_ids": list(r.ids)}
+            if r.images:
+                req["multi_modal_data"] = {"image": list(r.images) if len(r.images) > 1 else r.images[0]}
+            engine_requests.append(req)
+            params.append(self.sampling_params(dataclasses.replace(spec, n=1, max_tokens=max(1, r.max_tokens))))
+        outs = self.llm.generate(engine_requests, params, use_tqdm=False)
+        result = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
+            result.append(TurnOutput(ids, lps, "length" if c.finish_reason == "length" else "stop"))
+        return result
 
     # --------------------------------------------------------------------------------------------- weight push
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:

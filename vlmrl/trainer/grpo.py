@@ -66,9 +66,14 @@ class Trainer:
         arr = cfg.actor_rollout_ref
         self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
-        self.train_ds = RLDataset(cfg.data.train_files, self.processor, cfg.data, split="train")
+        from vlmrl.tools.config import config_tool_schemas
+
+        tools = config_tool_schemas(cfg)
+        self.train_ds = RLDataset(cfg.data.train_files, self.processor, cfg.data, split="train", tools=tools)
         self.val_ds = (
-            RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val") if cfg.data.val_files else None
+            RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val", tools=tools)
+            if cfg.data.val_files
+            else None
         )
         bs = cfg.data.train_batch_size
         if len(self.train_ds) < bs:
@@ -304,6 +309,11 @@ class Trainer:
             metrics.update(scored.metrics)
             metrics.update(stats("response_length", lengths.tolist()))
             metrics["response_length/clip_ratio"] = float(np.mean([f == "length" for f in rb.finish_reasons]))
+            if rb.trajectories:
+                from vlmrl.rollout.multi_turn import multi_turn_metrics
+
+                metrics.update(multi_turn_metrics(rb.trajectories))
+                metrics["timing/tool_s"] = float(rb.timing.get("tool_s", 0.0))
             metrics["advantages/mean"] = float(adv.mean())
             metrics["advantages/abs_mean"] = float(adv.abs().mean())
             tokens = float(lengths.sum()) + sum(len(p) for p in rb.prompt_ids)

@@ -24,7 +24,7 @@ from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import tp_size
 from vlmrl.models import qwen_vl
-from vlmrl.models.inputs import build_inputs, process_images
+from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
 from vlmrl.workers.policy import PolicyWorker
 
@@ -83,6 +83,8 @@ class HybridWorker:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.engine: Any
+        mt = arr.rollout.multi_turn
+        image_limit = (arr.rollout.limit_images or limit_images) + (mt.max_tool_images if mt.enable else 0)
         self.tp = tp_size(cfg)
         self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
         if arr.rollout.name == "vllm":
@@ -92,7 +94,7 @@ class HybridWorker:
                 arr.model.path,
                 rollout_cfg=arr.rollout,
                 max_model_len=max_len,
-                limit_images=arr.rollout.limit_images or limit_images,
+                limit_images=image_limit,
                 device=self.device,
                 seed=arr.rollout.seed + self.engine_group,  # the same within an engine's group: same samples
                 distributed=True,  # inside the trainer's process group: one engine per tensor-parallel group
@@ -119,6 +121,16 @@ class HybridWorker:
         elif arr.rollout.name != "vllm":
             raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
+        self.agent = None
+        if mt.enable:
+            from vlmrl.rollout.multi_turn import MultiTurnAgent
+            from vlmrl.tools.config import build_tools
+
+            factor = qwen_vl.patch_factor(self.processor.image_processor)
+            self.agent = MultiTurnAgent(
+                self.engine, build_tools(mt.tool_config_path), mt, self.tokenizer, (factor, *bounds),
+                cfg.data.max_response_length, max_images=image_limit,
+            )  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self._rollouts: dict[int, tuple[list[PromptSample], RolloutBatch]] = {}
         self._next_rollout = 0
@@ -134,7 +146,7 @@ class HybridWorker:
         if self.tp > 1:
             self._check_engine_group_in_step()
         self.engine.wake()  # a no-op unless a second rollout of the same step follows a sleep (filter_groups)
-        rb = self.engine.generate(prompts, spec)
+        rb = (self.agent or self.engine).generate(prompts, spec)
         if not validate:
             rid = self._next_rollout
             self._next_rollout += 1
@@ -183,7 +195,10 @@ class HybridWorker:
             raise RuntimeError(f"worker {self.rank}: an update with no samples")
         rb = RolloutBatch.concat(parts)
         t0 = time.perf_counter()
-        x = build_inputs(prompts, rb, process_images(self.processor, prompts), self.pad_id)
+        x = build_inputs(
+            prompts, rb, process_images(self.processor, prompts), self.pad_id,
+            process_response_images(self.processor, rb),
+        )  # fmt: skip
         t_prep = time.perf_counter() - t0
         adv = torch.tensor(shard.advantages, dtype=torch.float32)
         if adv.shape[0] != x.batch_size:

@@ -192,7 +192,7 @@ class PolicyWorker:
             return micro_batches.fixed(rows, size)
         plen = x.input_ids.shape[1] - x.responses.shape[1]
         prompt_lens = x.attention_mask[rows, :plen].sum(-1).tolist()
-        response_lens = x.response_mask[rows].sum(-1).tolist()
+        response_lens = x.attention_mask[rows, plen:].sum(-1).tolist()  # every response token (tool turns too)
         batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key)
         count = len(batches)
         if dist.is_initialized() and self.world > 1:

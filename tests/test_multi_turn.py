@@ -1,0 +1,332 @@
+"""Multi-turn tool rollouts: the agent loop's bookkeeping (masks, images, limits, tool failures) on a scripted engine,
+and the policy's log-probs on multi-turn trajectories with a tool image against the vLLM and HF engines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+from utils import make_prompt, noise, solid
+
+from vlmrl.config.schema import MultiTurnConfig
+from vlmrl.models import qwen_vl
+from vlmrl.models.forward import response_logprobs
+from vlmrl.models.inputs import build_inputs, process_images, process_response_images
+from vlmrl.rollout.base import SamplingSpec, TurnOutput
+from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics, truncate
+from vlmrl.tools.config import build_tools
+
+ZOOM = '<tool_call>\n{"name": "image_zoom", "arguments": {"bbox_2d": [0, 0, 28, 28]}}\n</tool_call>'
+
+BAD_TOOLS = """
+import time
+from vlmrl.tools.base import BaseTool, ToolResponse
+
+def schema(name):
+    return {"type": "function", "function": {"name": name, "parameters": {}}}
+
+class Raiser(BaseTool):
+    default_schema = schema("raiser")
+    async def execute(self, iid, params, **kw):
+        raise RuntimeError("tool broke")
+
+class Sleeper(BaseTool):
+    default_schema = schema("sleeper")
+    def execute(self, iid, params, **kw):  # a plain (blocking) method
+        time.sleep(30)
+
+class Blocker(BaseTool):
+    default_schema = schema("blocker")
+    async def execute(self, iid, params, **kw):  # blocks its event loop
+        time.sleep(30)
+
+class Garbage(BaseTool):
+    default_schema = schema("garbage")
+    async def execute(self, iid, params, **kw):
+        return "nope"
+
+class BadImage(BaseTool):
+    default_schema = schema("bad_image")
+    async def execute(self, iid, params, **kw):
+        return ToolResponse(text="x", image=["not an image"]), 0.0, {}
+
+class ManyImages(BaseTool):
+    default_schema = schema("many_images")
+    async def execute(self, iid, params, **kw):
+        from PIL import Image
+        return ToolResponse(text="x", image=[Image.new("RGB", (56, 56))] * 4), 0.0, {}
+
+class NanReward(BaseTool):
+    default_schema = schema("nan_reward")
+    async def execute(self, iid, params, **kw):
+        return ToolResponse(text="x"), float("nan"), {}
+"""
+
+
+@pytest.fixture(scope="module")
+def tool_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tools")
+    (d / "bad_tools.py").write_text(BAD_TOOLS)
+    cfg = d / "tools.yaml"
+    lines = ["tools:", "  - class_name: image_zoom", "  - class_name: calculator"]
+    lines += [f"  - class_name: {d}/bad_tools.py:{c}" for c in ("Raiser", "Sleeper", "Blocker", "Garbage", "BadImage",
+                                                               "NanReward", "ManyImages")]  # fmt: skip
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+class ScriptedEngine:
+    """Answers turn k of every trajectory with ``script[k]`` (text + <|im_end|>), recording each request."""
+
+    def __init__(self, tokenizer, script: list[str]) -> None:
+        self.tok, self.script, self.requests = tokenizer, script, []
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate_turns(self, requests, spec):
+        self.requests.append(requests)
+        turn = len(self.requests) - 1
+        out = []
+        for r in requests:
+            ids = self.tok(self.script[min(turn, len(self.script) - 1)], add_special_tokens=False)["input_ids"]
+            ids = ids[: r.max_tokens]
+            full = len(ids) == r.max_tokens
+            ids = ids if full else ids + [self.end]
+            out.append(TurnOutput(ids, [-0.5] * len(ids), "length" if full else "stop"))
+        return out
+
+
+def agent(processor, engine, tool_file: Path, budget: int = 400, **mt) -> MultiTurnAgent:
+    cfg = MultiTurnConfig(enable=True, tool_config_path=str(tool_file), tool_timeout_s=1.0, **mt)
+    factor = qwen_vl.patch_factor(processor.image_processor)
+    bounds = (factor, *qwen_vl.pixel_bounds(processor.image_processor))
+    return MultiTurnAgent(engine, build_tools(tool_file), cfg, processor.tokenizer, bounds, budget, max_images=4)
+
+
+def test_tool_turn_is_appended_token_in_with_its_image_and_masked_out(tiny_processor, tool_file) -> None:
+    tok = tiny_processor.tokenizer
+    prompt = make_prompt(tiny_processor, "What colour?", [noise(0, (112, 84))])
+    engine = ScriptedEngine(tok, [ZOOM, "red"])
+    rb = agent(tiny_processor, engine, tool_file).generate([prompt], SamplingSpec(n=2, max_tokens=400))
+    assert len(rb) == 2 and len(rb.trajectories) == 2
+    pad = qwen_vl.vision_token_ids(tok).image_pad
+    # turn 2's request: the prompt + turn 1 + the tool turn, one pad per image, and both images
+    second = engine.requests[1][0]
+    assert second.ids[: len(prompt.prompt_ids)] == prompt.prompt_ids and second.ids.count(pad) == 2
+    assert len(second.images) == 2 and second.images[0] is prompt.images[0]
+    t = rb.trajectories[0]
+    assert t.assistant_turns == 2 and t.user_turns == 1 and len(t.calls) == 1 and t.calls[0].error is None
+    zoomed = t.images[0]
+    assert zoomed.width % 28 == 0 and zoomed.width * zoomed.height > 28 * 28  # enlarged to the budget
+    bounds = qwen_vl.pixel_bounds(tiny_processor.image_processor)
+    n_img = qwen_vl.num_image_tokens(zoomed.width, zoomed.height, 28, *bounds)
+    resp, mask, lps = rb.response_ids[0], t.response_mask, rb.logprobs[0]
+    assert len(resp) == len(mask) == len(lps) and resp.count(pad) == n_img  # pads expanded for the trainer
+    turn1 = tok(ZOOM, add_special_tokens=False)["input_ids"] + [engine.end]
+    assert resp[: len(turn1)] == turn1 and set(mask[: len(turn1)]) == {1}
+    tool_span = [i for i, m in enumerate(mask) if m == 0]
+    assert tool_span == list(range(len(turn1), tool_span[-1] + 1))  # one contiguous tool turn
+    assert all(resp[i] != pad for i, m in enumerate(mask) if m == 1) and {lps[i] for i in tool_span} == {0.0}
+    assert tok.decode(resp[tool_span[0] : tool_span[-1] + 1]).startswith("\n<|im_start|>user\n<tool_response>")
+    assert rb.prompt_ids[0].count(pad) == qwen_vl.num_image_tokens(112, 84, 28, *qwen_vl.pixel_bounds(
+        tiny_processor.image_processor))  # fmt: skip
+    m = multi_turn_metrics(rb.trajectories)
+    assert m["multi_turn/turns/mean"] == 2 and m["multi_turn/tool_calls/mean"] == 1
+    assert m["multi_turn/calls/image_zoom"] == 2 and m["multi_turn/errors/image_zoom"] == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "kind", "text"),
+    [
+        ('{"name": "raiser", "arguments": {}}', "exception", "RuntimeError: tool broke"),
+        ('{"name": "sleeper", "arguments": {}}', "timeout", "timed out after 1 s"),
+        ('{"name": "blocker", "arguments": {}}', "timeout", "timed out after 1 s"),
+        ('{"name": "garbage", "arguments": {}}', "bad_result", "other than (response, reward, metrics)"),
+        ('{"name": "bad_image", "arguments": {}}', "bad_result", "list of PIL images"),
+        ('{"name": "nan_reward", "arguments": {}}', "bad_result", "not finite"),
+        ('{"name": "many_images", "arguments": {}}', "bad_result", "would exceed the 4 images per trajectory"),
+        ('{"name": "nosuch", "arguments": {}}', "unknown_tool", "no tool named 'nosuch'"),
+        ("{broken", "parse", "invalid tool call JSON"),
+        ('{"name": "calculator", "arguments": {"expression": "__import__(1)"}}', "exception", "unsupported"),
+        ('{"name": "image_zoom", "arguments": {"bbox_2d": [5, 5, 1, 1]}}', "exception", "is empty"),
+    ],
+)
+def test_a_failing_tool_gives_the_policy_an_error_and_the_step_goes_on(tiny_processor, tool_file, call, kind, text):
+    engine = ScriptedEngine(tiny_processor.tokenizer, [f"<tool_call>{call}</tool_call>", "done"])
+    prompt = make_prompt(tiny_processor, "Go.", [solid((0, 0, 255))])
+    t0 = time.perf_counter()
+    rb = agent(tiny_processor, engine, tool_file).generate([prompt], SamplingSpec(n=1, max_tokens=400))
+    assert time.perf_counter() - t0 < 10  # a hung tool is abandoned after tool_timeout_s
+    t = rb.trajectories[0]
+    assert t.assistant_turns == 2 and len(t.calls) == 1
+    assert t.calls[0].error.startswith(kind) and text in t.calls[0].error and t.calls[0].text.startswith("Error:")
+    assert text in t.turn_texts[1][1]  # the policy read the error as the tool's result
+    m = multi_turn_metrics(rb.trajectories)
+    assert m["multi_turn/tool_errors"] == 1 and m[f"multi_turn/error_kind/{kind}"] == 1
+
+
+def test_turn_limits_and_the_token_budget_end_trajectories(tiny_processor, tool_file) -> None:
+    tok = tiny_processor.tokenizer
+    calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+    prompt = make_prompt(tiny_processor, "Add.", [])
+    for mt, turns in (({"max_assistant_turns": 3}, 3), ({"max_user_turns": 2}, 3)):
+        engine = ScriptedEngine(tok, [calc])
+        t = agent(tiny_processor, engine, tool_file, **mt).generate([prompt], SamplingSpec(n=1)).trajectories[0]
+        assert t.assistant_turns == turns and t.calls[0].text == "2"
+    engine = ScriptedEngine(tok, [calc])
+    rb = agent(tiny_processor, engine, tool_file, budget=120).generate([prompt], SamplingSpec(n=1))
+    assert len(rb.response_ids[0]) <= 120 and rb.trajectories[0].assistant_turns >= 2
+    per_turn = agent(tiny_processor, ScriptedEngine(tok, [calc]), tool_file, max_tokens_per_turn=5)
+    rb = per_turn.generate([prompt], SamplingSpec(n=1))
+    assert len(rb.response_ids[0]) == 5 and rb.finish_reasons[0] == "length"  # cut mid-call: no tool runs
+    assert rb.trajectories[0].calls == []
+
+
+def test_extra_calls_beyond_max_parallel_calls_are_not_run(tiny_processor, tool_file) -> None:
+    calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+    engine = ScriptedEngine(tiny_processor.tokenizer, [calc * 3, "ok"])
+    prompt = make_prompt(tiny_processor, "Multiply.", [])
+    t = agent(tiny_processor, engine, tool_file, max_parallel_calls=2).generate([prompt], SamplingSpec(n=1))
+    assert len(t.trajectories[0].calls) == 2 and t.trajectories[0].turn_texts[1][1] == "6\n6"
+
+
+def test_truncation_sides_follow_verl() -> None:
+    assert truncate("abcdefghij", 4, "left") == "abcd...(truncated)"
+    assert truncate("abcdefghij", 4, "right") == "(truncated)...ghij"
+    assert truncate("abcdefghij", 4, "middle") == "ab...(truncated)...ij"
+    assert truncate("abc", 4, "middle") == "abc"
+
+
+# ---------------------------------------------------------------------------------------- log-probs vs engines
+
+
+class FirstTurnScripted:
+    """Turn 1 of every trajectory is a scripted zoom call; later turns are the real engine's samples."""
+
+    def __init__(self, engine, tokenizer) -> None:
+        self.engine, self.turn = engine, 0
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.call = tokenizer(ZOOM, add_special_tokens=False)["input_ids"] + [end]
+
+    def generate_turns(self, requests, spec):
+        self.turn += 1
+        if self.turn == 1:
+            return [TurnOutput(list(self.call), [0.0] * len(self.call), "stop") for _ in requests]
+        return self.engine.generate_turns(requests, spec)
+
+
+def _trainer_gap(model, processor, prompts, rb) -> float:
+    """Largest |trainer - engine| log-prob over the engine's own tokens (the policy's turns after the first)."""
+    ids = qwen_vl.vision_token_ids(processor.tokenizer)
+    x = build_inputs(prompts, rb, process_images(processor, prompts), processor.tokenizer.pad_token_id,
+                     process_response_images(processor, rb))  # fmt: skip
+    assert x.has_response_images
+    with torch.no_grad():
+        lp, _, _ = response_logprobs(model, x, ids)
+    gaps = []
+    for i, t in enumerate(rb.trajectories):
+        first_tool = t.response_mask.index(0)
+        later = [j for j, m in enumerate(t.response_mask) if m == 1 and j > first_tool]
+        assert later and t.images, "the engine generated after the tool image"
+        gaps += [abs(float(lp[i, j]) - rb.logprobs[i][j]) for j in later]
+        assert float(x.response_mask[i].sum()) == sum(t.response_mask)  # the loss sees policy tokens only
+    return max(gaps)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.mark.vllm
+def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_processor, hf_model, tool_file):
+    from vlmrl.config import RolloutConfig
+    from vlmrl.rollout.vllm import VLLMRollout
+
+    engine = VLLMRollout(tiny_model_dir, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=4)
+    try:
+        prompts = [
+            make_prompt(tiny_processor, "What is here?", [noise(1, (112, 84))], index=0),
+            make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),
+        ]
+        wrapped = FirstTurnScripted(engine, tiny_processor.tokenizer)
+        rb = agent(tiny_processor, wrapped, tool_file).generate(prompts, SamplingSpec(n=2, max_tokens=400))
+        assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
+    finally:
+        engine.close()
+
+
+def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor, hf_model, tool_file):
+    from vlmrl.rollout.hf import HFRollout
+
+    prompts = [make_prompt(tiny_processor, "What is here?", [noise(3, (112, 84))], index=0),
+               make_prompt(tiny_processor, "And here?", [solid((200, 0, 0), (84, 84))], index=1)]  # fmt: skip
+    wrapped = FirstTurnScripted(HFRollout(hf_model, tiny_processor), tiny_processor.tokenizer)
+    rb = agent(tiny_processor, wrapped, tool_file).generate(prompts, SamplingSpec(n=2, max_tokens=300))
+    assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
+
+
+def test_micro_batches_keep_each_samples_tool_images(tiny_processor, tool_file) -> None:
+    """A micro-batch (``ModelInputs.select``) carries its rows' tool images and trims padding by real tokens, not by
+    the policy mask (a response may end in tokens the mask leaves out)."""
+    prompts = [make_prompt(tiny_processor, "Look.", [noise(4, (84, 84))], index=0),
+               make_prompt(tiny_processor, "No image to zoom into.", [], index=1)]  # fmt: skip
+    engine = ScriptedEngine(tiny_processor.tokenizer, [ZOOM, "ok"])
+    rb = agent(tiny_processor, engine, tool_file).generate(prompts, SamplingSpec(n=1))
+    assert rb.trajectories[0].images and not rb.trajectories[1].images  # sample 1's call failed: no image
+    rb.trajectories[1].response_mask[-3:] = [0, 0, 0]  # a response that ends in masked-out tokens
+    x = build_inputs(
+        prompts, rb, process_images(tiny_processor, prompts), 0, process_response_images(tiny_processor, rb)
+    )
+    one = x.select([1])
+    assert one.sample_images == [x.sample_images[1]] and not one.has_response_images
+    assert one.responses.shape[1] == len(rb.response_ids[1])  # trimmed by real tokens, not the last policy token
+    both = x.select([1, 0])
+    assert both.has_response_images and both.sample_images[1].num_images == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_training_with_multi_turn_tools_runs_on_vllm(tiny_model_dir, tmp_path) -> None:
+    """Two GRPO steps with multi_turn on (2 CPU workers, vLLM): the tools' schemas are in every prompt, the
+    multi_turn metrics are logged each step."""
+    from runs import base_args, make_colour_data, metrics, run_to_end
+
+    data = make_colour_data(tmp_path / "data")
+    out = tmp_path / "run"
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    dump = tmp_path / "dump"
+    args = base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.max_response_length=48",
+                     f"{mt}.enable=True", f"{mt}.tool_config_path=examples/tool_config/zoom.yaml",
+                     f"{mt}.max_assistant_turns=3", "data.max_prompt_length=1024",
+                     "actor_rollout_ref.rollout.max_model_len=1200", f"trainer.rollout_data_dir={dump}")  # fmt: skip
+    run_to_end(args)
+    rows = [r for r in metrics(out) if "multi_turn/turns/mean" in r]
+    assert len(rows) == 2 and all(r["multi_turn/turns/mean"] >= 1 for r in rows)
+    assert all(0 < r["multi_turn/policy_tokens/mean"] <= 48 and "timing/tool_s" in r for r in rows)
+    dumped = dump.rglob("*.jsonl")
+    text = "".join(p.read_text() for p in dumped)
+    assert "# Tools" in text and "image_zoom" in text  # the prompts the policy saw list the tool
+
+
+def test_records_tools_kwargs_reach_the_tool_and_rewards_see_the_trajectory(tiny_processor) -> None:
+    """verl's ``extra_info.tools_kwargs.<tool>.create_kwargs`` reach ``create``; the reward sample carries the
+    trajectory and verl's ``tool_rewards``."""
+    from utils import VERL_EXAMPLES
+
+    from vlmrl.batch import RewardSample
+
+    tools = VERL_EXAMPLES / "sglang_multiturn/config/tool_config/geo3k_tool_config.yaml"
+    prompt = make_prompt(tiny_processor, "Solve.", [], answer="99")
+    prompt.extra_info = {"tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}}}
+    call = '<tool_call>{"name": "calc_geo3k_reward", "arguments": {"answer": "12"}}</tool_call>'
+    engine = ScriptedEngine(tiny_processor.tokenizer, [call, "The answer is 12."])
+    rb = agent(tiny_processor, engine, tools).generate([prompt], SamplingSpec(n=1))
+    t = rb.trajectories[0]
+    assert t.calls[0].text == "Current parsed answer='12' reward=1.0"  # graded against create_kwargs, not "99"
+    (sample,) = RewardSample.of_rollout([prompt], rb, tiny_processor.tokenizer, 400)
+    assert sample.trajectory is t and sample.extra_info["tool_rewards"] == [0.0]
+    assert "reward=1.0" in sample.response and sample.response.endswith("The answer is 12.")  # tool turns included
+    assert prompt.extra_info == {"tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}}}

@@ -1,0 +1,316 @@
+"""Multi-turn tool rollouts (verl's ``multi_turn``): generate → parse tool calls → run the tools → append the tool
+turn (text and images) → generate again, for every trajectory of a batch at once, on any engine with
+``generate_turns`` (vLLM or HF).
+
+Token-in/token-out: each turn the engine gets the trajectory's ids (one image pad per image) and its images; the
+policy's generated ids are kept as generated (never decoded and re-tokenised); only the tool turns are tokenised.
+The response of a sample is every token after the prompt: policy turns (mask 1, engine log-probs) and tool turns
+(mask 0, log-prob 0), image pads expanded to each image's token count.
+
+Limits, as verl's agent loop: the trajectory's tokens (tool turns and their image tokens included) stay within
+``data.max_response_length``: a tool turn that would reach it ends the trajectory instead; ``max_assistant_turns`` /
+``max_user_turns`` end it after that many policy / tool turns; ``max_parallel_calls`` calls run per turn. A tool that
+raises, times out, returns something that is not ``(ToolResponse, reward, metrics)`` or images that are not images,
+or is unknown, gives the policy an error message as its result; the call is counted, the step goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
+from vlmrl.models import qwen_vl
+from vlmrl.rollout.base import SamplingSpec, TurnRequest
+from vlmrl.tools import hermes
+from vlmrl.tools.base import BaseTool
+
+
+@dataclass
+class _State:
+    prompt: PromptSample
+    context: list[int]
+    """Prompt + response so far, one image pad per image (what the engine takes)."""
+    images: list[Image.Image]
+    """Prompt images then tool images."""
+    response: list[int] = field(default_factory=list)
+    """Response ids with image pads expanded (what the trainer takes)."""
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    traj: Trajectory = field(default_factory=lambda: Trajectory([]))
+    finish: str = "stop"
+
+
+@dataclass
+class _Call:
+    state: _State
+    call: hermes.ToolCall
+    turn: int
+    record: ToolCallRecord | None = None
+    images: list[Image.Image] = field(default_factory=list)
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """verl's truncation of a long tool text: ``left`` keeps the start, ``right`` the end, ``middle`` both ends."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[-half:]
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _invoke(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a tool method: coroutine functions are awaited, plain ones run in a thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    return await _maybe_await(await asyncio.to_thread(fn, *args, **kwargs))
+
+
+class MultiTurnAgent:
+    """Runs multi-turn trajectories on an engine with the configured tools."""
+
+    def __init__(
+        self,
+        engine: Any,
+        tools: dict[str, BaseTool],
+        cfg: Any,
+        tokenizer: Any,
+        image_bounds: tuple[int, int, int],
+        max_response_length: int,
+        max_images: int,
+    ) -> None:
+        """``cfg``: ``actor_rollout_ref.rollout.multi_turn``; ``image_bounds``: (patch factor, min_pixels,
+        max_pixels) every image is resized with; ``max_images``: images the engine takes per request."""
+        self.engine = engine
+        self.tools = tools
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.vision = qwen_vl.vision_token_ids(tokenizer)
+        self.bounds = image_bounds
+        self.budget = int(max_response_length)
+        self.max_images = int(max_images)
+
+    # ------------------------------------------------------------------------------------------------- loop
+    def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
+        """``spec.n`` trajectories per prompt, grouped by prompt."""
+        t0 = time.perf_counter()
+        states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
+        active = list(states)
+        tool_s = 0.0
+        per_turn = self.cfg.max_tokens_per_turn
+        while active:
+            requests = []
+            for s in active:
+                left = self.budget - len(s.response)
+                requests.append(TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left))
+            outs = self.engine.generate_turns(requests, spec)
+            calls: list[_Call] = []
+            for s, o in zip(active, outs):
+                s.context += o.ids
+                s.response += o.ids
+                s.mask += [1] * len(o.ids)
+                s.logprobs += list(o.logprobs) + [0.0] * (len(o.ids) - len(o.logprobs))
+                s.finish = o.finish
+                turn = s.traj.assistant_turns
+                s.traj.assistant_turns += 1
+                text = self.tokenizer.decode(o.ids, skip_special_tokens=True)
+                s.traj.turn_texts.append(("assistant", text))
+                if o.finish == "length" or len(s.response) >= self.budget:
+                    continue
+                if self.cfg.max_assistant_turns and s.traj.assistant_turns >= self.cfg.max_assistant_turns:
+                    continue
+                if self.cfg.max_user_turns and s.traj.user_turns >= self.cfg.max_user_turns:
+                    continue
+                parsed = hermes.parse(text)
+                for k, c in enumerate(parsed):
+                    if k < self.cfg.max_parallel_calls:
+                        calls.append(_Call(s, c, turn))
+            t1 = time.perf_counter()
+            self._run_calls(calls)
+            tool_s += time.perf_counter() - t1
+            active = self._append_tool_turns(calls)
+        batch = RolloutBatch([], [], [], [], n=spec.n)
+        for s in states:
+            counts = [self._image_tokens(im) for im in s.prompt.images]
+            batch.prompt_ids.append(qwen_vl.expand_image_pads(s.prompt.prompt_ids, self.vision.image_pad, counts))
+            batch.response_ids.append(s.response)
+            batch.logprobs.append(s.logprobs)
+            batch.finish_reasons.append(s.finish)
+            s.traj.response_mask = s.mask
+            batch.trajectories.append(s.traj)
+        batch.timing["generate_s"] = time.perf_counter() - t0
+        batch.timing["tool_s"] = tool_s
+        return batch
+
+    def _image_tokens(self, image: Image.Image) -> int:
+        factor, lo, hi = self.bounds
+        return qwen_vl.num_image_tokens(image.width, image.height, factor, lo, hi)
+
+    def _append_tool_turns(self, calls: list[_Call]) -> list[_State]:
+        """Append each trajectory's tool turn (its calls' results in order); the trajectories that go on."""
+        by_state: dict[int, list[_Call]] = {}
+        for c in calls:
+            by_state.setdefault(id(c.state), []).append(c)
+        going = []
+        for group in by_state.values():
+            s = group[0].state
+            results = [(c.record.text if c.record else "", len(c.images)) for c in group]
+            text = hermes.tool_turn_text(results)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            images = [im for c in group for im in c.images]
+            expanded = qwen_vl.expand_image_pads(ids, self.vision.image_pad, [self._image_tokens(im) for im in images])
+            for c in group:
+                s.traj.calls.append(c.record)  # type: ignore[arg-type]
+            if len(s.response) + len(expanded) >= self.budget:
+                for c in group:  # the turn does not fit: the trajectory ends here (verl's rule)
+                    if c.record is not None and c.record.error is None:
+                        c.record.error = "budget: the tool turn would exceed data.max_response_length"
+                continue
+            s.context += ids
+            s.images += images
+            s.traj.images += images
+            s.response += expanded
+            s.mask += [0] * len(expanded)
+            s.logprobs += [0.0] * len(expanded)
+            s.traj.user_turns += 1
+            s.traj.turn_texts.append(("tool", "\n".join(r[0] for r in results)))
+            going.append(s)
+        return going
+
+    # ------------------------------------------------------------------------------------------------ tools
+    def _run_calls(self, calls: list[_Call]) -> None:
+        """Run every call concurrently, each in its own thread and event loop, waiting at most ``tool_timeout_s``
+        for each (a call still running then is abandoned and reported as timed out)."""
+        timeout = float(self.cfg.tool_timeout_s)
+        threads = []
+        for c in calls:
+            if c.call.error is not None:
+                c.record = ToolCallRecord(c.call.name, {}, f"Error: {c.call.error}", error=f"parse: {c.call.error}",
+                                          turn=c.turn)  # fmt: skip
+                continue
+            if c.call.name not in self.tools:
+                msg = f"no tool named {c.call.name!r} (tools: {', '.join(sorted(self.tools))})"
+                c.record = ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"unknown_tool: {msg}",
+                                          turn=c.turn)  # fmt: skip
+                continue
+            box: dict[str, Any] = {}
+            th = threading.Thread(target=self._call_thread, args=(c, box), daemon=True, name=f"tool-{c.call.name}")
+            th.start()
+            threads.append((c, box, th, time.perf_counter()))
+        for c, box, th, started in threads:
+            th.join(max(0.0, started + timeout - time.perf_counter()))
+            if th.is_alive() or "record" not in box:
+                msg = f"{c.call.name} timed out after {timeout:g} s"
+                c.record = ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"timeout: {msg}",
+                                          seconds=time.perf_counter() - started, turn=c.turn)  # fmt: skip
+            else:
+                c.record, c.images = box["record"], box["images"]
+
+    def _call_thread(self, c: _Call, box: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            record, images = asyncio.run(self._call(c))
+        except BaseException as e:  # noqa: BLE001 - whatever a tool does, the policy reads an error
+            record, images = self._error(c, "exception", f"{type(e).__name__}: {e}"), []
+        record.seconds = time.perf_counter() - t0
+        box["images"] = images
+        box["record"] = record
+
+    def _error(self, c: _Call, kind: str, msg: str) -> ToolCallRecord:
+        return ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"{kind}: {msg}", turn=c.turn)
+
+    async def _call(self, c: _Call) -> tuple[ToolCallRecord, list[Image.Image]]:
+        tool = self.tools[c.call.name]
+        p = c.state.prompt
+        kwargs = dict((p.extra_info.get("tools_kwargs") or {}).get(c.call.name) or {})
+        create_kwargs = kwargs.get("create_kwargs") or {}
+        iid = None
+        try:
+            created = await _invoke(
+                tool.create, create_kwargs=dict(create_kwargs), image=p.images[0] if p.images else None,
+                image_bounds=self.bounds, ground_truth=p.ground_truth,
+            )  # fmt: skip
+            iid = created[0] if isinstance(created, tuple) else created
+            result = await _invoke(tool.execute, iid, dict(c.call.arguments))
+        except Exception as e:  # noqa: BLE001
+            return self._error(c, "exception", f"{type(e).__name__}: {e}"), []
+        finally:
+            if iid is not None:
+                try:
+                    await _invoke(tool.release, iid)
+                except Exception:  # noqa: BLE001 - a failing release does not change what the policy read
+                    pass
+        return self._check_result(c, result)
+
+    def _check_result(self, c: _Call, result: Any) -> tuple[ToolCallRecord, list[Image.Image]]:
+        """The record and resized images of a tool's return value, or an error record when it is malformed."""
+        if not (isinstance(result, tuple) and len(result) == 3):
+            msg = "the tool returned something other than (response, reward, metrics)"
+            return self._error(c, "bad_result", msg), []
+        response, reward, _metrics = result
+        text = getattr(response, "text", None)
+        raw_images = getattr(response, "image", None) or []
+        if text is not None and not isinstance(text, str):
+            return self._error(c, "bad_result", f"response text is a {type(text).__name__}, not a string"), []
+        if not isinstance(raw_images, list) or not all(isinstance(im, Image.Image) for im in raw_images):
+            return self._error(c, "bad_result", "response images must be a list of PIL images"), []
+        try:
+            reward = 0.0 if reward is None else float(reward)
+        except (TypeError, ValueError):
+            return self._error(c, "bad_result", f"step reward {reward!r} is not a number"), []
+        if not math.isfinite(reward):
+            return self._error(c, "bad_result", f"step reward {reward!r} is not finite"), []
+        if len(c.state.images) + len(raw_images) > self.max_images:
+            msg = f"{len(raw_images)} more image(s) would exceed the {self.max_images} images per trajectory"
+            return self._error(c, "bad_result", msg), []
+        factor, lo, hi = self.bounds
+        try:
+            images = [qwen_vl.resize_image(im, factor, lo, hi) for im in raw_images]
+        except ValueError as e:
+            return self._error(c, "bad_result", f"an image cannot be shown to the model: {e}"), []
+        text = truncate(text or "", int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
+        return ToolCallRecord(c.call.name, c.call.arguments, text, images=len(images), reward=reward,
+                              turn=c.turn), images  # fmt: skip
+
+
+def multi_turn_metrics(trajectories: list[Trajectory], tool_names: list[str] | None = None) -> dict[str, float]:
+    """``multi_turn/*`` metrics of a batch: turns and calls per trajectory, per-tool calls and errors (counts per
+    step), error kinds, tool time."""
+    if not trajectories:
+        return {}
+    n = len(trajectories)
+    calls = [c for t in trajectories for c in t.calls]
+    out = {
+        "multi_turn/turns/mean": sum(t.assistant_turns for t in trajectories) / n,
+        "multi_turn/turns/max": float(max(t.assistant_turns for t in trajectories)),
+        "multi_turn/tool_calls/mean": len(calls) / n,
+        "multi_turn/tool_calls/max": float(max(len(t.calls) for t in trajectories)),
+        "multi_turn/called_share": sum(1 for t in trajectories if t.calls) / n,
+        "multi_turn/tool_errors": float(sum(1 for c in calls if c.error)),
+        "multi_turn/tool_s/mean": (sum(c.seconds for c in calls) / len(calls)) if calls else 0.0,
+        "multi_turn/tool_reward/mean": sum(t.tool_reward for t in trajectories) / n,
+        "multi_turn/policy_tokens/mean": sum(sum(t.response_mask) for t in trajectories) / n,
+    }
+    names = Counter(c.name or "<unparsed>" for c in calls)
+    for name in set(tool_names or []) | set(names):
+        out[f"multi_turn/calls/{name}"] = float(names.get(name, 0))
+        out[f"multi_turn/errors/{name}"] = float(sum(1 for c in calls if (c.name or "<unparsed>") == name and c.error))
+    kinds = Counter(c.error.split(":", 1)[0] for c in calls if c.error)
+    for kind, k in kinds.items():
+        out[f"multi_turn/error_kind/{kind}"] = float(k)
+    return out
