@@ -132,19 +132,26 @@ def checkpointing_in_training(model: torch.nn.Module) -> bool:
     return bool(model.training and getattr(base, "is_gradient_checkpointing", False))
 
 
-def _prompt_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """Image features per distinct prompt of the micro-batch (computed once), and the dummy-vision term (exactly 0;
-    a micro-batch without images runs the tower on a dummy input so every FSDP rank joins the same collectives)."""
+def _vision_features(
+    model: torch.nn.Module, mb: ModelInputs
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor]:
+    """Image features per distinct prompt of the micro-batch (computed once) and per row whose response holds tool
+    images (multi-turn), from ONE vision-tower pass, and the dummy-vision term (exactly 0). Every micro-batch runs
+    the tower exactly once (a micro-batch without images on a dummy input), so every FSDP rank joins the same
+    collectives whatever its samples hold."""
     device = mb.input_ids.device
     with_images = [p for p in sorted(set(mb.prompt_of.tolist())) if mb.images[p].num_images > 0]
-    if not with_images:
-        return {}, qwen_vl.dummy_vision_loss(model)
-    pv = torch.cat([mb.images[p].pixel_values for p in with_images]).to(device)
-    g = torch.cat([mb.images[p].image_grid_thw for p in with_images]).to(device)
+    tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
+    parts = [mb.images[p] for p in with_images] + [mb.sample_images[r] for r in tool_rows]  # type: ignore[index]
+    if not parts:
+        return {}, {}, qwen_vl.dummy_vision_loss(model)
+    pv = torch.cat([i.pixel_values for i in parts]).to(device)
+    g = torch.cat([i.image_grid_thw for i in parts]).to(device)
     feats = qwen_vl.image_embeddings(model, pv, g)
     merge = qwen_vl.vision_tower(model).spatial_merge_size
-    sizes = [sum(qwen_vl.tokens_per_image(mb.images[p].image_grid_thw, merge)) for p in with_images]
-    return dict(zip(with_images, torch.split(feats, sizes))), torch.zeros((), device=device)
+    split = torch.split(feats, [sum(qwen_vl.tokens_per_image(i.image_grid_thw, merge)) for i in parts])
+    k = len(with_images)
+    return dict(zip(with_images, split[:k])), dict(zip(tool_rows, split[k:])), torch.zeros((), device=device)
 
 
 def _images_of(
@@ -158,29 +165,13 @@ def _images_of(
     return torch.cat([feats[p] for p in used]), grid
 
 
-def _response_features(model: torch.nn.Module, mb: ModelInputs) -> dict[int, torch.Tensor]:
-    """Features of the images tools returned inside each row's response (multi-turn), by row: one vision pass for
-    all of the micro-batch's."""
-    if not mb.has_response_images:
-        return {}
-    rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
-    imgs = [mb.sample_images[r] for r in rows]  # type: ignore[index]
-    device = mb.input_ids.device
-    pixels = torch.cat([i.pixel_values for i in imgs]).to(device)
-    feats = qwen_vl.image_embeddings(model, pixels, torch.cat([i.image_grid_thw for i in imgs]).to(device))
-    merge = qwen_vl.vision_tower(model).spatial_merge_size
-    sizes = [sum(qwen_vl.tokens_per_image(i.image_grid_thw, merge)) for i in imgs]
-    return dict(zip(rows, torch.split(feats, sizes)))
-
-
 def full_sequence_logits(
     model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [b, R, V] predicting each response token, every sample running its whole prompt+response (prompt image
     features still computed once per prompt; images inside a response, from tools, follow their prompt's in the
     row's order), and the dummy-vision term."""
-    feats, extra = _prompt_features(model, mb)
-    tool = _response_features(model, mb)
+    feats, tool, extra = _vision_features(model, mb)
     embeds, grids = [], []
     for row, p in enumerate(mb.prompt_of.tolist()):
         if p in feats:
@@ -203,7 +194,7 @@ def shared_sample_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [b, R, V] predicting each response token, each distinct prompt running once (its KV cache shared by
     its samples: :func:`shared_prompt_logits`), and the dummy-vision term."""
-    feats, extra = _prompt_features(model, mb)
+    feats, _, extra = _vision_features(model, mb)  # no response images here (those take the full sequence)
     order = sorted(set(mb.prompt_of.tolist()))
     first_row: dict[int, int] = {}
     for row, p in enumerate(mb.prompt_of.tolist()):
