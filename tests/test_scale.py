@@ -153,6 +153,17 @@ class RayCluster:
     def stop(self) -> None:
         self.kill(self.pids())
 
+    def second_node_id(self) -> str:
+        """The Ray node id of the second machine, read off its raylet's command line (``--node_id=...``)."""
+        for pid in self.second:
+            try:
+                for arg in psutil.Process(pid).cmdline():
+                    if arg.startswith("--node_id="):
+                        return arg.split("=", 1)[1]
+            except psutil.Error:
+                pass
+        raise AssertionError("the second node's raylet was not found")
+
 
 @pytest.fixture
 def ray_cluster():
@@ -192,6 +203,10 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
     victim = Run(args, {**ENV, **ray_cluster.env})
     try:
         wait_for_step(victim, lost, 2, timeout=300)
+        # Ray decides which node gets which placement group: the rank on the second machine is read, not assumed
+        second = ray_cluster.second_node_id()[:8]
+        on_second = [rank for rank, node in _nodes(victim.output()) if node.endswith("/" + second)]
+        assert len(on_second) == 1, (second, _nodes(victim.output()))
         t0 = time.monotonic()
         ray_cluster.kill(ray_cluster.second)  # the second machine goes away: its raylet and the worker on it
         rc = victim.wait(timeout=240)
@@ -200,7 +215,8 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
         victim.cleanup()
     out = victim.output()
     assert rc == 1, out[-3000:]
-    stop = re.search(r"step \d+: worker\(s\) \[1\] lost during \w+: their node \S+ left the Ray cluster", out)
+    pattern = rf"step \d+: worker\(s\) \[{on_second[0]}\] lost during \w+: their node \S+/{second} left the Ray cluster"
+    stop = re.search(pattern, out)
     assert stop, out[-3000:]  # the worker that was on the lost machine, not the survivor whose collective broke
     resume = r"last complete checkpoint: \S*global_step_\d+ \(trainer.resume_mode=auto continues from it\)"
     assert re.search(resume, out), out[-3000:]
