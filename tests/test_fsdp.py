@@ -45,9 +45,11 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
             worker.update(x, advantages, 6)
         from torch.distributed.fsdp import FSDPModule
 
+        kept = list(worker.engine_weights())  # held past each unit's reshard, as vLLM's reload holds some
         out[setting] = {
             "before": before, "after": logprobs(worker),
             "pushed": {name: t.clone() for name, t in worker.engine_weights()},
+            "kept": {name: t for name, t in kept},
             "units": sum(isinstance(m, FSDPModule) for m in worker.model.modules()),
         }  # fmt: skip
     dist.destroy_process_group()
@@ -72,6 +74,8 @@ def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny
     assert moved > 1e-2, moved  # the updates changed what the model computes
     # 2 decoder layers + 2 vision blocks + the tower + the root; 1e6 folds the layers into the tower and the root
     assert default["units"] == 6 and results["min_num_params=1e6"]["units"] == 2
+    for result in results.values():  # what the push yielded is still there after its unit was resharded
+        assert all(torch.equal(result["kept"][k], t) for k, t in result["pushed"].items())
     for setting in SETTINGS[1:]:
         other = results[setting]
         assert torch.equal(default["before"], other["before"])

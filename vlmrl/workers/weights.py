@@ -36,8 +36,9 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 
     Under FSDP2 each unit (a decoder layer, a vision block, the tower, the root) is all-gathered once with
     ``unshard()`` and freed again with ``reshard()`` after its tensors were consumed: a single collective per unit
-    instead of one per tensor, and never more than one unit's full weights in memory. Every rank must run this
-    generator to the end, in order.
+    instead of one per tensor. The tensors yielded are copies that outlive the unit's ``reshard()``: vLLM's reload
+    keeps some until the end of the push (a vocabulary it pads, e.g. 861 rows padded to 896, is loaded when the
+    reload finishes) and read freed memory otherwise. Every rank must run this generator to the end, in order.
     """
     lora_modules = {}
     for mname, module in model.named_modules():
@@ -58,7 +59,7 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                         a = _full(m.lora_A[adapter].weight).to(full.dtype)
                         b = _full(m.lora_B[adapter].weight).to(full.dtype)
                         full = full + m.scaling[adapter] * (b @ a)
-                yield qwen_vl.engine_weight_name(name), full
+                yield qwen_vl.engine_weight_name(name), (full if unit is None else full.clone())
         finally:
             if unit is not None:
                 unit.reshard()
