@@ -35,8 +35,11 @@ SCRIPTS: dict[str, str | None] = {
     "run_qwen2_5_vl-7b-sglang.sh": "the SGLang rollout is not implemented in vlmrl",
     "run_qwen2_5_vl-7b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
     "run_qwen3_vl-8b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
-    "run_qwen2.5-3b_geo3k_multiturn.sh": "a config file built on verl's own configs",
+    "run_qwen2.5-3b_geo3k_multiturn.sh": "the SGLang rollout is not implemented in vlmrl",
 }
+MULTI_TURN = "run_qwen2.5-3b_geo3k_multiturn.sh"
+"""verl's multi-turn geo3k script: SGLang as shipped; with ``actor_rollout_ref.rollout.name=vllm`` appended (its
+``$@``) it runs on vlmrl, its ``--config-name`` file (built on verl's ppo_trainer) read as overrides."""
 
 
 def manifest() -> dict[str, str]:
@@ -56,10 +59,11 @@ def test_the_verl_files_are_verls_byte_for_byte() -> None:
 
 @pytest.fixture(scope="module")
 def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A HOME whose ~/data/geo3k holds verl's own preprocessing output of a Geometry3K stand-in (600 train rows:
-    the scripts' batch of 512 prompts fits). verl's script imports ``verl.utils.hdfs_io`` only to copy to HDFS (not
-    asked for here); the verl package itself needs its whole dependency set to import, so that one module is stubbed
-    and the script's own code runs as it is."""
+    """A HOME whose ~/data/geo3k and ~/data/geo3k_multiturn_w_tool hold verl's own preprocessing output (its geo3k.py
+    and geo3k_multiturn_w_tool.py) of a Geometry3K stand-in (600 train rows: the scripts' batch of 512 prompts fits).
+    verl's scripts import ``verl.utils.hdfs_io`` only to copy to HDFS (not asked for here); the verl package itself
+    needs its whole dependency set to import, so that one module is stubbed and the scripts' own code runs as it
+    is."""
     from vlmrl.smoke import geo3k_source
 
     home = tmp_path_factory.mktemp("home")
@@ -71,12 +75,13 @@ def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "                    'verl.utils.hdfs_io': hdfs})\n"
         "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    subprocess.run(
-        [sys.executable, "-c", runner, str(VERL / "geo3k.py"), "--local_dataset_path", str(src),
-         "--local_save_dir", str(home / "data" / "geo3k")],
-        check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
-    )  # fmt: skip
-    assert (home / "data/geo3k/train.parquet").is_file() and (home / "data/geo3k/test.parquet").is_file()
+    for script, folder in (("geo3k.py", "geo3k"), ("geo3k_multiturn_w_tool.py", "geo3k_multiturn_w_tool")):
+        subprocess.run(
+            [sys.executable, "-c", runner, str(VERL / script), "--local_dataset_path", str(src),
+             "--local_save_dir", str(home / "data" / folder)],
+            check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
+        )  # fmt: skip
+        assert all((home / "data" / folder / f"{split}.parquet").is_file() for split in ("train", "test"))
     return home
 
 
@@ -111,6 +116,23 @@ def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) 
         assert "Did you mean" not in out and "Traceback" not in out and "Error parsing override" not in out
 
 
+def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: str) -> None:
+    """The multi-turn geo3k script with ``actor_rollout_ref.rollout.name=vllm``: its config file's settings apply
+    (multi-turn on, 5 assistant turns, verl's chat template, which lists the tool itself), the command line's win over
+    them (the prompt and response lengths), and the prompts carry the tool's schema."""
+    base = ("trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+    proc = run_script(MULTI_TURN, verl_home, *base, "actor_rollout_ref.rollout.name=vllm")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
+    assert "geo3k_multiturn_grpo.yaml read as 10 override(s)" in out and "Traceback" not in out
+    plan = proc.stdout
+    assert "multi-turn: tools calc_geo3k_reward (hermes), at most 5 assistant turn(s)" in plan, plan
+    tools_len = int(re.search(r"data.train: 600 rows -> 600 prompts; prompt length max (\d+)", plan).group(1))
+    plain = run_script("run_qwen2_5_vl-7b.sh", verl_home, *base, "actor_rollout_ref.rollout.multi_turn.enable=False")
+    plain_len = int(re.search(r"prompt length max (\d+)", plain.stdout).group(1))
+    assert tools_len > plain_len + 300  # the record's system message and the tool's schema
+
+
 def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_model_dir: str) -> None:
     plans = {}
     for script in ("run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_freeze_vision.sh"):
@@ -126,18 +148,19 @@ def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_mod
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_seq_balance.sh"]
+    "script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_seq_balance.sh", MULTI_TURN]
 )
 def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
     """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.smoke's scale-down appended, as a
     verl user appends overrides), validation before and after, the checkpoint at the last step. Their
     ``tensor_model_parallel_size=2`` makes the two workers share one vLLM engine; the seq-balance script's
-    ``use_dynamic_bsz`` sizes micro-batches by its 6144-token budget."""
+    ``use_dynamic_bsz`` sizes micro-batches by its 6144-token budget; the multi-turn one runs its agent loop (vLLM)."""
     from vlmrl.smoke import OVERRIDES
 
     out = tmp_path / "run"
+    engine = ["actor_rollout_ref.rollout.name=vllm"] if script == MULTI_TURN else []
     proc = run_script(
-        script, verl_home, *OVERRIDES, f"actor_rollout_ref.model.path={tiny_model_dir}",
+        script, verl_home, *OVERRIDES, *engine, f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl,wandb]", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -145,3 +168,5 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"val/reward/mean"' in lines[0] and '"actor/kl_loss"' in lines[1]
     assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout, proc.stdout[-3000:]
+    if script == MULTI_TURN:
+        assert all('"multi_turn/turns/mean"' in line for line in lines[1:])

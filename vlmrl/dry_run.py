@@ -188,6 +188,23 @@ def _engine(cfg: VLMRLConfig, rep: Report) -> None:
     )
 
 
+def _multi_turn(cfg: VLMRLConfig, rep: Report) -> None:
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return
+    from vlmrl.tools.config import build_tools
+
+    try:
+        names = ", ".join(build_tools(mt.tool_config_path))
+    except Exception as e:  # noqa: BLE001 - ToolConfigError names the file and entry; a tool's own import error
+        rep.problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {type(e).__name__}: {e}")
+        return
+    turns = f"at most {mt.max_assistant_turns} assistant turn(s)" if mt.max_assistant_turns else "turns: no limit"
+    rep.plan.append(f"multi-turn: tools {names} ({mt.format}), {turns}, {mt.max_parallel_calls} call(s) per turn, "
+                    f"tool timeout {mt.tool_timeout_s:g} s, the whole trajectory within data.max_response_length="
+                    f"{cfg.data.max_response_length}")  # fmt: skip
+
+
 def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
     """Workers, launcher, and how the batches split over them (when the values are ``sane``). A run that asks for
     GPUs, on a machine without CUDA and with ``trainer.device=auto``, is checked for the GPUs it asks for; what would
@@ -288,6 +305,7 @@ def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int
         data = _data(cfg, folder, rep)
         _reward(cfg, set().union(*(s for _, s in data.values())) if data else set(), rep)
         _engine(cfg, rep)
+        _multi_turn(cfg, rep)
         _loggers(cfg, rep)
         _steps(cfg, data.get("train", (None, None))[0], rep)
     print("[vlmrl dry run] plan:")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
@@ -67,11 +67,24 @@ VERL_CONFIGS = {"ppo_trainer": None, "ppo_megatron_trainer": "the Megatron-LM ba
 """verl's own top-level config names: ppo_trainer is what vlmrl's grpo config stands for; the others are refused."""
 
 
-def _config_args(argv: list[str]) -> tuple[list[str], list[str]]:
+def _flatten(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """The leaves of a nested mapping as (dotted key, value); lists are values."""
+    out: list[tuple[str, Any]] = []
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        out += _flatten(v, key + ".") if isinstance(v, dict) and v else [(key, v)]
+    return out
+
+
+def _config_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """Hydra's ``--config-path`` / ``--config-name`` as verl scripts pass them: verl's ``ppo_trainer`` is dropped
-    (vlmrl's own ``grpo`` config takes its place), a Megatron config or a config file built on verl's configs is
-    refused naming it. Returns (the arguments left for Hydra, problems)."""
+    (vlmrl's own ``grpo`` config takes its place); a config file built on it (``defaults: [ppo_trainer, _self_]``, as
+    verl's multi-turn examples ship) is read as overrides that come before the command line's, so each of its keys
+    gets the same answer as on the command line and the command line wins; a Megatron config is refused naming it.
+    Returns (the arguments left for Hydra, problems, notices)."""
     import yaml
+
+    from vlmrl.config.verl import render
 
     out: list[str] = []
     name = path = None
@@ -95,28 +108,42 @@ def _config_args(argv: list[str]) -> tuple[list[str], list[str]]:
             path = value.strip("'\"")
         i += 1
     if name is None:
-        return out + ([f"--config-path={path}"] if path else []), []
+        return out + ([f"--config-path={path}"] if path else []), [], []
     stem = name.removesuffix(".yaml")
     if stem in VERL_CONFIGS:
         why = VERL_CONFIGS[stem]
-        return out, ([f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {why}."] if why else [])
+        problems = [f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {why}."] if why else []
+        return out, problems, []
     if path is not None:
         file = os.path.join(path, stem + ".yaml")
         try:
             with open(file, encoding="utf-8") as f:
                 doc = yaml.safe_load(f) or {}
         except FileNotFoundError:
-            return out, [f"--config-name={name}: no such config file {file} (--config-path={path})."]
+            return out, [f"--config-name={name}: no such config file {file} (--config-path={path})."], []
         except (OSError, yaml.YAMLError) as e:
-            return out, [f"--config-name={name}: cannot read {file}: {e}"]
-        parents = {str(d).split(":")[0].strip() for d in doc.get("defaults", []) if isinstance(d, (str, dict))}
-        parents |= {k for d in doc.get("defaults", []) if isinstance(d, dict) for k in d}
-        if parents & set(VERL_CONFIGS):
-            return out, [
-                f"--config-name={name} (--config-path={path}): a config file built on verl's own configs; vlmrl "
-                "composes its configs (configs/grpo.yaml): pass its settings as key=value overrides."
-            ]
-    return out + [f"--config-name={name}"] + ([f"--config-path={path}"] if path else []), []
+            return out, [f"--config-name={name}: cannot read {file}: {e}"], []
+        if not isinstance(doc, dict):
+            return out, [f"--config-name={name}: {file} is not a mapping of settings."], []
+        defaults = doc.get("defaults") or []
+        parents = {str(d).split(":")[0].strip() for d in defaults if isinstance(d, str)}
+        parents |= {str(k) for d in defaults if isinstance(d, dict) for k in d}
+        verl_parents = parents & set(VERL_CONFIGS)
+        if verl_parents:
+            for parent in sorted(verl_parents):
+                if VERL_CONFIGS[parent]:
+                    return out, [f"--config-name={name} ({file}) builds on verl's {parent} config; not "
+                                 f"implemented in vlmrl: {VERL_CONFIGS[parent]}."], []  # fmt: skip
+            others = sorted(parents - verl_parents - {"_self_"})
+            if others:
+                return out, [f"--config-name={name} ({file}): its defaults {others} are verl config groups vlmrl "
+                             "does not have; pass their settings as key=value overrides."], []  # fmt: skip
+            settings = {k: v for k, v in doc.items() if k not in ("defaults", "hydra")}
+            leaves = _flatten(settings)
+            note = (f"--config-name={name}: verl's config file {file} read as {len(leaves)} override(s) on vlmrl's "
+                    "grpo config (the command line's come after it and win).")  # fmt: skip
+            return [f"{k}={render(v)}" for k, v in leaves] + out, [], [note]
+    return out + [f"--config-name={name}"] + ([f"--config-path={path}"] if path else []), [], []
 
 
 def _bare_engine_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -144,11 +171,11 @@ def main() -> None:
     from vlmrl.config import register, translate
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args, config_problems = _config_args(sys.argv[1:])
+    args, config_problems, config_notices = _config_args(sys.argv[1:])
     args, bare_notices = _bare_engine_args(args)
     t = translate(args)
     t.problems[:0] = config_problems
-    t.notices[:0] = bare_notices
+    t.notices[:0] = config_notices + bare_notices
     if t.problems and not _wants_dry_run(sys.argv[1:]):
         _config_error("\n".join(t.problems))
     for note in dict.fromkeys(t.notices):

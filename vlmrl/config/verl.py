@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,9 @@ def render(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, str):  # Hydra unescapes only backslashes before a quote or at the end of a quoted string
+        body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body) + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(render(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -255,7 +255,7 @@ class RLDataset:
         key = repr(messages)
         text = self._text_cache.get(key)
         if text is None:
-            if self.tools:
+            if self.tools and not self.renderer.takes_tools:  # the template cannot list them: hermes, by hand
                 from vlmrl.tools import hermes
 
                 messages = list(messages)
@@ -264,7 +264,7 @@ class RLDataset:
                     messages[0] = {**first, "content": hermes.system_prompt(self.tools, first["content"])}
                 else:
                     messages.insert(0, {"role": "system", "content": hermes.system_prompt(self.tools)})
-            text = self.renderer.render(messages)
+            text = self.renderer.render(messages, self.tools)
             self._text_cache.put(key, text)
         return text
 
