@@ -76,12 +76,33 @@ def test_zoom_crops_in_model_coordinates_and_enlarges_to_the_pixel_budget() -> N
     assert crop.width % 28 == 0 and crop.height % 28 == 0 and crop.width * crop.height > 20 * 20 * 50
     assert crop.getpixel((crop.width // 2, crop.height // 2)) == (255, 0, 0)  # the small box, now large
     assert "square" in resp.text and reward == 0.0 and 0 < metrics["zoom_area_frac"] < 0.05
-    assert tool.box([-10, -10, 5, 5], 224, 112) == (0, 0, 28, 28)  # clamped, grown to 28 px
+    assert tool.box([-10, -10, 5, 5], 224, 112) == (0, 0, 5, 5)  # clamped
+    assert tool.crop_box((0, 0, 5, 5), 224, 112) == (0, 0, 28, 28)  # grown to 28 px of the image it is cut from
     for bad in ([1, 2, 3], [10, 10, 5, 5], ["a", 1, 2, 3], [0, 0, 224, 1.5]):
         with pytest.raises(ValueError):
             tool.box(bad, 224, 112)
     run(tool.release(iid))
     assert tool.instance(iid) == {}
+
+
+def test_zoom_cuts_from_the_image_before_resizing() -> None:
+    """The box is in the model's pixels; the crop comes from the image as decoded, so a detail that resizing blurred
+    away (a 4-pixel dot in an 896-pixel image shown at 112) is plain in the zoomed view."""
+    from vlmrl.models import qwen_vl
+
+    source = Image.new("RGB", (896, 896), "white")
+    source.paste((0, 0, 255), (446, 446, 450, 450))  # a 4x4 blue dot at the centre
+    bounds = (28, 28 * 28 * 4, 28 * 28 * 16)
+    seen = qwen_vl.resize_image(source, *bounds)
+    assert seen.size == (112, 112) and min(seen.getpixel((56, 56))) > 150  # blurred into the white
+    tool = ImageZoomTool()
+    iid, _ = run(tool.create(image=seen, source_image=source, image_bounds=bounds))
+    resp, _, metrics = run(tool.execute(iid, {"bbox_2d": [54, 54, 58, 58]}))  # 4x4 model pixels = 32x32 source
+    crop = resp.image[0]
+    assert crop.size == (112, 112) and crop.getpixel((56, 56)) == (0, 0, 255)  # the dot fills the middle
+    assert resp.text == "Zoomed in on the region [54, 54, 58, 58]." and metrics["zoom_area_frac"] == 16 / 112**2
+    iid, _ = run(tool.create(image=seen, image_bounds=bounds))  # no source: the model's own image, enlarged
+    assert min(run(tool.execute(iid, {"bbox_2d": [54, 54, 58, 58]}))[0].image[0].getpixel((56, 56))) > 150
 
 
 def test_geo3k_check_grades_against_the_ground_truth_with_verls_penalty() -> None:
@@ -145,3 +166,27 @@ def test_verls_image_zoom_class_and_schema_load_as_the_builtin(tmp_path: Path) -
     tools = build_tools(cfg)
     assert isinstance(tools["image_zoom_in_tool"], ImageZoomTool)
     assert tool_schemas(tools)[0]["function"]["description"] == "Zoom in."
+
+
+def test_a_template_that_lists_tools_renders_them_as_the_hermes_system_message_does(tiny_processor) -> None:
+    """verl's multi-turn chat template (its geo3k config's ``custom_chat_template``) renders the tools itself, from
+    the ``tools`` it is given; Qwen2.5-VL's own template cannot, so vlmrl writes them into the system message. Both
+    give the same prompt text, with and without a system message in the record."""
+    import yaml
+
+    from vlmrl.config.schema import DataConfig
+    from vlmrl.data.template import ChatRenderer
+    from vlmrl.tools import hermes
+
+    doc = yaml.safe_load((VERL_EXAMPLES / "sglang_multiturn/config/geo3k_multiturn_grpo.yaml").read_text())
+    verl_template = doc["actor_rollout_ref"]["model"]["custom_chat_template"]
+    schemas = tool_schemas(build_tools(VERL_EXAMPLES / "sglang_multiturn/config/tool_config/geo3k_tool_config.yaml"))
+    verl, own = ChatRenderer(tiny_processor, verl_template), ChatRenderer(tiny_processor)
+    assert verl.takes_tools and not own.takes_tools and DataConfig().custom_chat_template is None
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find x."}]}
+    for system in ("You are a math expert.", None):
+        chat = ([{"role": "system", "content": system}] if system else []) + [user]
+        stuffed = [{"role": "system", "content": hermes.system_prompt(schemas, *([system] if system else []))}, user]
+        text = verl.render(chat, schemas)
+        assert text == own.render(stuffed) and '"name": "calc_geo3k_reward"' in text
+        assert verl.render(chat) != text  # without tools verl's template drops a leading system message

@@ -32,6 +32,9 @@ class PromptSample:
     """``reward_model.ground_truth``."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """``extra_info`` of the record (split, index, answer, question, annotations...)."""
+    source_images: list[Image.Image] = field(default_factory=list)
+    """Multi-turn runs: each image as decoded, before resizing (the same object as in ``images`` when resizing did
+    not change it), for tools that look closer than the model's pixel budget (``image_zoom``). Empty otherwise."""
 
     @property
     def image_scales(self) -> list[tuple[float, float]]:

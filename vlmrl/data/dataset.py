@@ -82,6 +82,7 @@ class RLDataset:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {', '.join(TRUNCATION_MODES)}")
         self.system_prompt = data_cfg.system_prompt or None
         self.tools = list(tools or [])  # multi-turn: the tools' schemas go into the system message (hermes)
+        self.keep_source_images = bool(self.tools)  # ... and tools may look at the images before resizing
         max_samples = data_cfg.train_max_samples if split == "train" else data_cfg.val_max_samples
         self.max_samples = int(max_samples if max_samples is not None else -1)
         self.renderer = ChatRenderer(processor, data_cfg.custom_chat_template)
@@ -331,13 +332,18 @@ class RLDataset:
         messages, n = build_messages(row[self.prompt_key], self.system_prompt)
         if n != len(entries):
             raise DataError(f"{n} <image> placeholder(s) but {len(entries)} image(s)")
-        images, sizes = [], []
+        images, sizes, sources = [], [], []
         for j, entry in enumerate(entries):
             try:
                 raw = decode_image(entry, src.base_dir)
                 sizes.append(raw.size)
-                images.append(qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds))
-                raw.close()
+                resized = qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds)
+                images.append(resized)
+                if self.keep_source_images and resized.size != raw.size:
+                    sources.append(raw)  # RGB (decode_image), kept for the tools
+                else:
+                    sources += [resized] if self.keep_source_images else []
+                    raw.close()
             except DataError as e:
                 raise DataError(f"image {j}: {e}") from None
             except ValueError as e:
@@ -370,6 +376,7 @@ class RLDataset:
             original_sizes=[(int(w), int(h)) for w, h in sizes],
             ground_truth=reward.get("ground_truth") if isinstance(reward, dict) else None,
             extra_info=dict(row.get("extra_info") or {}),
+            source_images=sources,
         )
 
     # --------------------------------------------------------------------------------------------------- report

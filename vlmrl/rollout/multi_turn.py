@@ -243,7 +243,8 @@ class MultiTurnAgent:
         try:
             created = await _invoke(
                 tool.create, create_kwargs=dict(create_kwargs), image=p.images[0] if p.images else None,
-                image_bounds=self.bounds, ground_truth=p.ground_truth,
+                source_image=p.source_images[0] if p.source_images else None, image_bounds=self.bounds,
+                ground_truth=p.ground_truth,
             )  # fmt: skip
             iid = created[0] if isinstance(created, tuple) else created
             result = await _invoke(tool.execute, iid, dict(c.call.arguments))

@@ -3,7 +3,8 @@
 A tool is constructed once per worker with ``(config, tool_schema)`` (the ``config`` and ``tool_schema`` entries of
 verl's tool YAML). For every call the agent loop runs ``create(create_kwargs=...)`` (the record's
 ``extra_info.tools_kwargs[<tool name>].create_kwargs``; ``image``: the record's first image as the model sees it,
-``image_bounds``: (patch factor, min_pixels, max_pixels), ``ground_truth``: the record's), then
+``source_image``: the same image before resizing, ``image_bounds``: (patch factor, min_pixels, max_pixels),
+``ground_truth``: the record's), then
 ``execute(instance_id, arguments)``, then ``release(instance_id)``. Each method
 may be ``async`` (as verl's) or plain; plain ones run in a thread so a slow one does not stall the others.
 
@@ -74,7 +75,7 @@ class BaseTool:
         """Start one call; ``kwargs`` holds ``create_kwargs`` from the record (and ``image`` when it has one)."""
         iid = instance_id or uuid.uuid4().hex
         create_kwargs = dict(kwargs.pop("create_kwargs", None) or {})
-        create_kwargs.pop("image", None)  # the image is the record's, as the model sees it (kwargs["image"])
+        create_kwargs.pop("image", None)  # the record's own image is given (kwargs["image"], kwargs["source_image"])
         self._instances[iid] = {**kwargs, **create_kwargs}
         return iid, ToolResponse()
 

@@ -14,10 +14,12 @@ from vlmrl.tools.base import BaseTool, ToolResponse
 
 
 class ImageZoomTool(BaseTool):
-    """Crop ``bbox_2d = [x1, y1, x2, y2]`` (pixels of the image as the model sees it: the resized image, the
-    coordinates Qwen2.5-VL reads and writes) and return the crop enlarged to the model's pixel budget, so small
-    details become several image tokens. A box is clamped to the image; one smaller than ``min_size`` (28 px, verl's
-    MIN_DIMENSION) is grown around its centre. verl's ``ImageZoomInTool`` config and schema load as this tool."""
+    """Crop ``bbox_2d = [x1, y1, x2, y2]`` and return the crop enlarged to the model's pixel budget, so small details
+    become several image tokens. The box is in pixels of the image as the model sees it (the resized image: the
+    coordinates Qwen2.5-VL reads and writes); the crop is cut from the image as decoded, before resizing, when the
+    record has it (multi-turn runs keep it), so zooming shows what resizing had blurred away. A box is clamped to
+    the image; one smaller than ``min_size`` pixels (28, verl's MIN_DIMENSION) of the image it is cut from is grown
+    around its centre. verl's ``ImageZoomInTool`` config and schema load as this tool."""
 
     default_schema = {
         "type": "function",
@@ -41,8 +43,8 @@ class ImageZoomTool(BaseTool):
         self.min_size = int(self.config.get("min_size", 28))
         self.max_aspect = float(self.config.get("max_aspect_ratio", 100))
 
-    def box(self, bbox: Any, width: int, height: int) -> tuple[int, int, int, int]:
-        """The crop box for ``bbox`` on a ``width`` x ``height`` image; ValueError saying what is wrong."""
+    def box(self, bbox: Any, width: int, height: int) -> tuple[float, float, float, float]:
+        """``bbox`` clamped to a ``width`` x ``height`` image; ValueError saying what is wrong."""
         if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
             raise ValueError("bbox_2d must be a list of 4 numbers [x1, y1, x2, y2]")
         try:
@@ -54,9 +56,14 @@ class ImageZoomTool(BaseTool):
         x1, y1, x2, y2 = max(0.0, x1), max(0.0, y1), min(float(width), x2), min(float(height), y2)
         if not (x1 < x2 and y1 < y2):
             raise ValueError(f"bbox_2d {list(bbox)} is empty inside the {width}x{height} image")
-        w, h = x2 - x1, y2 - y1
-        if max(w, h) / min(w, h) > self.max_aspect:
+        if max(x2 - x1, y2 - y1) / min(x2 - x1, y2 - y1) > self.max_aspect:
             raise ValueError(f"bbox_2d {list(bbox)} is too thin (aspect ratio above {self.max_aspect:g})")
+        return x1, y1, x2, y2
+
+    def crop_box(self, box: tuple[float, float, float, float], width: int, height: int) -> tuple[int, int, int, int]:
+        """Whole pixels of ``box`` (on a ``width`` x ``height`` image), grown around its centre to ``min_size``."""
+        x1, y1, x2, y2 = box
+        w, h = x2 - x1, y2 - y1
         side = min(self.min_size, width, height)
         if w < side or h < side:  # grow around the centre, then shift inside the image
             cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
@@ -69,13 +76,15 @@ class ImageZoomTool(BaseTool):
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        """The enlarged crop and a line saying which region it shows."""
+        """The enlarged crop and a line saying which region it shows (in the model's pixels)."""
         state = self.instance(instance_id)
         image = state.get("image")
         if image is None:
             raise ValueError("image_zoom: this record has no image to zoom into")
-        box = self.box(parameters.get("bbox_2d"), image.width, image.height)
-        crop = image.crop(box)
+        source = state.get("source_image") or image
+        x1, y1, x2, y2 = self.box(parameters.get("bbox_2d"), image.width, image.height)
+        sx, sy = source.width / image.width, source.height / image.height
+        crop = source.crop(self.crop_box((x1 * sx, y1 * sy, x2 * sx, y2 * sy), source.width, source.height))
         bounds = state.get("image_bounds")
         if bounds is not None:  # enlarge to the model's pixel budget (then the agent loop's resize is the identity)
             from vlmrl.models.qwen_vl import resized_size
@@ -85,9 +94,10 @@ class ImageZoomTool(BaseTool):
             w, h = resized_size(max(1, round(crop.width * scale)), max(1, round(crop.height * scale)), factor, lo, hi)
             crop = crop.resize((w, h), resample=3)  # bicubic, as qwen-vl-utils
         label = parameters.get("label")
-        text = f"Zoomed in on the region {list(box)}" + (f" ({label})." if label else ".")
-        return ToolResponse(text=text, image=[crop]), 0.0, {"zoom_area_frac": (box[2] - box[0]) * (box[3] - box[1])
-                                                            / float(image.width * image.height)}  # fmt: skip
+        region = [round(v) for v in (x1, y1, x2, y2)]
+        text = f"Zoomed in on the region {region}" + (f" ({label})." if label else ".")
+        area = (x2 - x1) * (y2 - y1) / float(image.width * image.height)
+        return ToolResponse(text=text, image=[crop]), 0.0, {"zoom_area_frac": area}
 
 
 # ---------------------------------------------------------------------------------------------------- geo3k
