@@ -101,3 +101,37 @@ def test_gallery_limit_and_overwrite(tmp_path: Path):
     assert "no image here" not in html and "third sample response" not in html
     assert "samples: 3 (showing 1)" in html  # header still summarises everything passed
     assert "step 3" in html
+
+
+def test_a_multi_turn_sample_is_shown_turn_by_turn_with_the_tools_images(tmp_path: Path):
+    """Each policy turn and each tool turn is its own block; a tool turn shows the images its calls returned (the
+    failed call's turn none, and a call whose turn did not fit the budget adds nothing)."""
+    from vlmrl.batch import ToolCallRecord, Trajectory
+
+    zoom_a, zoom_b = Image.new("RGB", (56, 28), (0, 200, 0)), Image.new("RGB", (28, 56), (200, 0, 200))
+    traj = Trajectory(
+        response_mask=[1, 0, 1],
+        images=[zoom_a, zoom_b],
+        calls=[
+            ToolCallRecord("image_zoom", {"bbox_2d": [0, 0, 9, 9]}, "Zoomed in.", images=1, turn=0),
+            ToolCallRecord("image_zoom", {}, "Error: bbox_2d must be ...", error="exception: bbox", turn=1),
+            ToolCallRecord("image_zoom", {"bbox_2d": [1, 1, 5, 5]}, "Zoomed in again.", images=1, turn=2),
+            ToolCallRecord("image_zoom", {"bbox_2d": [2, 2, 5, 5]}, "", images=1, error="budget: ...", turn=3),
+        ],
+        assistant_turns=4,
+        user_turns=3,
+        turn_texts=[("assistant", "<tool_call>one</tool_call>"), ("tool", "Zoomed in."),
+                    ("assistant", "<tool_call>bad</tool_call>"), ("tool", "Error: bbox_2d must be ..."),
+                    ("assistant", "<tool_call>two</tool_call>"), ("tool", "Zoomed in again."),
+                    ("assistant", "<tool_call>three</tool_call>")],
+    )  # fmt: skip
+    sample = RewardSample(response="everything", prompt="p", ground_truth="green", images=[zoom_b], trajectory=traj)
+    html = write_gallery(tmp_path / "g.html", 1, [sample], [1.0], {}).read_text(encoding="utf-8")
+    blocks = re.findall(r"<div class='turn (\w+)'><span class='meta'>([^<]*)</span>(.*?)</div>", html, re.S)
+    assert [(role, label) for role, label, _ in blocks] == [
+        ("assistant", "turn 1: policy"), ("tool", "tool"), ("assistant", "turn 2: policy"), ("tool", "tool"),
+        ("assistant", "turn 3: policy"), ("tool", "tool"), ("assistant", "turn 4: policy"),
+    ]  # fmt: skip
+    assert [body.count("<img") for _, _, body in blocks] == [0, 1, 0, 0, 0, 1, 0]
+    assert 'width="56" height="28"' in blocks[1][2] and 'width="28" height="56"' in blocks[5][2]
+    assert "&lt;tool_call&gt;two&lt;/tool_call&gt;" in blocks[4][2] and "everything" not in html

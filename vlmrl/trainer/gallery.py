@@ -13,7 +13,7 @@ from typing import Any
 
 from PIL import Image
 
-from vlmrl.batch import RewardSample
+from vlmrl.batch import RewardSample, Trajectory
 
 _THUMB = 256  # max side of an inlined image, pixels
 _DASH = "\u2013"  # shown for NaN (a component that does not apply)
@@ -25,6 +25,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222
 pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;padding:.5em;margin:.2em 0 .8em}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}
 .meta{color:#555}
+.turn{border-left:3px solid #88a;padding-left:.6em;margin:.4em 0}.turn.tool{border-color:#a86}.turn .meta{display:block}
 """
 
 
@@ -61,6 +62,25 @@ def _text(x: Any) -> str:
     return escape(x)
 
 
+def turns_html(traj: Trajectory) -> str:
+    """A multi-turn sample's response turn by turn: each policy turn, and each tool turn with the images the tools
+    returned in it (the calls of policy turn k answer in the tool turn that follows it)."""
+    parts = []
+    images = iter(traj.images)
+    assistant = -1
+    for role, text in traj.turn_texts:
+        shown = ""
+        if role == "assistant":
+            assistant += 1
+        else:
+            n = sum(c.images for c in traj.calls if c.turn == assistant and c.error is None)
+            shown = "".join(_img_tag(im) for im in (next(images, None) for _ in range(n)) if im is not None)
+        label = f"turn {assistant + 1}: policy" if role == "assistant" else "tool"
+        parts.append(f"<div class='turn {escape(role)}'><span class='meta'>{label}</span>{shown}"
+                     f"<pre>{_text(text)}</pre></div>")  # fmt: skip
+    return "".join(parts)
+
+
 def write_gallery(
     path: str | Path,
     step: int,
@@ -73,8 +93,9 @@ def write_gallery(
     """Write an HTML gallery of validation samples to ``path`` (atomically) and return the path.
 
     The header summarises all ``samples`` (count, mean score overall and per data_source); cards are drawn for
-    the first ``limit`` of them: images, prompt, response, ground truth, data_source, total score and every
-    reward component (NaN, i.e. "does not apply", shown as ``–``). All sample text is HTML-escaped.
+    the first ``limit`` of them: images, prompt, response (turn by turn, with the tools' images, for multi-turn
+    samples), ground truth, data_source, total score and every reward component (NaN, i.e. "does not apply", shown
+    as ``–``). All sample text is HTML-escaped.
     ``scores[i]`` and ``components[name][i]`` belong to ``samples[i]``. ``summary`` — (data_source, score) of every
     validation sample — replaces ``samples`` in the header when only the shown samples were kept in memory.
     """
@@ -104,12 +125,13 @@ def write_gallery(
             for k, v in sorted(components.items())
         )
         score = scores[i] if i < len(scores) else float("nan")
+        response = turns_html(s.trajectory) if s.trajectory is not None else f"<pre>{_text(s.response)}</pre>"
         parts.append(
             f"<div class='card'><h3>#{i} \u00b7 {escape(s.data_source)} \u00b7 score {_fmt(score)}</h3>"
             f"<div>{''.join(_img_tag(im) for im in s.images)}</div>"
             f"<b>prompt</b><pre>{_text(s.prompt)}</pre>"
             f"<b>response</b> <span class='meta'>({s.response_length} tokens, {escape(s.finish_reason)})</span>"
-            f"<pre>{_text(s.response)}</pre>"
+            f"{response}"
             f"<b>ground truth</b><pre>{_text(s.ground_truth)}</pre>"
             f"<table><tr><th>component</th><th>value</th></tr>{comp_rows}</table></div>"
         )
