@@ -4,6 +4,11 @@ Each line is an object with a question (holding one ``<image>`` per image), an a
 relative to ``--image-dir``, or one path) and optionally ``boxes`` (``[x1, y1, x2, y2]`` or a list of them, in
 original image pixels; kept in ``extra_info.boxes``). Field names are configurable. Multi-image prompts are fine.
 
+Tool tasks: a line's ``tools_kwargs`` and ``interaction_kwargs`` objects (verl's names, e.g. ``{"calc_geo3k_reward":
+{"create_kwargs": {"ground_truth": "12"}}}``) go into ``extra_info`` as they are, where multi-turn rollouts read them
+(``create_kwargs`` reach the tool's ``create``), as verl's multi-turn preprocessing writes them. Their parquet type is
+inferred over the whole file (keys missing in a line are null); values of conflicting types are refused.
+
     python preprocess/jsonl.py --input records.jsonl --image-dir images/ --output-dir data/mine --split train
 
 A non-string answer (a number, a box) is stored as its JSON text.
@@ -19,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from vlmrl.preprocess.common import (
     IMAGE_PLACEHOLDER,
@@ -45,11 +52,35 @@ from vlmrl.preprocess.pipeline import (
 )
 
 
-def extra_info_features() -> dict[str, Any]:
-    """``datasets`` features of the extra_info fields beyond split/index/answer/question."""
+KWARGS_FIELDS = ("tools_kwargs", "interaction_kwargs")
+"""verl's per-record tool and interaction arguments, kept in ``extra_info`` under the same names."""
+
+
+def extra_info_features(kwargs_types: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``datasets`` features of the extra_info fields beyond split/index/answer/question; ``kwargs_types``: the
+    arrow struct type of each ``KWARGS_FIELDS`` field the input holds (``infer_kwargs_types``)."""
     import datasets
 
-    return {"boxes": datasets.List(datasets.List(datasets.Value("float64")))}
+    out: dict[str, Any] = {"boxes": datasets.List(datasets.List(datasets.Value("float64")))}
+    for name, arrow_type in (kwargs_types or {}).items():
+        out[name] = datasets.Features.from_arrow_schema(pa.schema([pa.field(name, arrow_type)]))[name]
+    return out
+
+
+def infer_kwargs_types(values: dict[str, list[Any]], where: str) -> dict[str, Any]:
+    """The arrow type of each kwargs field over every line's value (objects only; all-empty fields are left out:
+    parquet has no empty struct). ``PreprocessError`` when lines give a key values of conflicting types."""
+    out = {}
+    for name, vals in values.items():
+        objs = [v for v in vals if isinstance(v, dict) and v]
+        if not objs:
+            continue
+        try:
+            out[name] = pa.array(objs).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise PreprocessError(f"{where}: the lines' {name} values do not share one type ({e}); give each key the "
+                                  "same kind of value in every line") from None  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,7 @@ class JsonlOptions:
     answer_field: str
     images_field: str
     boxes_field: str
+    kwargs_fields: tuple[str, ...]
     prepend_images: bool
     store_paths: bool
     rules: ImageRules
@@ -155,6 +187,12 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
                 spill_name=f"{opts.split}/{index:07d}_{k}",
             )
         )
+    extra: dict[str, Any] = {"boxes": boxes}
+    for name in opts.kwargs_fields:
+        value = rec.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise RecordError("invalid_record", f"{name} must be an object, got {type(value).__name__}")
+        extra[name] = value or None
     return build_record(
         data_source=opts.data_source,
         question=question,
@@ -164,7 +202,7 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
         index=index,
         ability=opts.ability,
         instruction=opts.instruction,
-        extra_info={"boxes": boxes},
+        extra_info=extra,
     )
 
 
@@ -218,6 +256,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     image_dir = Path(a.image_dir) if a.image_dir else src.parent
     if not image_dir.is_dir():
         raise PreprocessError(f"--image-dir {image_dir}: no such folder")
+    total, kwargs_values = 0, {name: [] for name in KWARGS_FIELDS}
+    with open(src, "rb") as f:
+        for raw in f:
+            if _blank(raw):
+                continue
+            total += 1
+            if b"_kwargs" in raw:  # a line that cannot be read is rejected later, with its line number
+                try:
+                    rec = json.loads(decode_line(raw))
+                except (RecordError, json.JSONDecodeError):
+                    continue
+                for name in KWARGS_FIELDS:
+                    kwargs_values[name].append(rec.get(name) if isinstance(rec, dict) else None)
+    kwargs_types = infer_kwargs_types(kwargs_values, str(src))
     opts = JsonlOptions(
         split=a.split,
         image_dir=str(image_dir),
@@ -229,18 +281,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         answer_field=a.answer_field,
         images_field=a.images_field,
         boxes_field=a.boxes_field,
+        kwargs_fields=tuple(kwargs_types),
         prepend_images=a.prepend_images,
         store_paths=a.store_paths,
         rules=image_rules(a, image_dir),
     )
-    with open(src, "rb") as f:
-        total = sum(1 for raw in f if not _blank(raw))
     result = run_split(
         a.split,
         read_lines(src),
         functools.partial(build_line, opts=opts),
         Path(a.output_dir) / f"{a.split}.parquet",
-        record_features(extra_info_features()),
+        record_features(extra_info_features(kwargs_types)),
         total=total,
         num_proc=a.num_proc,
         strict=a.strict,

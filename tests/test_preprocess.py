@@ -259,6 +259,42 @@ def test_jsonl_store_paths_and_prepend_images(tmp_path):
     assert stored.stat().st_ino == (img / "a.png").stat().st_ino  # a hard link on one file system: no copy
 
 
+def test_jsonl_keeps_verls_tools_kwargs_for_multi_turn_rollouts(tmp_path, tiny_processor):
+    """A line's ``tools_kwargs`` / ``interaction_kwargs`` land in ``extra_info`` as verl's multi-turn preprocessing
+    writes them (one struct type over the file; a key a line lacks is null), the dataset hands them to the rollout,
+    and a line whose ``tools_kwargs`` is not an object is a counted reject."""
+    from vlmrl.config.schema import DataConfig
+    from vlmrl.data.dataset import RLDataset
+
+    (tmp_path / "a.png").write_bytes(png("green"))
+    lines = [
+        {"question": "<image>Check 12.", "answer": "12", "images": ["a.png"],
+         "tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}},
+         "interaction_kwargs": {"name": "geo3k", "query": "q"}},
+        {"question": "<image>Zoom.", "answer": "green", "images": ["a.png"],
+         "tools_kwargs": {"image_zoom": {"create_kwargs": {"min_size": 56}}}},
+        {"question": "<image>No tools.", "answer": "x", "images": ["a.png"]},
+        {"question": "<image>Bad.", "answer": "x", "images": ["a.png"], "tools_kwargs": ["not", "an", "object"]},
+    ]  # fmt: skip
+    src = tmp_path / "tools.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    report = jsonl.main(["--input", str(src), "--output-dir", str(out), "--no-progress"])
+    assert report["splits"]["train"]["written"] == 3 and rejects(out)[0]["source"] == f"{src}:4"
+    assert "tools_kwargs must be an object" in rejects(out)[0]["detail"]
+    recs = rows(out / "train.parquet")
+    assert recs[0]["extra_info"]["tools_kwargs"] == {
+        "calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}},
+        "image_zoom": None,
+    }
+    assert recs[1]["extra_info"]["tools_kwargs"]["image_zoom"] == {"create_kwargs": {"min_size": 56}}
+    assert (
+        recs[2]["extra_info"]["tools_kwargs"] is None and recs[0]["extra_info"]["interaction_kwargs"]["name"] == "geo3k"
+    )
+    ds = RLDataset(str(out / "train.parquet"), tiny_processor, DataConfig(train_files="x"), verbose=False)
+    assert ds[0].extra_info["tools_kwargs"]["calc_geo3k_reward"]["create_kwargs"] == {"ground_truth": "12"}
+
+
 # ------------------------------------------------------------------------------------------------- synthetic
 
 
