@@ -295,7 +295,6 @@ RULES: tuple[Rule, ...] = (
         "routing rewards by another column (reward.dispatch routes by data_source)",
     ),
     accept("data.image_patch_size", (14,), "another vision patch size (vlmrl reads it from the model's processor)"),
-    accept("data.video_key", ("videos",), "video inputs"),
     accept("data.audio_key", ("audios",), "audio inputs"),
     accept("data.validation_shuffle", (False,), "shuffling the validation set"),
     accept("data.custom_cls.*", (None,), "a custom dataset class"),
