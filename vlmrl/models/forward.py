@@ -167,6 +167,8 @@ class _Features:
     images: dict[int, torch.Tensor]
     videos: dict[int, torch.Tensor]
     tool: dict[int, torch.Tensor]
+    dummy: torch.Tensor | None = None
+    """Without images or videos: zero rows of the dummy features, the forward's (empty) image features."""
 
 
 def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features, torch.Tensor]:
@@ -183,7 +185,8 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     parts += [(mb.images[p].pixel_values_videos, mb.images[p].video_grid_thw) for p in with_videos]
     parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].image_grid_thw) for r in tool_rows]  # type: ignore[index]
     if not parts:
-        return _Features({}, {}, {}), qwen_vl.dummy_vision_loss(model)
+        dummy = qwen_vl.dummy_vision_features(model)
+        return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     pv = torch.cat([pix for pix, _ in parts]).to(device)
     g = torch.cat([grid for _, grid in parts]).to(device)
     feats = qwen_vl.image_embeddings(model, pv, g)
@@ -212,6 +215,8 @@ def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, i
             vid.append(feats.videos[p])
             vgrid.append(mb.images[p].video_grid_thw)
             secs.append(mb.images[p].second_per_grid_ts)
+    if not img and not vid and feats.dummy is not None:
+        return Vision(image_embeds=feats.dummy)  # no pad takes them: only their gradient's path matters
     return Vision(
         torch.cat(img) if img else None, torch.cat(igrid).to(device) if igrid else None,
         torch.cat(vid) if vid else None, torch.cat(vgrid).to(device) if vgrid else None,

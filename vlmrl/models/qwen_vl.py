@@ -415,12 +415,15 @@ def rope_index(
     return out.to(input_ids.device)
 
 
-def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
-    """Run the vision tower on one tiny dummy image and return ``0 * sum(features)``.
+def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
+    """The vision tower's features of one tiny dummy image (one merged token).
 
-    A micro-batch without images or videos adds this to its loss so every FSDP rank runs the vision tower's
-    all-gathers and reduce-scatters: without it, a text-only rank waits on collectives the others never join (a
-    hang). It covers ranks without videos the same way: videos go through the same tower."""
+    A micro-batch without images or videos runs the tower on this so every FSDP rank runs the tower's all-gathers and
+    reduce-scatters: without it, a text-only rank waits on collectives the others never join (a hang). It covers
+    ranks without videos the same way: videos go through the same tower. The features must also reach the model's
+    forward as an input (``dummy_link``), as real features do, or the FSDP root's post-backward (its reduce-scatter)
+    runs after the tower's backward on that rank and before it on the others: a hang again (seen with two CPU ranks,
+    one with a video or an image, one without)."""
     visual = vision_tower(model)
     cfg = visual.config
     patch = int(cfg.patch_size)
@@ -430,8 +433,24 @@ def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
     grid = torch.tensor([[1, merge, merge]], device=_device_of(visual))
     n_patches = merge * merge
     pixel = torch.zeros(n_patches, chans * tps * patch * patch, device=grid.device, dtype=_dtype_of(visual))
-    feats = image_embeddings(model, pixel, grid)
+    return image_embeddings(model, pixel, grid)
+
+
+def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
+    """``0 * sum(dummy_vision_features)``: added to a micro-batch's loss, it gives every vision parameter a (zero)
+    gradient on a rank without images or videos."""
+    return dummy_vision_loss_of(dummy_vision_features(model))
+
+
+def dummy_vision_loss_of(feats: torch.Tensor) -> torch.Tensor:
+    """The zero loss term of dummy features."""
     return feats.float().sum() * 0.0
+
+
+def dummy_link(feats: torch.Tensor) -> torch.Tensor:
+    """Zero rows of the dummy features: passed to the model's forward as its (empty) image features, so their
+    gradient flows through the forward's inputs as real features' does (no pad token takes them)."""
+    return feats[:0]
 
 
 def _device_of(m: torch.nn.Module) -> torch.device:
