@@ -335,7 +335,7 @@ def record_features(extra_info: dict[str, Any] | None = None, videos: bool = Fal
             {
                 "frames": datasets.List(datasets.Image()),
                 "video": v("string"),
-                "fps": v("float64"),
+                "video_fps": v("float64"),
                 "sample_fps": v("float64"),
                 "total_num_frames": v("int64"),
                 "frames_indices": datasets.List(v("int64")),

@@ -8,7 +8,7 @@ evenly spaced over the video. A folder of frames (image files, sorted by name wi
 
     frames: [{bytes, path}]       # the sampled frames (a video file's: resized to the frame bounds, PNG)
     video: str | null             # with --store-paths and a video file: the file (decoded at training time)
-    fps, total_num_frames         # the source's frame rate and length
+    video_fps, total_num_frames   # the source's frame rate and length
     frames_indices, timestamps    # which source frames were taken, and when (seconds)
     sample_fps                    # frames per second of the sampled frames (drives M-RoPE's temporal positions)
 
@@ -137,7 +137,7 @@ def _source(rel: str, opts: VideoOptions) -> Path:
 
 def _timing(indices: list[int], total: int, fps: float) -> dict[str, Any]:
     return {
-        "fps": float(fps), "total_num_frames": int(total), "frames_indices": [int(i) for i in indices],
+        "video_fps": float(fps), "total_num_frames": int(total), "frames_indices": [int(i) for i in indices],
         "timestamps": [i / fps for i in indices], "sample_fps": len(indices) / total * fps,
     }  # fmt: skip
 

@@ -3,8 +3,8 @@
 An entry is one of
 - vlmrl's struct (``preprocess/`` writes it): ``frames`` (the sampled frames as ``{bytes, path}`` structs, the way
   images are stored) or ``video`` (a video file, relative to the parquet file's folder), with the sampling it
-  recorded: ``fps`` (the source's frame rate), ``frames_indices``, ``total_num_frames``, ``timestamps`` (seconds)
-  and ``sample_fps`` (frames per second of the sampled frames);
+  recorded: ``video_fps`` (the source's frame rate), ``frames_indices``, ``total_num_frames``, ``timestamps``
+  (seconds) and ``sample_fps`` (frames per second of the sampled frames);
 - verl's (qwen-vl-utils') dict: ``{"video": "clip.mp4" | [frame paths], "fps": 2, "nframes"/"min_frames"/
   "max_frames", "max_pixels", "total_pixels", ...}``: a file is sampled here by those keys (else ``data.video_*``).
 
@@ -63,7 +63,8 @@ class VideoEntry:
     file: str | None = None
     """A video file to decode."""
     fps: float | None = None
-    """Frame rate of the source (a file's average rate)."""
+    """Frame rate of the source (``video_fps``; else a file's average rate). An entry's own ``fps`` is
+    qwen-vl-utils' sampling rate (``sampling``)."""
     frames_indices: list[int] | None = None
     """The source frames that were sampled (recorded by preprocessing); None = sample now."""
     total_num_frames: int | None = None
@@ -133,7 +134,7 @@ def parse_entry(entry: Any, k: int = 0) -> VideoEntry:
     out = VideoEntry(
         frames=list(frames or []),
         file=video or None,
-        fps=None if video is None and indices is None else _number(entry.get("fps"), "fps", k),
+        fps=_number(entry.get("video_fps"), "video_fps", k),
         frames_indices=None if indices is None else [int(i) for i in indices],
         total_num_frames=_number(entry.get("total_num_frames"), "total_num_frames", k, integer=True),
         timestamps=None if stamps is None else [float(t) for t in stamps],
