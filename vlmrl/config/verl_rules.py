@@ -300,7 +300,9 @@ RULES: tuple[Rule, ...] = (
     accept("data.custom_cls.*", (None,), "a custom dataset class"),
     accept("data.apply_chat_template_kwargs", ({},), "chat-template keyword arguments"),
     accept(
-        "data.mm_processor_kwargs", ({},), "image-processor keyword arguments (set data.min_pixels / data.max_pixels)"
+        "data.mm_processor_kwargs",
+        ({},),
+        "processor keyword arguments (set data.min_pixels / data.max_pixels, and data.video_* for videos)",
     ),
     # ------------------------------------------------------------------------------------------ features (refused)
     feature("*.megatron.*", _MEGATRON),
