@@ -260,6 +260,9 @@ def decode_frames(path: Path, indices: list[int]) -> list[Image.Image]:
         st = _stream(c, path)
         try:
             for k, frame in enumerate(c.decode(st)):
+                if Image.MAX_IMAGE_PIXELS and frame.width * frame.height > Image.MAX_IMAGE_PIXELS:  # a size change
+                    raise VideoError("video_too_large", f"{path}: frame {k} is {frame.width}x{frame.height}, over "
+                                                        "Pillow's decompression-bomb limit")  # fmt: skip
                 if k in wanted:
                     got[k] = frame.to_image().convert("RGB")
                 if k >= last:
