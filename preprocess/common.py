@@ -4,14 +4,16 @@ validate-and-build pipeline, its parquet output and report are in ``pipeline.py`
 Every script turns source rows into records of verl's schema::
 
     data_source: str
-    prompt: [{role, content}]                  # one "<image>" per image in the text
+    prompt: [{role, content}]                  # one "<image>" per image (and "<video>" per video) in the text
     images: [{bytes, path}]                    # encoded bytes, source encoding kept (or paths with --store-paths)
+    videos: [{frames: [{bytes, path}], ...}]   # only when the data has videos (``preprocess/video.py``)
     ability: str
     reward_model: {style: "rule", ground_truth: str}
     extra_info: {split, index, answer, question, ...}
 
-A row that cannot become a valid record is rejected with one of ``REJECT_REASONS``, written to ``rejects.jsonl``
-beside the output and counted in the report; nothing is dropped silently. ``--strict`` stops at the first one.
+A row that cannot become a valid record is rejected with one of ``REJECT_REASONS`` (``VIDEO_REJECT_REASONS`` for its
+videos), written to ``rejects.jsonl`` beside the output and counted in the report; nothing is dropped silently.
+``--strict`` stops at the first one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from PIL import Image
 
 IMAGE_PLACEHOLDER = "<image>"
 """The image placeholder in prompt text (verl's convention); one per image."""
+
+VIDEO_PLACEHOLDER = "<video>"
+"""The video placeholder in prompt text (verl's convention); one per video."""
 
 INSTRUCTION_FOLLOWING = (
     r"You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
@@ -51,6 +56,19 @@ REJECT_REASONS: dict[str, str] = {
 }
 """Every reason a source row can be rejected for, with what it means."""
 
+VIDEO_REJECT_REASONS: dict[str, str] = {
+    "unreadable_video": "a video file or frame folder cannot be read (missing, permission, not a regular file)",
+    "video_outside_dir": "a video path that leaves the folder media are read from (--image-dir, the input folder)",
+    "video_file_too_large": "a video file over --max-video-bytes",
+    "corrupt_video": "a video FFmpeg cannot open or decode (not a video, an unknown container, truncated), or a frame "
+    "Pillow cannot decode",
+    "empty_video": "a video with no frames (an empty file, an empty frame folder)",
+    "video_too_short": "fewer than 2 frames to sample (Qwen's vision tower takes frames in pairs)",
+    "video_too_large": "frames over Pillow's decompression-bomb limit, or more frames than a video may have",
+    "video_count_mismatch": "the number of <video> placeholders differs from the number of videos",
+}
+"""The reasons a row naming videos can be rejected for (besides ``REJECT_REASONS``), with what they mean."""
+
 MAX_IMAGE_BYTES = 64 * 2**20
 """Default ``--max-image-bytes``: an image file larger than this is rejected without being read."""
 
@@ -62,7 +80,7 @@ class RecordError(Exception):
     """A source row that cannot become a record: ``reason`` is a key of ``REJECT_REASONS``."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        if reason not in REJECT_REASONS:
+        if reason not in REJECT_REASONS and reason not in VIDEO_REJECT_REASONS:
             raise ValueError(f"unknown reject reason {reason!r}")
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
@@ -232,11 +250,15 @@ def require_text(value: Any, name: str, empty_reason: str) -> str:
     return value
 
 
-def check_placeholders(question: str, num_images: int) -> None:
-    """Raise image_count_mismatch unless the question holds one ``<image>`` per image."""
+def check_placeholders(question: str, num_images: int, num_videos: int = 0) -> None:
+    """Raise image_count_mismatch unless the question holds one ``<image>`` per image (video_count_mismatch: one
+    ``<video>`` per video)."""
     n = count_placeholders(question)
     if n != num_images:
         raise RecordError("image_count_mismatch", f"{n} {IMAGE_PLACEHOLDER} placeholder(s) for {num_images} image(s)")
+    v = question.count(VIDEO_PLACEHOLDER)
+    if v != num_videos:
+        raise RecordError("video_count_mismatch", f"{v} {VIDEO_PLACEHOLDER} placeholder(s) for {num_videos} video(s)")
 
 
 def build_record(
@@ -250,10 +272,13 @@ def build_record(
     ability: str,
     instruction: str | None = None,
     extra_info: dict[str, Any] | None = None,
+    videos: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One record in verl's schema (the same structure verl's geo3k script writes).
 
-    The prompt is a single user message: ``question`` followed by one space and ``instruction`` when given."""
+    The prompt is a single user message: ``question`` followed by one space and ``instruction`` when given.
+    ``videos`` (video structs, ``video.video_struct``) adds the ``videos`` column; leave it None for data without
+    videos."""
     content = question if not instruction else f"{question} {instruction}"
     info = {"split": split, "index": index, "answer": answer, "question": question}
     info.update(extra_info or {})
@@ -261,6 +286,7 @@ def build_record(
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
         "images": images,
+        **({"videos": videos} if videos is not None else {}),
         "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": info,
@@ -288,26 +314,42 @@ def check_utf8(value: Any, name: str = "record") -> None:
             check_utf8(v, f"{name}[{k}]")
 
 
-def record_features(extra_info: dict[str, Any] | None = None) -> Any:
-    """``datasets.Features`` of the record schema (``extra_info``: extra fields beyond split/index/answer/question).
+def record_features(extra_info: dict[str, Any] | None = None, videos: bool = False) -> Any:
+    """``datasets.Features`` of the record schema (``extra_info``: extra fields beyond split/index/answer/question;
+    ``videos``: add the ``videos`` column).
 
     Its arrow schema carries the ``huggingface`` metadata, so ``datasets`` reads ``images`` as a list of ``Image``
-    exactly as it reads verl's output."""
+    exactly as it reads verl's output (and each video's ``frames`` the same way)."""
     import datasets
 
     v = datasets.Value
     info = {"split": v("string"), "index": v("int64"), "answer": v("string"), "question": v("string")}
     info.update(extra_info or {})
-    return datasets.Features(
+    columns: dict[str, Any] = {
+        "data_source": v("string"),
+        "prompt": datasets.List({"role": v("string"), "content": v("string")}),
+        "images": datasets.List(datasets.Image()),
+    }
+    if videos:
+        columns["videos"] = datasets.List(
+            {
+                "frames": datasets.List(datasets.Image()),
+                "video": v("string"),
+                "video_fps": v("float64"),
+                "sample_fps": v("float64"),
+                "total_num_frames": v("int64"),
+                "frames_indices": datasets.List(v("int64")),
+                "timestamps": datasets.List(v("float64")),
+            }
+        )
+    columns.update(
         {
-            "data_source": v("string"),
-            "prompt": datasets.List({"role": v("string"), "content": v("string")}),
-            "images": datasets.List(datasets.Image()),
             "ability": v("string"),
             "reward_model": {"style": v("string"), "ground_truth": v("string")},
             "extra_info": info,
         }
     )
+    return datasets.Features(columns)
 
 
 def isfinite_number(x: Any) -> bool:

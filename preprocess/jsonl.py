@@ -1,8 +1,10 @@
 """Generic JSON-lines records + an image folder → parquet in verl's record schema.
 
-Each line is an object with a question (holding one ``<image>`` per image), an answer, ``images`` (a list of paths
-relative to ``--image-dir``, or one path) and optionally ``boxes`` (``[x1, y1, x2, y2]`` or a list of them, in
-original image pixels; kept in ``extra_info.boxes``). Field names are configurable. Multi-image prompts are fine.
+Each line is an object with a question (holding one ``<image>`` per image and one ``<video>`` per video), an answer,
+``images`` (a list of paths relative to ``--image-dir``, or one path), ``videos`` (the same, each a video file or a
+folder of frames; see ``preprocess/video.py`` for the sampling flags) and optionally ``boxes`` (``[x1, y1, x2, y2]``
+or a list of them, in original image pixels; kept in ``extra_info.boxes``). Field names are configurable.
+Multi-image prompts, and prompts mixing images and videos, are fine.
 
 Tool tasks: a line's ``tools_kwargs`` and ``interaction_kwargs`` objects (verl's names, e.g. ``{"calc_geo3k_reward":
 {"create_kwargs": {"ground_truth": "12"}}}``) go into ``extra_info`` as they are, where multi-turn rollouts read them
@@ -10,6 +12,7 @@ Tool tasks: a line's ``tools_kwargs`` and ``interaction_kwargs`` objects (verl's
 inferred over the whole file (keys missing in a line are null); values of conflicting types are refused.
 
     python preprocess/jsonl.py --input records.jsonl --image-dir images/ --output-dir data/mine --split train
+    python preprocess/jsonl.py --input clips.jsonl --image-dir media/ --output-dir data/clips --video-fps 2
 
 A non-string answer (a number, a box) is stored as its JSON text.
 """
@@ -17,6 +20,7 @@ A non-string answer (a number, a box) is stored as its JSON text.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import time
@@ -26,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
 from vlmrl.preprocess.common import (
     IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     ImageRules,
     PreprocessError,
     RecordError,
@@ -50,7 +54,7 @@ from vlmrl.preprocess.pipeline import (
     run_split,
     write_report,
 )
-
+from vlmrl.preprocess.video import VideoOptions, add_video_args, video_options, video_struct
 
 KWARGS_FIELDS = ("tools_kwargs", "interaction_kwargs")
 """verl's per-record tool and interaction arguments, kept in ``extra_info`` under the same names."""
@@ -101,6 +105,9 @@ class JsonlOptions:
     prepend_images: bool
     store_paths: bool
     rules: ImageRules
+    videos_field: str = "videos"
+    video: VideoOptions | None = None
+    """How videos are read and sampled; None: the output has no videos column (no line names videos)."""
 
 
 def _answer_text(value: Any, field: str) -> str:
@@ -167,9 +174,14 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
         paths = [paths]
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise RecordError("invalid_record", f"{opts.images_field} must be a list of paths")
+    videos = _paths(rec.get(opts.videos_field), opts.videos_field)
+    if videos and opts.video is None:
+        raise RecordError("invalid_record", f"{opts.videos_field} holds videos but no video options were given")
+    if opts.prepend_images and videos and VIDEO_PLACEHOLDER not in question:
+        question = VIDEO_PLACEHOLDER * len(videos) + question
     if opts.prepend_images and paths and count_placeholders(question) == 0:
         question = IMAGE_PLACEHOLDER * len(paths) + question
-    check_placeholders(question, len(paths))
+    check_placeholders(question, len(paths), len(videos))
     boxes = _boxes(rec.get(opts.boxes_field), opts.boxes_field)
     structs = []
     for k, rel in enumerate(paths):
@@ -193,6 +205,17 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
         if value is not None and not isinstance(value, dict):
             raise RecordError("invalid_record", f"{name} must be an object, got {type(value).__name__}")
         extra[name] = value or None
+    clips = [
+        video_struct(
+            rel,
+            opts.video,
+            store_paths=opts.store_paths,
+            output_dir=opts.output_dir,
+            spill_name=f"{opts.split}/{index:07d}_video{k}",
+        )
+        for k, rel in enumerate(videos)
+        if opts.video is not None
+    ]
     return build_record(
         data_source=opts.data_source,
         question=question,
@@ -203,7 +226,19 @@ def build_line(payload: tuple[int, bytes | str], opts: JsonlOptions) -> dict[str
         ability=opts.ability,
         instruction=opts.instruction,
         extra_info=extra,
+        videos=clips if opts.video is not None else None,
     )
+
+
+def _paths(value: Any, field: str) -> list[str]:
+    """A videos field: a path or a list of paths ([] when absent)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise RecordError("invalid_record", f"{field} must be a list of paths")
+    return value
 
 
 def _blank(raw: bytes) -> bool:
@@ -238,11 +273,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--images-field", default="images")
     p.add_argument("--boxes-field", default="boxes")
+    p.add_argument("--videos-field", default="videos", help="field of the video files or frame folders")
     p.add_argument(
         "--prepend-images",
         action="store_true",
-        help=f"a question without {IMAGE_PLACEHOLDER} gets one per image in front (else it is rejected)",
+        help=f"a question without {IMAGE_PLACEHOLDER} ({VIDEO_PLACEHOLDER}) gets one per image (video) in front "
+        "(else it is rejected)",
     )
+    add_video_args(p)
     return p.parse_args(argv)
 
 
@@ -256,12 +294,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     image_dir = Path(a.image_dir) if a.image_dir else src.parent
     if not image_dir.is_dir():
         raise PreprocessError(f"--image-dir {image_dir}: no such folder")
-    total, kwargs_values = 0, {name: [] for name in KWARGS_FIELDS}
+    total, has_videos, kwargs_values = 0, False, {name: [] for name in KWARGS_FIELDS}
+    needle = f'"{a.videos_field}"'.encode()
     with open(src, "rb") as f:
         for raw in f:
             if _blank(raw):
                 continue
             total += 1
+            has_videos = has_videos or needle in raw  # a videos column only for data that names videos
             if b"_kwargs" in raw:  # a line that cannot be read is rejected later, with its line number
                 try:
                     rec = json.loads(decode_line(raw))
@@ -286,12 +326,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         store_paths=a.store_paths,
         rules=image_rules(a, image_dir),
     )
+    try:
+        video = video_options(a, image_dir) if has_videos else None
+    except ValueError as e:
+        raise PreprocessError(str(e)) from None
+    opts = dataclasses.replace(opts, video=video)
     result = run_split(
         a.split,
         read_lines(src),
         functools.partial(build_line, opts=opts),
         Path(a.output_dir) / f"{a.split}.parquet",
-        record_features(extra_info_features(kwargs_types)),
+        record_features(extra_info_features(kwargs_types), videos=video is not None),
         total=total,
         num_proc=a.num_proc,
         strict=a.strict,
@@ -299,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         row_group_size=a.row_group_size,
     )
     config = {"input": str(src), "image_dir": str(image_dir), "split": a.split, "data_source": opts.data_source}
+    if video is not None:
+        config["video"] = dataclasses.asdict(video)
     return write_report(a.output_dir, [result], name="jsonl", config=config, started=started)
 
 

@@ -8,6 +8,11 @@ Task families (``data_source = synthetic/<family>``):
 - ``count``: several small non-overlapping shapes; answer how many (a decimal string).
 - ``position``: two shapes; answer where the first is relative to the second: left, right, top or bottom.
 - ``grounding``: a target among distractors; answer its bounding box ``[x1, y1, x2, y2]`` (JSON, original pixels).
+- ``zoom``: a small square near the centre of a large canvas strewn with dots of every colour; answer the square's
+  colour. Drawn for large images (``--image-size 896``): at a small model's pixel budget the square is a few pixels
+  among the dots, and only a zoomed-in view (the ``image_zoom`` tool) shows it plainly. The record's
+  ``extra_info.objects`` holds the square's box.
+- ``video_colour``, ``video_motion``, ``video_order``: videos (``preprocess/synthetic_video.py``).
 
 Label families are balanced (class counts differ by at most one per split). Every record is drawn from its own
 seeded RNG (seed, split, index), so the output is byte-identical for a seed whatever ``--num-proc`` is.
@@ -44,6 +49,7 @@ from vlmrl.preprocess.pipeline import (
     run_split,
     write_report,
 )
+from vlmrl.preprocess.synthetic_video import VIDEO_FAMILIES, build_video_task, video_classes
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (230, 25, 25),
@@ -67,8 +73,10 @@ SHAPES = ("circle", "square", "triangle", "diamond")
 
 _FULL_SHAPES = ("circle", "square")  # shapes filling >= 78% of their box: the colour family draws these
 
-FAMILIES = ("colour", "shape", "count", "position", "grounding")
+FAMILIES = ("colour", "shape", "count", "position", "grounding", "zoom")
 """Task families."""
+
+FAMILIES += VIDEO_FAMILIES
 
 POSITIONS = ("left", "right", "top", "bottom")
 """Answers of the position family: where the first shape is relative to the second."""
@@ -79,6 +87,7 @@ QUESTIONS = {
     "count": "<image>How many shapes are in the image? Answer with a number.",
     "position": "<image>Where is the {a} relative to the {b}? Answer with one word: left, right, top or bottom.",
     "grounding": "<image>Find the {a}. Give its bounding box as [x1, y1, x2, y2] in pixels.",
+    "zoom": "<image>What colour is the small square in the centre? Answer with one word.",
 }
 """Question templates per family."""
 
@@ -97,6 +106,8 @@ class SynthConfig:
     max_count: int = 4
     distractors: int = 2
     seed: int = 0
+    video_frames: int = 4
+    video_fps: float = 2.0
 
     def __post_init__(self) -> None:
         for f in self.families:
@@ -118,12 +129,16 @@ class SynthConfig:
             raise ValueError("need 1 <= min_count <= max_count")
         if min(self.width, self.height) < 16:
             raise ValueError("images must be at least 16x16 pixels")
+        if self.video_frames < 2 or self.video_frames % 2 or not self.video_fps > 0:
+            raise ValueError("videos need an even number of frames (>= 2) and a frame rate > 0")
         if "position" in self.families and len(self.colours) * len(self.shapes) < 2:
             raise ValueError("the position family needs two distinguishable shapes (colours x shapes >= 2)")
 
     def classes(self, family: str) -> list[str]:
         """Candidate answers of a label family ([] for grounding)."""
-        if family == "colour":
+        if family in VIDEO_FAMILIES:
+            return video_classes(self.colours, family)
+        if family in ("colour", "zoom"):
             return list(self.colours)
         if family == "shape":
             return list(self.shapes)
@@ -238,9 +253,31 @@ def make_example(cfg: SynthConfig, family: str, label: str | None, rng: random.R
             add(s, c, box)
         question = QUESTIONS["grounding"].format(a=_describe(target))
         answer = json.dumps(target["box"])
+    elif family == "zoom":
+        side, jitter = max(2, short // 36), short // 112
+        x, y = (w - side) // 2 + rng.randint(-jitter, jitter), (h - side) // 2 + rng.randint(-jitter, jitter)
+        target = (x, y, x + side - 1, y + side - 1)
+        _strew_dots(draw, rng, cfg.colours, w, h, keep_clear=target)
+        add("square", str(label), target)
+        question, answer = QUESTIONS["zoom"], str(label)
     else:
         raise ValueError(f"unknown family {family!r}")
     return {"image": img, "question": question, "answer": answer, "objects": objects}
+
+
+def _strew_dots(
+    draw: ImageDraw.ImageDraw, rng: random.Random, colours: Sequence[str], w: int, h: int, keep_clear: Box
+) -> None:
+    """Cover ~15% of the canvas with dots (diameter 1/180 to 1/90 of the short side) of random ``colours``, none
+    touching ``keep_clear``: at a small pixel budget every patch holds as much of each colour as the target square's."""
+    short = min(w, h)
+    lo, hi = max(1, short // 180), max(2, short // 90)
+    mean_area = 3.14159 / 4 * ((lo + hi) / 2) ** 2
+    for _ in range(int(0.15 * w * h / mean_area)):
+        d = rng.randint(lo, hi)
+        x, y = rng.randint(0, w - d), rng.randint(0, h - d)
+        if not _overlaps((x, y, x + d - 1, y + d - 1), keep_clear, 2):
+            draw.ellipse((x, y, x + d - 1, y + d - 1), fill=PALETTE[rng.choice(colours)])
 
 
 def _position_boxes(rng: random.Random, where: str, size: int, w: int, h: int) -> tuple[Box, Box]:
@@ -307,6 +344,8 @@ def plan_split(cfg: SynthConfig, split: str, size: int) -> list[Task]:
 
 def build_task(task: Task, cfg: SynthConfig, store_paths: bool, output_dir: str) -> dict[str, Any]:
     """Draw and validate one record (runs in a worker)."""
+    if task.family in VIDEO_FAMILIES:
+        return build_video_task(task, cfg, store_paths, output_dir)
     rng = random.Random(f"{cfg.seed}:{task.split}:{task.index}")
     ex = make_example(cfg, task.family, task.label, rng)
     checked = check_image(encode_pil(ex["image"]))
@@ -345,7 +384,7 @@ def generate(
 ) -> dict[str, Any]:
     """Generate ``{split: size}`` into ``output_dir/<split>.parquet``; returns the report."""
     started = time.perf_counter()
-    features = record_features(extra_info_features())
+    features = record_features(extra_info_features(), videos=bool(set(cfg.families) & set(VIDEO_FAMILIES)))
     results: list[SplitResult] = []
     build = functools.partial(build_task, cfg=cfg, store_paths=store_paths, output_dir=str(output_dir))
     for split, size in splits.items():
@@ -393,6 +432,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-size", type=int, default=1000, help="records in train.parquet")
     p.add_argument("--test-size", type=int, default=100, help="records in test.parquet")
     p.add_argument("--seed", type=int, default=0, help="generation seed")
+    p.add_argument("--video-frames", type=int, default=4, help="frames of a video family's video (even)")
+    p.add_argument("--video-fps", type=float, default=2.0, help="frames per second of a video family's video")
     return p.parse_args(argv)
 
 
@@ -410,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         max_count=a.max_count,
         distractors=a.distractors,
         seed=a.seed,
+        video_frames=a.video_frames,
+        video_fps=a.video_fps,
     )
     splits = {k: v for k, v in (("train", a.train_size), ("test", a.test_size)) if v > 0}
     return generate(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from vlmrl.batch import PromptSample
+from vlmrl.batch import PromptSample, Video
 from vlmrl.models import qwen_vl
 
 
@@ -71,3 +71,63 @@ def verl_script_overrides(script: str, home: Path, *args: str) -> list[str]:
 def verl_geo3k_launch_line(home: Path) -> list[str]:
     """verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh as the shell runs it (ENGINE=vllm, no extra arguments)."""
     return verl_script_overrides("run_qwen2_5_vl-7b.sh", home)
+
+
+# ------------------------------------------------------------------------------------------------------ videos
+
+
+def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: float, images=(), index: int = 0):
+    """A PromptSample the way the dataset builds one: frames resized with the video rules (odd counts padded),
+    images with the image rules, one pad per image and per video."""
+    vp, ip = processor.video_processor, processor.image_processor
+    vids = []
+    for frames in videos:
+        size = qwen_vl.video_frame_size(*frames[0].size, len(frames), qwen_vl.patch_factor(vp),
+                                        *qwen_vl.pixel_bounds(vp), None)  # fmt: skip
+        resized = qwen_vl.resize_frames(frames, size)
+        stamps = [k / fps for k in range(len(frames))]
+        vids.append(Video(resized, stamps + stamps[-1:] * (len(resized) - len(frames)), fps, frames[0].size))
+    ims = [qwen_vl.resize_image(im, qwen_vl.patch_factor(ip), *qwen_vl.pixel_bounds(ip)) for im in images]
+    content = [{"type": "image"} for _ in images] + [{"type": "video"} for _ in videos]
+    messages = [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
+    prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = qwen_vl.engine_prompt_ids(processor.tokenizer, prompt_text, len(images), len(videos))
+    return PromptSample(index, f"test:{index}", "test", messages, prompt_text, ids, ims, [im.size for im in images],
+                        "red", {}, videos=vids)  # fmt: skip
+
+
+def expanded(processor, p: PromptSample) -> list[int]:
+    """A prompt's ids with its image and video pads expanded as the processor does (what an engine returns)."""
+    from vlmrl.models.inputs import process_images
+
+    (v,) = process_images(processor, [p])
+    ids = qwen_vl.vision_token_ids(processor.tokenizer)
+    merge = processor.image_processor.merge_size
+    out = qwen_vl.expand_image_pads(p.prompt_ids, ids.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge)
+                                    if v.num_images else [])  # fmt: skip
+    return qwen_vl.expand_image_pads(out, ids.video_pad, qwen_vl.tokens_per_image(v.video_grid_thw, merge)
+                                     if v.num_videos else [])  # fmt: skip
+
+
+def clip(n: int, size=(84, 56), seed: int = 10) -> list[Image.Image]:
+    """``n`` random frames (a clip no two of whose frames look alike)."""
+    return [noise(seed + k, size) for k in range(n)]
+
+
+def write_mp4(path: Path, frames: int = 30, size=(112, 84), rate: int = 10) -> Path:
+    """A small MPEG-4 video of a red bar moving right."""
+    import av
+    import numpy as np
+
+    w, h = size
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("mpeg4", rate=rate)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        for i in range(frames):
+            a = np.full((h, w, 3), 255, np.uint8)
+            a[20:40, 3 * i : 3 * i + 20] = (255, 0, 0)
+            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return path

@@ -9,6 +9,28 @@ from PIL import Image
 
 
 @dataclass
+class Video:
+    """One video of a prompt: its sampled frames exactly as the model sees them, and when they were taken."""
+
+    frames: list[Image.Image]
+    """RGB frames, all of one size (resized with qwen-vl-utils' video rules), a whole number of pairs (an odd count
+    is padded by repeating the last frame, as the processor would)."""
+    timestamps: list[float]
+    """Seconds of each frame in the source video (one per frame)."""
+    sample_fps: float
+    """Frames per second of the sampled frames: the processor's and the engine's ``second_per_grid_ts`` is
+    ``temporal_patch_size / sample_fps``."""
+    original_size: tuple[int, int] = (0, 0)
+    """(width, height) of the source frames before resizing."""
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """(sx, sy): resized = original * scale."""
+        w, h = self.original_size
+        return (self.frames[0].width / w, self.frames[0].height / h) if w and h else (1.0, 1.0)
+
+
+@dataclass
 class PromptSample:
     """One dataset record, ready for the rollout engine and the trainer."""
 
@@ -19,11 +41,12 @@ class PromptSample:
     data_source: str
     """The record's ``data_source`` (drives reward dispatch and per-source metrics)."""
     messages: list[dict[str, Any]]
-    """The chat, with ``{"type": "image"}`` content parts where ``<image>`` stood."""
+    """The chat, with ``{"type": "image"}`` / ``{"type": "video"}`` parts where ``<image>`` / ``<video>`` stood."""
     prompt_text: str
     """The chat rendered by the chat template, generation prompt added (one image pad per image)."""
     prompt_ids: list[int]
-    """Token ids of ``prompt_text`` with ONE image pad per image (the engine expands them)."""
+    """Token ids of ``prompt_text`` with ONE image pad per image and ONE video pad per video (the engine expands
+    them)."""
     images: list[Image.Image]
     """RGB images resized with Qwen's rules: exactly what the engine and the trainer see."""
     original_sizes: list[tuple[int, int]]
@@ -35,6 +58,8 @@ class PromptSample:
     source_images: list[Image.Image] = field(default_factory=list)
     """Multi-turn runs: each image as decoded, before resizing (the same object as in ``images`` when resizing did
     not change it), for tools that look closer than the model's pixel budget (``image_zoom``). Empty otherwise."""
+    videos: list[Video] = field(default_factory=list)
+    """The record's videos (``<video>`` parts, in order); their pads follow the images' rules: one per video."""
 
     @property
     def image_scales(self) -> list[tuple[float, float]]:
@@ -60,6 +85,8 @@ class RewardSample:
     """The images exactly as the model saw them (resized)."""
     image_scales: list[tuple[float, float]] = field(default_factory=list)
     """(sx, sy) per image: resized = original * scale."""
+    videos: list[Video] = field(default_factory=list)
+    """The videos exactly as the model saw them: ``frames`` (resized) and their ``timestamps`` in seconds."""
     response_length: int = 0
     """Response length in tokens."""
     max_response_length: int = 0
@@ -93,6 +120,7 @@ class RewardSample:
                     extra_info=info,
                     images=p.images,
                     image_scales=p.image_scales,
+                    videos=p.videos,
                     response_length=len(rollout.response_ids[i]),
                     max_response_length=max_response_length,
                     finish_reason=rollout.finish_reasons[i],

@@ -138,6 +138,7 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
                     + (f" ({r['filtered']} filtered: {why})" if r["filtered"] else "")
                     + f"; prompt length max {r['prompt_length_max']}, mean {r['prompt_length_mean']}; "
                     f"max images/prompt {r['max_images_per_prompt']}"
+                    + (f", max videos/prompt {r['max_videos_per_prompt']}" if r["max_videos_per_prompt"] else "")
                 )
                 if kept == 0:
                     rep.problems.append(f"data.{split}_files: no prompt survives the overlong filter "

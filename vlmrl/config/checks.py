@@ -134,6 +134,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
                 f"data.max_response_length = {longest} tokens; set the budget to at least that."
             )
     p += multi_turn_problems(cfg)
+    p += video_problems(cfg)
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         p.append(
             f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
@@ -245,6 +246,30 @@ def tp_size(cfg: VLMRLConfig) -> int:
     """Workers that share one rollout engine (``rollout.tensor_model_parallel_size`` with vLLM; 1 with HF)."""
     ro = cfg.actor_rollout_ref.rollout
     return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
+
+
+def video_problems(cfg: VLMRLConfig) -> list[str]:
+    """Problems of the ``data.video_*`` values and ``rollout.limit_videos``."""
+    data, ro = cfg.data, cfg.actor_rollout_ref.rollout
+    p: list[str] = []
+    if not (isinstance(data.video_fps, (int, float)) and math.isfinite(data.video_fps) and data.video_fps > 0):
+        p.append(f"data.video_fps={data.video_fps!r}: frames per second to sample, a number > 0 (e.g. 2.0).")
+    _positive(p, "data.video_min_frames", data.video_min_frames)
+    _positive(p, "data.video_max_frames", data.video_max_frames)
+    if isinstance(data.video_min_frames, int) and isinstance(data.video_max_frames, int):
+        if data.video_max_frames < max(2, data.video_min_frames):
+            p.append(f"data.video_max_frames={data.video_max_frames}: must be >= 2 (frames go in pairs) and >= "
+                     f"data.video_min_frames={data.video_min_frames}.")  # fmt: skip
+    for key in ("video_min_pixels", "video_max_pixels", "video_total_pixels"):
+        value = getattr(data, key)
+        if value is not None:
+            _positive(p, f"data.{key}", value, " (pixels, or null for the processor's value)")
+    lo, hi = data.video_min_pixels, data.video_max_pixels
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        p.append(f"data.video_min_pixels={lo} > data.video_max_pixels={hi}.")
+    if ro.limit_videos is not None and (isinstance(ro.limit_videos, bool) or ro.limit_videos < 0):
+        p.append(f"actor_rollout_ref.rollout.limit_videos={ro.limit_videos!r}: videos per prompt, >= 0 (or null).")
+    return p
 
 
 def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:

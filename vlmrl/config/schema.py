@@ -23,9 +23,12 @@ class DataConfig:
     val_files: Any = None
     """Parquet file or list of files for validation; None disables validation."""
     prompt_key: str = "prompt"
-    """Column holding the chat list ``[{role, content}]`` with one ``<image>`` per image."""
+    """Column holding the chat list ``[{role, content}]`` with one ``<image>`` per image (``<video>`` per video)."""
     image_key: str = "images"
     """Column holding the list of ``{bytes, path}`` image structs."""
+    video_key: str = "videos"
+    """Column holding the list of videos (one per ``<video>`` in the prompt): ``{frames: [{bytes, path}], ...}``
+    structs as ``preprocess/`` writes them, or verl's ``{video: path, fps, ...}``."""
     max_prompt_length: int = 512
     """Longest prompt in tokens, image tokens included."""
     max_response_length: int = 512
@@ -42,6 +45,20 @@ class DataConfig:
     """Smallest image area after resizing (qwen-vl-utils rules); None = the processor's value."""
     max_pixels: int | None = None
     """Largest image area after resizing; None = the processor's value."""
+    video_min_pixels: int | None = None
+    """Smallest video frame area after resizing; None = the video processor's value."""
+    video_max_pixels: int | None = None
+    """Largest video frame area after resizing; None = the video processor's value."""
+    video_total_pixels: int | None = None
+    """Pixel budget of one video, shared by its frames (qwen-vl-utils' ``total_pixels``: each frame gets at most
+    ``2 x total / frames``); None = qwen-vl-utils' default (90% of 128000 tokens' worth)."""
+    video_fps: float = 2.0
+    """Frames sampled per second from a video file no preprocessing sampled (verl's ``{video: path}`` entries
+    without their own ``fps``/``nframes``); preprocessed videos keep the frames they recorded."""
+    video_min_frames: int = 4
+    """Fewest frames sampled from such a file (qwen-vl-utils' ``min_frames``)."""
+    video_max_frames: int = 768
+    """Most frames sampled from such a file (qwen-vl-utils' ``max_frames``)."""
     custom_chat_template: str | None = None
     """A Jinja chat template used instead of the processor's (rendered sandboxed)."""
     seed: int = 1
@@ -278,6 +295,8 @@ class RolloutConfig:
     restores (Qwen2.5-VL's ``visual.input_norm``, the attention scales), so the engine would never match the policy."""
     limit_images: int | None = None
     """Max images per prompt for the engine; None = read from the data."""
+    limit_videos: int | None = None
+    """Max videos per prompt for the engine; None = read from the data (0 when it has none)."""
     ignore_eos: bool = False
     """Always generate max_tokens (benchmarks)."""
     seed: int = 0

@@ -295,13 +295,14 @@ RULES: tuple[Rule, ...] = (
         "routing rewards by another column (reward.dispatch routes by data_source)",
     ),
     accept("data.image_patch_size", (14,), "another vision patch size (vlmrl reads it from the model's processor)"),
-    accept("data.video_key", ("videos",), "video inputs"),
     accept("data.audio_key", ("audios",), "audio inputs"),
     accept("data.validation_shuffle", (False,), "shuffling the validation set"),
     accept("data.custom_cls.*", (None,), "a custom dataset class"),
     accept("data.apply_chat_template_kwargs", ({},), "chat-template keyword arguments"),
     accept(
-        "data.mm_processor_kwargs", ({},), "image-processor keyword arguments (set data.min_pixels / data.max_pixels)"
+        "data.mm_processor_kwargs",
+        ({},),
+        "processor keyword arguments (set data.min_pixels / data.max_pixels, and data.video_* for videos)",
     ),
     # ------------------------------------------------------------------------------------------ features (refused)
     feature("*.megatron.*", _MEGATRON),

@@ -1,13 +1,14 @@
-"""``RLDataset``: verl-schema parquet files → ``PromptSample`` (chat, prompt ids with one image pad per image, resized
-images), decoded lazily.
+"""``RLDataset``: verl-schema parquet files → ``PromptSample`` (chat, prompt ids with one image pad per image and one
+video pad per video, resized images and video frames), decoded lazily.
 
 At construction every record is checked and measured cheaply: chats are built and rendered, tokenised in batches,
-and image token counts come from image headers only (no pixel decoding). Overlong prompts are filtered and counted;
-a prompt holding images is never truncated. ``ds[i]`` then decodes and resizes that record's images once with
-qwen-vl-utils' rules; the same resized images go to the rollout engine and the trainer's processor.
+and image and video token counts come from headers only (no pixel decoding). Overlong prompts are filtered and
+counted; a prompt holding images or videos is never truncated. ``ds[i]`` then decodes and resizes that record's
+images and video frames once with qwen-vl-utils' rules; the same resized frames go to the rollout engine and the
+trainer's processor.
 
-Memory stays bounded however large the files: the non-image columns are kept as Arrow tables (text), the image
-column is read one row group at a time through a small LRU, and no decoded image is kept.
+Memory stays bounded however large the files: the non-media columns are kept as Arrow tables (text), the image and
+video columns are read one row group at a time through a small LRU, and nothing decoded is kept.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from vlmrl.data.parquet import LRU, ParquetSource, normalize_files
 from vlmrl.data.records import (
     DataError,
     build_messages,
+    count_videos,
     decode_image,
     ground_truth_problem,
     image_size,
     where,
 )
 from vlmrl.data.template import ChatRenderer
+from vlmrl.data.video import VideoEntry, VideoRules, build_video, video_tokens
 from vlmrl.models import qwen_vl
 
 TRUNCATION_MODES = CHOICES["data.truncation"]
@@ -50,9 +53,10 @@ class RLDataset:
     ``ds[i]`` → ``PromptSample`` (lazy: decode + resize on access). ``ds.report`` says what construction found (rows
     read, filtered overlong with reason counts, truncations); it is printed once.
 
-    Raises ``DataError`` naming file and row for a broken record: a ``<image>`` count that differs from the image
-    count, an unreadable/corrupt image or one refused by Pillow's decompression-bomb guard, an overlong prompt with
-    images when ``data.filter_overlong_prompts`` is off, an overlong text-only prompt with ``data.truncation=error``.
+    Raises ``DataError`` naming file and row for a broken record: a ``<image>`` (``<video>``) count that differs
+    from the image (video) count, an unreadable/corrupt image or video or one refused by the decompression-bomb
+    guards, an overlong prompt with images or videos when ``data.filter_overlong_prompts`` is off, an overlong
+    text-only prompt with ``data.truncation=error``.
     """
 
     def __init__(
@@ -90,13 +94,22 @@ class RLDataset:
         self.patch_factor = qwen_vl.patch_factor(ip)
         self.pixel_bounds = qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
         self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
+        self.video_key = data_cfg.video_key
+        self.video_pad_id = qwen_vl.vision_token_ids(self.tokenizer).video_pad
+        vp = getattr(processor, "video_processor", None) or ip
+        self.video_rules = VideoRules(
+            qwen_vl.patch_factor(vp),
+            *qwen_vl.pixel_bounds(vp, data_cfg.video_min_pixels, data_cfg.video_max_pixels),
+            data_cfg.video_total_pixels,
+            qwen_vl.FrameSampling(data_cfg.video_fps, data_cfg.video_min_frames, data_cfg.video_max_frames),
+        )
 
         self._pool: Any = None
         self._first_filtered: dict[str, str] = {}
         self._token_lock = threading.Lock()
         self._text_cache = LRU(1024)
         self._ids_cache = LRU(1024)
-        self.sources = [ParquetSource(f, self.image_key, cache_row_groups) for f in self.files]
+        self.sources = [ParquetSource(f, self.image_key, cache_row_groups, self.video_key) for f in self.files]
         for s in self.sources:
             if self.prompt_key not in s.columns:
                 raise DataError(f"{s.path}: no column {self.prompt_key!r} (data.prompt_key); it has {s.columns}")
@@ -120,12 +133,13 @@ class RLDataset:
         kept_row: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
         n_imgs: list[np.ndarray] = []
+        n_vids: list[np.ndarray] = []
         reasons: Counter[str] = Counter()
         truncated = 0
         rows_read = 0
         for si, src in enumerate(self.sources):
             start = 0
-            for entries in src.scan_images(_SCAN_BATCH):
+            for entries in src.scan_media(_SCAN_BATCH):
                 if self.max_samples >= 0:  # data.{train,val}_max_samples: the first rows only
                     entries = entries[: max(0, self.max_samples - rows_read)]
                     if not entries:
@@ -133,8 +147,8 @@ class RLDataset:
                 stop = start + len(entries)
                 prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
                 rewards = src.meta.column(REWARD_KEY).slice(start, stop - start).to_pylist()
-                texts, counts, image_tokens = [], [], []
-                for k, (prompt, ents, reward) in enumerate(zip(prompts, entries, rewards)):
+                texts, counts, vcounts, image_tokens = [], [], [], []
+                for k, (prompt, (ents, vents), reward) in enumerate(zip(prompts, entries, rewards)):
                     r = start + k
                     problem = ground_truth_problem(reward)
                     if problem is not None:
@@ -142,38 +156,42 @@ class RLDataset:
                             f"{where(src.path, r)}: {problem}; a record without an answer cannot be scored (drop or "
                             "fix it: the preprocess scripts reject such rows into rejects.jsonl)"
                         )
-                    text, n = self._render_checked(src, r, prompt, ents)
+                    text, n = self._render_checked(src, r, prompt, ents, vents)
                     texts.append(text)
                     counts.append(n)
+                    vcounts.append(len(vents))
                     tokens = [self._image_tokens(src, r, j, e) for j, e in enumerate(ents)]
+                    tokens += [self._video_tokens(src, r, j, e) for j, e in enumerate(vents)]
                     image_tokens.append(None if None in tokens else sum(tokens))
                 ids = self._tokenize(texts)
                 rows = np.arange(start, stop)
                 length = np.empty(len(rows), dtype=np.int64)
                 keep = np.ones(len(rows), dtype=bool)
-                for k, (tid, n, itok) in enumerate(zip(ids, counts, image_tokens)):
+                for k, (tid, n, nv, itok) in enumerate(zip(ids, counts, vcounts, image_tokens)):
                     r = start + k
                     if itok is None:  # an image these pixel bounds cannot resize: dropped here, not at sampling
                         keep[k] = False
                         reasons["unresizable_image"] += 1
                         length[k] = 0
                         continue
-                    pads = sum(1 for t in tid if t == self.image_pad_id)
-                    if pads != n:
-                        raise DataError(
-                            f"{where(src.path, r)}: the rendered prompt has {pads} image pad token(s) for {n} image(s) "
-                            "(a literal image pad in the text, or a chat template that drops image parts)"
-                        )
-                    length[k] = len(tid) - n + itok
+                    for pad_id, what, want in ((self.image_pad_id, "image", n), (self.video_pad_id, "video", nv)):
+                        pads = sum(1 for t in tid if t == pad_id)
+                        if pads != want:
+                            raise DataError(
+                                f"{where(src.path, r)}: the rendered prompt has {pads} {what} pad token(s) for {want} "
+                                f"{what}(s) (a literal {what} pad in the text, or a chat template that drops {what} "
+                                "parts)"
+                            )
+                    length[k] = len(tid) - n - nv + itok
                     if length[k] <= self.max_prompt_length:
                         continue
-                    if n > 0:
+                    if n + nv > 0:
                         if not self.filter_overlong:
                             raise DataError(
-                                f"{where(src.path, r)}: prompt is {length[k]} tokens ({itok} of them image tokens) > "
-                                f"data.max_prompt_length={self.max_prompt_length}; a prompt with images is never "
-                                "truncated: set data.filter_overlong_prompts=true, raise max_prompt_length or lower "
-                                "data.max_pixels"
+                                f"{where(src.path, r)}: prompt is {length[k]} tokens ({itok} of them image and video "
+                                f"tokens) > data.max_prompt_length={self.max_prompt_length}; a prompt with images or "
+                                "videos is never truncated: set data.filter_overlong_prompts=true, raise "
+                                "max_prompt_length or lower data.max_pixels / data.video_max_pixels"
                             )
                         keep[k] = False
                         reasons["overlong_with_images"] += 1
@@ -193,6 +211,7 @@ class RLDataset:
                 kept_row.append(rows[keep])
                 lengths.append(length[keep])
                 n_imgs.append(np.asarray(counts, dtype=np.int32)[keep])
+                n_vids.append(np.asarray(vcounts, dtype=np.int32)[keep])
                 rows_read += len(rows)
                 start = stop
         self._src = np.concatenate(kept_src) if kept_src else np.zeros(0, np.int32)
@@ -201,6 +220,8 @@ class RLDataset:
         """Prompt length in tokens (image tokens included) of each kept record."""
         self.num_images = np.concatenate(n_imgs) if n_imgs else np.zeros(0, np.int32)
         """Images of each kept record."""
+        self.num_videos = np.concatenate(n_vids) if n_vids else np.zeros(0, np.int32)
+        """Videos of each kept record."""
         filtered = sum(reasons.values())
         self.report: dict[str, Any] = {
             "split": self.split,
@@ -216,13 +237,16 @@ class RLDataset:
             "prompt_length_max": int(self.prompt_lengths.max()) if len(self) else 0,
             "prompt_length_mean": round(float(self.prompt_lengths.mean()), 1) if len(self) else 0.0,
             "max_images_per_prompt": self.max_images_per_prompt,
-            "text_only_prompts": int((self.num_images == 0).sum()),
+            "max_videos_per_prompt": self.max_videos_per_prompt,
+            "text_only_prompts": int(((self.num_images + self.num_videos) == 0).sum()),
             "pixel_bounds": list(self.pixel_bounds),
             "max_samples": self.max_samples,
             "seconds": round(time.perf_counter() - started, 3),
         }
 
-    def _render_checked(self, src: ParquetSource, r: int, prompt: Any, entries: list[Any]) -> tuple[str, int]:
+    def _render_checked(
+        self, src: ParquetSource, r: int, prompt: Any, entries: list[Any], videos: list[VideoEntry]
+    ) -> tuple[str, int]:
         try:
             messages, n = build_messages(prompt, self.system_prompt)
         except TypeError as e:
@@ -232,6 +256,13 @@ class RLDataset:
             raise DataError(
                 f"{where(src.path, r)}: {n} <image> placeholder(s) in the prompt but {len(entries)} image(s) "
                 f"in column {self.image_key!r}{missing}"
+            )
+        nv = count_videos(messages)
+        if nv != len(videos):
+            missing = "" if src.has_videos else f" (the file has no column {self.video_key!r}: data.video_key)"
+            raise DataError(
+                f"{where(src.path, r)}: {nv} <video> placeholder(s) in the prompt but {len(videos)} video(s) "
+                f"in column {self.video_key!r}{missing}"
             )
         try:
             return self._render(messages), n
@@ -249,6 +280,17 @@ class RLDataset:
             return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
         except ValueError as e:  # aspect ratio over 200, or a side below one patch after resizing
             self._first_filtered.setdefault("unresizable_image", f"{where(src.path, r)}: image {j}: {e}")
+            return None
+
+    def _video_tokens(self, src: ParquetSource, r: int, j: int, entry: VideoEntry) -> int | None:
+        """Video tokens of a video (from headers), or None when its frames cannot be resized within the bounds (the
+        row is then filtered and counted like an unresizable image)."""
+        try:
+            return video_tokens(entry, src.base_dir, self.video_rules)
+        except DataError as e:
+            raise DataError(f"{where(src.path, r)}: video {j}: {e}") from None
+        except ValueError as e:
+            self._first_filtered.setdefault("unresizable_image", f"{where(src.path, r)}: video {j}: {e}")
             return None
 
     def _render(self, messages: list[dict[str, Any]]) -> str:
@@ -285,6 +327,11 @@ class RLDataset:
     def max_images_per_prompt(self) -> int:
         """The most images any kept prompt holds (the engine's ``limit_mm_per_prompt``)."""
         return int(self.num_images.max()) if len(self) else 0
+
+    @property
+    def max_videos_per_prompt(self) -> int:
+        """The most videos any kept prompt holds (the engine's ``limit_mm_per_prompt``)."""
+        return int(self.num_videos.max()) if len(self) else 0
 
     def source_of(self, index: int) -> tuple[str, int]:
         """(file, row) of a kept record."""
@@ -348,17 +395,25 @@ class RLDataset:
                 raise DataError(f"image {j}: {e}") from None
             except ValueError as e:
                 raise DataError(f"image {j}: {e}") from None
+        videos = []
+        for j, entry in enumerate(src.videos(r)):
+            try:
+                videos.append(build_video(entry, src.base_dir, self.video_rules))
+            except (DataError, ValueError) as e:
+                raise DataError(f"video {j}: {e}") from None
+        if count_videos(messages) != len(videos):
+            raise DataError(f"{count_videos(messages)} <video> placeholder(s) but {len(videos)} video(s)")
         with self._token_lock:  # a fast tokenizer must not be entered from two threads at once ("Already borrowed")
             prompt_text = self._render(messages)
             ids = self._ids_cache.get(prompt_text)
             if ids is None:
                 try:
-                    ids = tuple(qwen_vl.engine_prompt_ids(self.tokenizer, prompt_text, n))
+                    ids = tuple(qwen_vl.engine_prompt_ids(self.tokenizer, prompt_text, n, len(videos)))
                 except ValueError as e:
                     raise DataError(str(e)) from None
                 self._ids_cache.put(prompt_text, ids)
         ids = list(ids)
-        if n == 0 and len(ids) > self.max_prompt_length:
+        if n == 0 and not videos and len(ids) > self.max_prompt_length:
             if self.truncation == "error":  # only reachable when the files changed since construction
                 raise DataError(f"text-only prompt is {len(ids)} tokens > {self.max_prompt_length}")
             ids = ids[-self.max_prompt_length :] if self.truncation == "left" else ids[: self.max_prompt_length]
@@ -377,6 +432,7 @@ class RLDataset:
             ground_truth=reward.get("ground_truth") if isinstance(reward, dict) else None,
             extra_info=dict(row.get("extra_info") or {}),
             source_images=sources,
+            videos=videos,
         )
 
     # --------------------------------------------------------------------------------------------------- report
@@ -390,7 +446,9 @@ class RLDataset:
             f"filtered {r['filtered']}"
             + (f" ({why}; max_prompt_length {r['max_prompt_length']})" if why else "")
             + f"; prompt length max {r['prompt_length_max']} mean {r['prompt_length_mean']}; "
-            f"max images/prompt {r['max_images_per_prompt']}; {r['seconds']:.2f} s"
+            f"max images/prompt {r['max_images_per_prompt']}"
+            + (f", videos/prompt {r['max_videos_per_prompt']}" if r.get("max_videos_per_prompt") else "")
+            + f"; {r['seconds']:.2f} s"
         )
         for reason, example in r.get("first_filtered", {}).items():
             text += f"\n[data:{r['split']}] filtered as {reason}, e.g. {example}"

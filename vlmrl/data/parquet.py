@@ -1,5 +1,6 @@
-"""Reading verl-schema parquet files with bounded memory: a file's text columns as Arrow tables, its image column
-one row group at a time through a small LRU (``ParquetSource``), and the column checks that name file, row and key.
+"""Reading verl-schema parquet files with bounded memory: a file's text columns as Arrow tables, its image and video
+columns one row group at a time through a small LRU (``ParquetSource``), and the column checks that name file, row
+and key.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlmrl.data.records import DataError, image_entries, where
+from vlmrl.data.video import VideoEntry, video_entries
 
 
 class LRU:
@@ -56,27 +58,32 @@ def normalize_files(files: Any) -> list[str]:
 
 
 class ParquetSource:
-    """One parquet file: non-image columns in memory as an Arrow table; the image column read a row group at a time
-    (memory-mapped file, LRU of ``cache_row_groups`` groups, Arrow buffers only: nothing decoded is kept)."""
+    """One parquet file: non-media columns in memory as an Arrow table; the image and video columns read a row group
+    at a time (memory-mapped file, LRU of ``cache_row_groups`` groups, Arrow buffers only: nothing decoded is kept)."""
 
-    def __init__(self, path: str, image_key: str, cache_row_groups: int = 2) -> None:
+    def __init__(self, path: str, image_key: str, cache_row_groups: int = 2, video_key: str | None = None) -> None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"data file not found: {path}")
         self.path = path
         self.base_dir = str(Path(path).resolve().parent)
         self.image_key = image_key
+        self.video_key = video_key
         self.cache_row_groups = max(1, cache_row_groups)
         pf = self._file()
         md = pf.metadata
         self.num_rows = md.num_rows
         self.columns = pf.schema_arrow.names
         self.has_images = image_key in self.columns
+        self.has_videos = video_key is not None and video_key in self.columns and video_key != image_key
         if self.has_images:
             check_image_column(pf.schema_arrow.field(image_key).type, path, image_key)
+        if self.has_videos:
+            check_video_column(pf.schema_arrow.field(video_key).type, path, str(video_key))
+        self.media_keys = [k for k, on in ((image_key, self.has_images), (video_key, self.has_videos)) if on]
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.group_starts = np.cumsum([0, *sizes])
-        self.meta = pf.read(columns=[c for c in self.columns if c != image_key])
-        self._cache: OrderedDict[int, pa.ChunkedArray] = OrderedDict()
+        self.meta = pf.read(columns=[c for c in self.columns if c not in self.media_keys])
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._lock = threading.Lock()
         for name in self.meta.column_names:
             check_text(self.meta.column(name), self.path, name)
@@ -99,46 +106,59 @@ class ParquetSource:
         self._lock = threading.Lock()
 
     def row(self, r: int) -> dict[str, Any]:
-        """The non-image columns of row ``r`` as Python values."""
+        """The non-media columns of row ``r`` as Python values."""
         return self.meta.slice(r, 1).to_pylist()[0]
 
-    def images(self, r: int) -> list[Any]:
-        """The image entries (``{bytes, path}`` structs) of row ``r``."""
-        if not self.has_images:
-            return []
+    def _media(self, r: int, key: str) -> Any:
         g = int(np.searchsorted(self.group_starts, r, side="right")) - 1
         with self._lock:
-            col = self._cache.get(g)
-            if col is None:
-                col = self._file().read_row_group(g, columns=[self.image_key]).column(0)
-                self._cache[g] = col
+            table = self._cache.get(g)
+            if table is None:
+                table = self._file().read_row_group(g, columns=self.media_keys)
+                self._cache[g] = table
                 while len(self._cache) > self.cache_row_groups:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(g)
-        return image_entries(col[r - int(self.group_starts[g])].as_py())
+        return table.column(key)[r - int(self.group_starts[g])].as_py()
 
-    def scan_images(self, batch_size: int) -> Any:
-        """Image entries of every row, in order, one batch at a time (construction-time scan; bypasses the LRU).
+    def images(self, r: int) -> list[Any]:
+        """The image entries (``{bytes, path}`` structs) of row ``r``."""
+        return image_entries(self._media(r, self.image_key)) if self.has_images else []
 
-        Raises ``DataError`` naming file, row and column for a value that is not images or a path that is not
-        UTF-8."""
-        if not self.has_images:
+    def videos(self, r: int) -> list[VideoEntry]:
+        """The video entries of row ``r``."""
+        return video_entries(self._media(r, str(self.video_key))) if self.has_videos else []
+
+    def scan_media(self, batch_size: int) -> Any:
+        """``(image entries, video entries)`` of every row, in order, one batch at a time (construction-time scan;
+        bypasses the LRU).
+
+        Raises ``DataError`` naming file, row and column for a value that is not images (videos) or a path that is
+        not UTF-8."""
+        if not self.media_keys:
             for start in range(0, self.num_rows, batch_size):
-                yield [[] for _ in range(min(batch_size, self.num_rows - start))]
+                yield [([], []) for _ in range(min(batch_size, self.num_rows - start))]
             return
         start = 0
-        for batch in self._file().iter_batches(batch_size=batch_size, columns=[self.image_key]):
-            col = batch.column(0)
-            check_text(col, self.path, self.image_key, start)
-            entries = []
-            for k, value in enumerate(col.to_pylist()):
-                try:
-                    entries.append(image_entries(value))
-                except DataError as e:
-                    raise DataError(f"{where(self.path, start + k)}: column {self.image_key!r}: {e}") from None
-            yield entries
-            start += len(col)
+        for batch in self._file().iter_batches(batch_size=batch_size, columns=self.media_keys):
+            cols: dict[str, list[Any]] = {}
+            for key, parse in ((self.image_key, image_entries), (self.video_key, video_entries)):
+                if key not in self.media_keys:
+                    continue
+                col = batch.column(self.media_keys.index(key))
+                check_text(col, self.path, key, start)
+                cols[key] = []
+                for k, value in enumerate(col.to_pylist()):
+                    try:
+                        cols[key].append(parse(value))
+                    except DataError as e:
+                        raise DataError(f"{where(self.path, start + k)}: column {key!r}: {e}") from None
+            n = batch.num_rows
+            imgs = cols.get(self.image_key, [[] for _ in range(n)])
+            vids = cols.get(str(self.video_key), [[] for _ in range(n)])
+            yield list(zip(imgs, vids))
+            start += n
 
 
 def check_image_column(kind: pa.DataType, path: str, key: str) -> None:
@@ -159,6 +179,23 @@ def check_image_column(kind: pa.DataType, path: str, key: str) -> None:
         raise DataError(
             f"{path}: data.image_key={key!r} names a column of type {kind}, not images; verl's schema stores a list of "
             "{bytes, path} structs per record (set data.image_key to the image column)"
+        )
+
+
+def check_video_column(kind: pa.DataType, path: str, key: str) -> None:
+    """Raise ``DataError`` naming the key and the file when the video column cannot hold videos: a list of structs
+    (vlmrl's ``{frames | video, ...}``, verl's ``{video, ...}``) or of path strings."""
+    inner = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    ok = inner is not None and (
+        pa.types.is_null(inner)
+        or pa.types.is_string(inner)
+        or pa.types.is_large_string(inner)
+        or (pa.types.is_struct(inner) and (inner.get_field_index("frames") >= 0 or inner.get_field_index("video") >= 0))
+    )
+    if not ok:
+        raise DataError(
+            f"{path}: data.video_key={key!r} names a column of type {kind}, not videos; a record's videos are a list "
+            "of {frames | video, ...} structs (set data.video_key to the video column)"
         )
 
 

@@ -1,10 +1,12 @@
-"""Turning one parquet record into a chat and images: ``<image>`` placeholders → image content parts, image structs →
-decoded RGB images (or only their header size), and the error every bad record raises (``DataError``)."""
+"""Turning one parquet record into a chat and images: ``<image>`` / ``<video>`` placeholders → image / video content
+parts, image structs → decoded RGB images (or only their header size), and the error every bad record raises
+(``DataError``). Video entries are read in ``data.video``."""
 
 from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,11 @@ from PIL import Image
 
 IMAGE_PLACEHOLDER = "<image>"
 """The image placeholder in prompt text; one per image of the record."""
+
+VIDEO_PLACEHOLDER = "<video>"
+"""The video placeholder in prompt text (verl's); one per video of the record."""
+
+_PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 
 MAX_IMAGE_FILE_BYTES = 256 * 2**20
 """An image file larger than this is refused (256 MiB: far above any real image; a guard against ``/dev/zero``-like
@@ -32,24 +39,28 @@ def where(file: str | os.PathLike, row: int) -> str:
 
 
 def split_placeholders(text: str) -> list[dict[str, Any]]:
-    """``"<image>What is x?"`` → ``[{"type": "image"}, {"type": "text", "text": "What is x?"}]`` (empty text parts
-    between placeholders are dropped)."""
+    """``"<image>What is x?"`` → ``[{"type": "image"}, {"type": "text", "text": "What is x?"}]``; ``<video>`` becomes
+    ``{"type": "video"}`` (empty text parts between placeholders are dropped)."""
     parts: list[dict[str, Any]] = []
-    for k, chunk in enumerate(text.split(IMAGE_PLACEHOLDER)):
-        if k > 0:
+    for chunk in _PLACEHOLDERS.split(text):
+        if chunk == IMAGE_PLACEHOLDER:
             parts.append({"type": "image"})
-        if chunk:
+        elif chunk == VIDEO_PLACEHOLDER:
+            parts.append({"type": "video"})
+        elif chunk:
             parts.append({"type": "text", "text": chunk})
     return parts
 
 
 def _content_parts(content: Any) -> tuple[Any, int]:
-    """A message's content with placeholders turned into image parts, and how many images it refers to."""
+    """A message's content with placeholders turned into image and video parts, and how many images it refers to."""
     if content is None:
         return "", 0
     if isinstance(content, str):
-        n = content.count(IMAGE_PLACEHOLDER)
-        return (split_placeholders(content), n) if n else (content, 0)
+        if not _PLACEHOLDERS.search(content):
+            return content, 0
+        parts = split_placeholders(content)
+        return parts, sum(1 for p in parts if p["type"] == "image")
     if isinstance(content, (list, tuple)):  # already structured: split placeholders inside its text parts
         out: list[dict[str, Any]] = []
         n = 0
@@ -64,18 +75,32 @@ def _content_parts(content: Any) -> tuple[Any, int]:
             elif kind == "image" or "image" in part or "image_url" in part:
                 out.append({"type": "image"})
                 n += 1
+            elif kind == "video" or "video" in part:
+                out.append({"type": "video"})
             else:
                 out.append({k: v for k, v in part.items() if v is not None})
         return out, n
     raise TypeError(f"message content is {type(content).__name__}, expected a string or a list of parts")
 
 
+def count_videos(messages: list[dict[str, Any]]) -> int:
+    """Video parts in a chat built by ``build_messages`` (one per ``<video>`` placeholder)."""
+    return sum(
+        1
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, dict) and p.get("type") == "video"
+    )
+
+
 def build_messages(prompt: Any, system_prompt: str | None = None) -> tuple[list[dict[str, Any]], int]:
     """The chat of a record's prompt column, and the number of images it refers to.
 
     ``prompt`` is verl's ``[{role, content}]`` list (or a bare string, taken as one user message). ``<image>`` in a
-    content string becomes a ``{"type": "image"}`` part with the text split around it; messages without images keep
-    a string content. ``system_prompt`` is prepended when set and the chat has no system message."""
+    content string becomes a ``{"type": "image"}`` part with the text split around it (``<video>`` a ``{"type":
+    "video"}`` part: ``count_videos`` counts them); messages without either keep a string content. ``system_prompt``
+    is prepended when set and the chat has no system message."""
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, (list, tuple)) or not prompt:
@@ -134,14 +159,15 @@ def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path
     raise DataError("image entry has neither bytes nor path")
 
 
-def confined_path(path: str, base_dir: str | os.PathLike) -> Path:
-    """The file an image path names, resolved against ``base_dir`` (the parquet file's folder), or ``DataError``:
-    a path a dataset stores may not leave that folder (``../``, an absolute path elsewhere, a symlink out of it)."""
+def confined_path(path: str, base_dir: str | os.PathLike, kind: str = "image") -> Path:
+    """The file an image (or video: ``kind``) path names, resolved against ``base_dir`` (the parquet file's folder),
+    or ``DataError``: a path a dataset stores may not leave that folder (``../``, an absolute path elsewhere, a
+    symlink out of it)."""
     base = Path(base_dir).resolve()
     p = Path(path.removeprefix("file://")).expanduser()
     full = (p if p.is_absolute() else base / p).resolve()
     if not full.is_relative_to(base):
-        raise DataError(f"image path {path!r} leaves the data folder {base} (a dataset may only name files inside it)")
+        raise DataError(f"{kind} path {path!r} leaves the data folder {base} (a dataset may only name files inside it)")
     return full
 
 

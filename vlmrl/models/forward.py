@@ -1,16 +1,20 @@
 """The trainer's forward passes over a batch of prompt+response samples (``models.inputs.ModelInputs``).
 
 - :func:`response_logprobs` is what the policy calls: per-token log-probs (and entropy) of the responses.
-- Each distinct prompt's image features are computed once per micro-batch and shared by its samples; the prompt
+- Each distinct prompt's image and video features are computed once per micro-batch (one vision-tower pass for all of
+  them) and shared by its samples; the prompt
   itself also runs once, its KV cache serving all of its samples (:func:`shared_prompt_logits`), except under
   gradient checkpointing in training mode, where transformers keeps no KV cache and every sample runs its full
   sequence (:func:`full_sequence_logits`). Both give the same values and gradients (tests/test_models.py).
-- A micro-batch without images runs the vision tower on a dummy input so every FSDP rank joins the same collectives.
-- M-RoPE positions come from the model itself (``mm_token_type_ids``, transformers 5).
+- A micro-batch without images or videos runs the vision tower on a dummy input so every FSDP rank joins the same
+  collectives.
+- M-RoPE positions are given to the model, built by ``qwen_vl.rope_index`` as the engine builds them (transformers 5's
+  own differ after a video).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +22,24 @@ import torch
 from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import ModelInputs
 from vlmrl.models.qwen_vl import VisionTokenIds
+
+
+@dataclass
+class Vision:
+    """The vision inputs of a batch of sequences: features (one row per pad, in order) and the grids that place them
+    (one row per item occurrence, row after row)."""
+
+    image_embeds: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    video_embeds: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
+
+    def encoder_outputs(self) -> dict[str, Any] | None:
+        """The features as the model's forward takes them (None without any)."""
+        if self.image_embeds is None and self.video_embeds is None:
+            return None
+        return qwen_vl.encoder_outputs(self.image_embeds, self.video_embeds)
 
 
 def forward_logits(
@@ -29,29 +51,30 @@ def forward_logits(
     image_grid_thw: torch.Tensor | None = None,
     image_embeds: torch.Tensor | None = None,
     logits_to_keep: int = 0,
+    vision: Vision | None = None,
 ) -> torch.Tensor:
     """Logits of a padded batch of prompt+response sequences with correct M-RoPE positions.
 
     Pass either ``pixel_values`` (the model encodes the images) or precomputed ``image_embeds`` (one row per image
-    pad of the batch, in order: features computed once per prompt and repeated for its n samples).
-    ``image_grid_thw`` lists one row per image occurrence in the batch either way (it drives the positions).
-    ``logits_to_keep`` > 0 computes the head only on the last positions (left-padded prompts + right-padded responses
-    put every response in the same trailing columns), which saves a [B, T, vocab] tensor.
-    Always called on the root module, so FSDP2's root hooks run.
+    pad of the batch, in order: features computed once per prompt and repeated for its n samples), or ``vision``
+    (precomputed image and video features with their grids). ``image_grid_thw`` lists one row per image occurrence in
+    the batch either way (it drives the positions). ``logits_to_keep`` > 0 computes the head only on the last
+    positions (left-padded prompts + right-padded responses put every response in the same trailing columns), which
+    saves a [B, T, vocab] tensor. Always called on the root module, so FSDP2's root hooks run.
     """
+    if vision is None:
+        vision = Vision(image_embeds, image_grid_thw)
     kwargs: dict[str, Any] = {
         "attention_mask": attention_mask,
         "use_cache": False,
-        "mm_token_type_ids": qwen_vl.mm_token_type_ids(input_ids, vision_ids),
+        "position_ids": rope_position_ids(model, input_ids, attention_mask, vision_ids, vision),
     }
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
-    if image_grid_thw is not None and image_grid_thw.numel() > 0:
-        kwargs["image_grid_thw"] = image_grid_thw
-        if image_embeds is None:
-            kwargs["pixel_values"] = pixel_values
-        else:
-            kwargs["mm_encoder_outputs"] = qwen_vl.encoder_outputs(image_embeds)
+    if pixel_values is not None and vision.image_embeds is None and vision.image_grid_thw is not None:
+        kwargs.update(pixel_values=pixel_values, image_grid_thw=vision.image_grid_thw)
+    elif (outputs := vision.encoder_outputs()) is not None:
+        kwargs["mm_encoder_outputs"] = outputs
     return model(input_ids=input_ids, **kwargs).logits
 
 
@@ -60,19 +83,21 @@ def rope_position_ids(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     vision_ids: VisionTokenIds,
-    image_grid_thw: torch.Tensor | None,
+    vision: Vision | torch.Tensor | None,
 ) -> torch.Tensor:
-    """3-D M-RoPE position ids [3, B, T] of a padded batch, from the model's own ``get_rope_index``."""
-    if image_grid_thw is None or image_grid_thw.numel() == 0:
+    """3-D M-RoPE position ids [3, B, T] of a padded batch (``qwen_vl.rope_index``: the engine's positions);
+    ``vision`` holds the batch's grids (a bare tensor: image grids only)."""
+    if not isinstance(vision, Vision):
+        vision = Vision(image_grid_thw=vision)
+    has = any(g is not None and g.numel() > 0 for g in (vision.image_grid_thw, vision.video_grid_thw))
+    if not has:
         # text only: plain positions over the real tokens, the same on all three axes
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return pos.unsqueeze(0).expand(3, -1, -1)
-    return qwen_vl.inner_model(model).get_rope_index(
-        input_ids,
-        image_grid_thw=image_grid_thw,
-        attention_mask=attention_mask,
-        mm_token_type_ids=qwen_vl.mm_token_type_ids(input_ids, vision_ids),
-    )[0]
+    return qwen_vl.rope_index(
+        input_ids, attention_mask, vision_ids, qwen_vl.inner_model(model).config,
+        vision.image_grid_thw, vision.video_grid_thw, vision.second_per_grid_ts,
+    )  # fmt: skip
 
 
 def shared_prompt_logits(
@@ -85,6 +110,7 @@ def shared_prompt_logits(
     vision_ids: VisionTokenIds,
     image_grid_thw: torch.Tensor | None = None,
     image_embeds: torch.Tensor | None = None,
+    vision: Vision | None = None,
 ) -> torch.Tensor:
     """Logits [B, R, V] predicting each response token, running every distinct prompt ONCE.
 
@@ -93,22 +119,23 @@ def shared_prompt_logits(
     prompts with equal token ids may carry different images). The prompts run as a batch of U with a KV
     cache; the cache is indexed out to the B samples (gradients flow back through it) and only the R response columns
     run per sample. The n samples of a GRPO group then cost one prompt pass instead of n. ``image_grid_thw`` /
-    ``image_embeds`` cover the images of the U prompts in order.
+    ``image_embeds`` (or ``vision``, videos included) cover the images of the U prompts in order.
     """
+    if vision is None:
+        vision = Vision(image_embeds, image_grid_thw)
     P = input_ids.shape[1] - response_len
     rows = prompt_rows.to(input_ids.device)
     p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
     inv = sample_prompt.to(input_ids.device)
     if not bool((input_ids[:, :P] == p_ids[inv]).all()):
         raise ValueError("shared-prompt forward: a sample's prompt ids differ from its prompt's")
-    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, image_grid_thw)
+    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, vision)
     last = p_pos.amax(dim=(0, 2))  # [U] highest prompt position; responses continue from it
     offs = (attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
     r_pos = (last[inv].unsqueeze(-1) + 1 + offs).unsqueeze(0).expand(3, -1, -1)
     kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
-    if image_grid_thw is not None and image_grid_thw.numel() > 0:
-        kwargs["image_grid_thw"] = image_grid_thw
-        kwargs["mm_encoder_outputs"] = qwen_vl.encoder_outputs(image_embeds)
+    if (outputs := vision.encoder_outputs()) is not None:
+        kwargs["mm_encoder_outputs"] = outputs
     out = model(input_ids=p_ids, **kwargs)
     first = out.logits[:, -1][inv]  # predicts each sample's first response token
     cache = out.past_key_values
@@ -132,60 +159,81 @@ def checkpointing_in_training(model: torch.nn.Module) -> bool:
     return bool(model.training and getattr(base, "is_gradient_checkpointing", False))
 
 
-def _vision_features(
-    model: torch.nn.Module, mb: ModelInputs
-) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor]:
-    """Image features per distinct prompt of the micro-batch (computed once) and per row whose response holds tool
-    images (multi-turn), from ONE vision-tower pass, and the dummy-vision term (exactly 0). Every micro-batch runs
-    the tower exactly once (a micro-batch without images on a dummy input), so every FSDP rank joins the same
-    collectives whatever its samples hold."""
+@dataclass
+class _Features:
+    """A micro-batch's vision features from its one tower pass: per distinct prompt (images, videos) and per row
+    whose response holds tool images."""
+
+    images: dict[int, torch.Tensor]
+    videos: dict[int, torch.Tensor]
+    tool: dict[int, torch.Tensor]
+    dummy: torch.Tensor | None = None
+    """Without images or videos: zero rows of the dummy features, the forward's (empty) image features."""
+
+
+def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features, torch.Tensor]:
+    """Image and video features per distinct prompt of the micro-batch (computed once) and per row whose response
+    holds tool images (multi-turn), from ONE vision-tower pass, and the dummy-vision term (exactly 0). Every
+    micro-batch runs the tower exactly once (a micro-batch without images or videos on a dummy input), so every FSDP
+    rank joins the same collectives whatever its samples hold."""
     device = mb.input_ids.device
-    with_images = [p for p in sorted(set(mb.prompt_of.tolist())) if mb.images[p].num_images > 0]
+    prompts = sorted(set(mb.prompt_of.tolist()))
+    with_images = [p for p in prompts if mb.images[p].num_images > 0]
+    with_videos = [p for p in prompts if mb.images[p].num_videos > 0]
     tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
-    parts = [mb.images[p] for p in with_images] + [mb.sample_images[r] for r in tool_rows]  # type: ignore[index]
+    parts = [(mb.images[p].pixel_values, mb.images[p].image_grid_thw) for p in with_images]
+    parts += [(mb.images[p].pixel_values_videos, mb.images[p].video_grid_thw) for p in with_videos]
+    parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].image_grid_thw) for r in tool_rows]  # type: ignore[index]
     if not parts:
-        return {}, {}, qwen_vl.dummy_vision_loss(model)
-    pv = torch.cat([i.pixel_values for i in parts]).to(device)
-    g = torch.cat([i.image_grid_thw for i in parts]).to(device)
+        dummy = qwen_vl.dummy_vision_features(model)
+        return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
+    pv = torch.cat([pix for pix, _ in parts]).to(device)
+    g = torch.cat([grid for _, grid in parts]).to(device)
     feats = qwen_vl.image_embeddings(model, pv, g)
     merge = qwen_vl.vision_tower(model).spatial_merge_size
-    split = torch.split(feats, [sum(qwen_vl.tokens_per_image(i.image_grid_thw, merge)) for i in parts])
-    k = len(with_images)
-    return dict(zip(with_images, split[:k])), dict(zip(tool_rows, split[k:])), torch.zeros((), device=device)
+    split = torch.split(feats, [sum(qwen_vl.tokens_per_image(grid, merge)) for _, grid in parts])
+    a, b = len(with_images), len(with_images) + len(with_videos)
+    out = _Features(
+        dict(zip(with_images, split[:a])), dict(zip(with_videos, split[a:b])), dict(zip(tool_rows, split[b:]))
+    )
+    return out, torch.zeros((), device=device)
 
 
-def _images_of(
-    mb: ModelInputs, feats: dict[int, torch.Tensor], prompts: list[int]
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Features and grid rows for the given prompt sequence (one entry per occurrence)."""
-    used = [p for p in prompts if p in feats]
-    if not used:
-        return None, None
-    grid = torch.cat([mb.images[p].image_grid_thw for p in used]).to(mb.input_ids.device)
-    return torch.cat([feats[p] for p in used]), grid
+def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, int | None]]) -> Vision:
+    """Features and grids for a sequence of (prompt, row) occurrences, in order: each prompt's images and videos, then
+    the row's tool images (row None: none)."""
+    device = mb.input_ids.device
+    img, igrid, vid, vgrid, secs = [], [], [], [], []
+    for p, row in occurrences:
+        if p in feats.images:
+            img.append(feats.images[p])
+            igrid.append(mb.images[p].image_grid_thw)
+        if row is not None and row in feats.tool:
+            img.append(feats.tool[row])
+            igrid.append(mb.sample_images[row].image_grid_thw)  # type: ignore[index]
+        if p in feats.videos:
+            vid.append(feats.videos[p])
+            vgrid.append(mb.images[p].video_grid_thw)
+            secs.append(mb.images[p].second_per_grid_ts)
+    if not img and not vid and feats.dummy is not None:
+        return Vision(image_embeds=feats.dummy)  # no pad takes them: only their gradient's path matters
+    return Vision(
+        torch.cat(img) if img else None, torch.cat(igrid).to(device) if igrid else None,
+        torch.cat(vid) if vid else None, torch.cat(vgrid).to(device) if vgrid else None,
+        torch.cat(secs) if secs else None,
+    )  # fmt: skip
 
 
 def full_sequence_logits(
     model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [b, R, V] predicting each response token, every sample running its whole prompt+response (prompt image
-    features still computed once per prompt; images inside a response, from tools, follow their prompt's in the
-    row's order), and the dummy-vision term."""
-    feats, tool, extra = _vision_features(model, mb)
-    embeds, grids = [], []
-    for row, p in enumerate(mb.prompt_of.tolist()):
-        if p in feats:
-            embeds.append(feats[p])
-            grids.append(mb.images[p].image_grid_thw)
-        if row in tool:
-            embeds.append(tool[row])
-            grids.append(mb.sample_images[row].image_grid_thw)  # type: ignore[index]
+    and video features still computed once per prompt; images inside a response, from tools, follow their prompt's
+    in the row's order), and the dummy-vision term."""
+    feats, extra = _vision_features(model, mb)
+    vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(mb.prompt_of.tolist())])
     R = mb.responses.shape[1]
-    logits = forward_logits(
-        model, mb.input_ids, mb.attention_mask, vision_ids,
-        image_grid_thw=torch.cat(grids).to(mb.input_ids.device) if grids else None,
-        image_embeds=torch.cat(embeds) if embeds else None, logits_to_keep=R + 1,
-    )  # fmt: skip
+    logits = forward_logits(model, mb.input_ids, mb.attention_mask, vision_ids, logits_to_keep=R + 1, vision=vision)
     return logits[:, :-1], extra
 
 
@@ -194,12 +242,11 @@ def shared_sample_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [b, R, V] predicting each response token, each distinct prompt running once (its KV cache shared by
     its samples: :func:`shared_prompt_logits`), and the dummy-vision term."""
-    feats, _, extra = _vision_features(model, mb)  # no response images here (those take the full sequence)
+    feats, extra = _vision_features(model, mb)  # no response images here (those take the full sequence)
     order = sorted(set(mb.prompt_of.tolist()))
     first_row: dict[int, int] = {}
     for row, p in enumerate(mb.prompt_of.tolist()):
         first_row.setdefault(p, row)
-    embeds, grid = _images_of(mb, feats, order)
     logits = shared_prompt_logits(
         model,
         mb.input_ids,
@@ -208,8 +255,7 @@ def shared_sample_logits(
         torch.tensor([first_row[p] for p in order]),
         torch.tensor([order.index(p) for p in mb.prompt_of.tolist()]),
         vision_ids,
-        image_grid_thw=grid,
-        image_embeds=embeds,
+        vision=_vision_of(mb, feats, [(p, None) for p in order]),
     )
     return logits, extra
 

@@ -1,8 +1,8 @@
 """Model inputs for the policy's forward passes, built from prompts and a rollout batch.
 
 Layout (verl's): prompts left-padded to P columns, responses right-padded to R columns, so every response occupies the
-same trailing columns and the head runs only there (``logits_to_keep``). Image pixels are processed once per prompt;
-image features are computed once per prompt in each micro-batch and shared by the prompt's samples.
+same trailing columns and the head runs only there (``logits_to_keep``). Image pixels and video frames are processed
+once per prompt; their features are computed once per prompt in each micro-batch and shared by the prompt's samples.
 """
 
 from __future__ import annotations
@@ -12,20 +12,32 @@ from typing import Any
 
 import torch
 
-from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.batch import PromptSample, RolloutBatch, Video
+from vlmrl.models import qwen_vl
 
 
 @dataclass
 class PromptImages:
-    """Processor output for one prompt's images (empty for text-only prompts)."""
+    """Processor output for one prompt's images and videos (empty for text-only prompts)."""
 
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
+    pixel_values_videos: torch.Tensor | None = None
+    """The videos' frame patches (the video processor's output)."""
+    video_grid_thw: torch.Tensor | None = None
+    """(t, h, w) patch grid of each video."""
+    second_per_grid_ts: torch.Tensor | None = None
+    """Seconds per temporal patch of each video (float32, as the processor gives it)."""
 
     @property
     def num_images(self) -> int:
         """Images of the prompt."""
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_videos(self) -> int:
+        """Videos of the prompt."""
+        return 0 if self.video_grid_thw is None else int(self.video_grid_thw.shape[0])
 
 
 @dataclass
@@ -77,15 +89,28 @@ class ModelInputs:
         )
 
 
+def process_videos(processor: Any, videos: list[Video]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pixel_values_videos, video_grid_thw, second_per_grid_ts) of videos whose frames are already sampled and
+    resized (the video processor only patchifies; nothing is sampled again), as the engine's processor makes them."""
+    vp = processor.video_processor
+    enc = vp(videos=[v.frames for v in videos], return_tensors="pt", do_sample_frames=False, cap_pixels_per_frame=False)
+    tps = int(getattr(vp, "temporal_patch_size", qwen_vl.FRAME_FACTOR))
+    seconds = torch.tensor([qwen_vl.second_per_grid_ts(v.sample_fps, tps) for v in videos], dtype=torch.float32)
+    return enc["pixel_values_videos"], enc["video_grid_thw"], seconds
+
+
 def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
-    """Run the image processor once per prompt (the images are already resized, so it only patchifies)."""
+    """Run the image and video processors once per prompt (images and frames are already resized, so they only
+    patchify)."""
     out = []
     for p in prompts:
-        if not p.images:
-            out.append(PromptImages(None, None))
-            continue
-        enc = processor.image_processor(images=p.images, return_tensors="pt")
-        out.append(PromptImages(enc["pixel_values"], enc["image_grid_thw"]))
+        item = PromptImages(None, None)
+        if p.images:
+            enc = processor.image_processor(images=p.images, return_tensors="pt")
+            item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
+        if p.videos:
+            item.pixel_values_videos, item.video_grid_thw, item.second_per_grid_ts = process_videos(processor, p.videos)
+        out.append(item)
     return out
 
 

@@ -2,10 +2,13 @@
 
 - special tokens (image/video pads) and the ids a rollout must never sample;
 - image resizing with qwen-vl-utils' rules and the number of image tokens an image becomes;
-- prompt ids with ONE image pad per image (what a rollout engine takes) and their expansion to the
-  processor's layout (what the trainer's forward takes);
-- the token types M-RoPE positions are built from (``mm_token_type_ids``), image features and the form the model's
-  forward takes them in, and a dummy vision-tower pass for micro-batches without images (the forward passes that
+- video frame sampling and frame resizing with qwen-vl-utils' ``fetch_video`` rules, the tokens a video becomes and
+  its ``second_per_grid_ts``;
+- prompt ids with ONE image pad per image and ONE video pad per video (what a rollout engine takes) and their
+  expansion to the processor's layout (what the trainer's forward takes);
+- M-RoPE positions as Qwen2.5-VL's reference (and vLLM) computes them (``rope_index``: transformers 5 starts the text
+  after a video too early), vision features of images and videos from one tower pass and the form the model's forward
+  takes them in, and a dummy vision-tower pass for micro-batches without images or videos (the forward passes that
   use them are in ``models.forward``);
 - parameter-name mapping between transformers and the rollout engine.
 """
@@ -139,6 +142,118 @@ def resize_image(image: Image.Image, factor: int, min_pixels: int, max_pixels: i
     )
 
 
+# ------------------------------------------------------------------------------------------------------ videos
+
+FRAME_FACTOR = 2
+"""Frames go in pairs: the vision tower's temporal patch covers two consecutive frames (``temporal_patch_size``), so
+a video's frame count is a multiple of it (qwen-vl-utils' FRAME_FACTOR)."""
+
+VIDEO_TOTAL_TOKENS = 128000
+"""qwen-vl-utils' MODEL_SEQ_LEN: a video's default pixel budget is 90% of this many tokens' worth of pixels, shared by
+its frames."""
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """How frames are sampled from a decoded video (qwen-vl-utils' ``fetch_video`` keys and defaults)."""
+
+    fps: float = 2.0
+    """Frames sampled per second of video."""
+    min_frames: int = 4
+    """Fewest frames sampled (rounded up to a pair)."""
+    max_frames: int = 768
+    """Most frames sampled (rounded down to a pair)."""
+    nframes: int | None = None
+    """Sample exactly this many frames (rounded to a pair) instead of by fps."""
+
+
+def num_sampled_frames(total_frames: int, video_fps: float, sampling: FrameSampling) -> int:
+    """How many frames qwen-vl-utils' ``smart_nframes`` samples from a video of ``total_frames`` at ``video_fps``.
+
+    ValueError (saying why) when the rule gives fewer than two frames or more than the video has."""
+    import math
+
+    if total_frames < 1:
+        raise ValueError("the video has no frames")
+    if sampling.nframes is not None:
+        n = round(sampling.nframes / FRAME_FACTOR) * FRAME_FACTOR
+    else:
+        if not video_fps or video_fps <= 0 or not math.isfinite(video_fps):
+            raise ValueError(f"the video's frame rate is {video_fps!r}: frames cannot be sampled by fps")
+        lo = math.ceil(sampling.min_frames / FRAME_FACTOR) * FRAME_FACTOR
+        hi = math.floor(min(sampling.max_frames, total_frames) / FRAME_FACTOR) * FRAME_FACTOR
+        n = min(max(total_frames / video_fps * sampling.fps, lo), hi, total_frames)
+        n = math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
+    if not FRAME_FACTOR <= n <= total_frames:
+        raise ValueError(
+            f"{total_frames} frame(s) give {n} sampled frames; a video needs at least {FRAME_FACTOR} (Qwen's temporal "
+            f"patch takes frames in pairs)"
+        )
+    return int(n)
+
+
+def sample_frame_indices(total_frames: int, video_fps: float, sampling: FrameSampling) -> list[int]:
+    """Indices of the frames qwen-vl-utils samples: ``num_sampled_frames`` evenly spaced from the first to the last
+    frame (``linspace(0, total - 1, n).round()``)."""
+    n = num_sampled_frames(total_frames, video_fps, sampling)
+    return torch.linspace(0, total_frames - 1, n).round().long().tolist()
+
+
+def video_pixel_cap(nframes: int, factor: int, min_pixels: int, max_pixels: int, total_pixels: int | None) -> int:
+    """The largest frame area of a video of ``nframes`` frames (qwen-vl-utils' ``fetch_video``): ``max_pixels``, lowered
+    to an even share of ``total_pixels`` (None: 90% of ``VIDEO_TOTAL_TOKENS`` tokens) per pair of frames, never below
+    1.05 x ``min_pixels`` (nor above ``max_pixels``)."""
+    total = total_pixels if total_pixels is not None else VIDEO_TOTAL_TOKENS * factor * factor * 0.9
+    cap = max(min(max_pixels, total / max(1, nframes) * FRAME_FACTOR), int(min_pixels * 1.05))
+    return int(min(cap, max_pixels))  # never above max_pixels: the processor would resize the frames again
+
+
+def video_frame_size(
+    width: int, height: int, nframes: int, factor: int, min_pixels: int, max_pixels: int, total_pixels: int | None
+) -> tuple[int, int]:
+    """(width, height) every frame of a video is resized to (``resized_size`` under ``video_pixel_cap``); ValueError
+    for frames these bounds cannot resize, as for images."""
+    cap = video_pixel_cap(nframes, factor, min_pixels, max_pixels, total_pixels)
+    return resized_size(width, height, factor, min_pixels, cap)
+
+
+def num_video_tokens(
+    nframes: int, width: int, height: int, factor: int, min_pixels: int, max_pixels: int, total_pixels: int | None
+) -> int:
+    """How many ``<|video_pad|>`` tokens a video of ``nframes`` frames of this size becomes (frames padded to a
+    pair; one token per merged patch per pair)."""
+    w, h = video_frame_size(width, height, nframes, factor, min_pixels, max_pixels, total_pixels)
+    pairs = -(-nframes // FRAME_FACTOR)
+    return pairs * (w // factor) * (h // factor)
+
+
+def resize_frames(frames: list[Image.Image], size: tuple[int, int]) -> list[Image.Image]:
+    """Frames as 8-bit RGB of ``size`` (bicubic, as qwen-vl-utils resizes), padded to a whole number of pairs by
+    repeating the last frame (as qwen-vl-utils and the processor do): exactly what the engine and the trainer see."""
+    out = [
+        f if f.size == size and f.mode == "RGB" else f.convert("RGB").resize(size, Image.Resampling.BICUBIC)
+        for f in frames
+    ]
+    while len(out) % FRAME_FACTOR:
+        out.append(out[-1])
+    return out
+
+
+def second_per_grid_ts(sample_fps: float, temporal_patch_size: int = FRAME_FACTOR) -> float:
+    """Seconds one temporal patch of a video spans (the processor's ``second_per_grid_ts``): M-RoPE spaces a video's
+    temporal positions by ``tokens_per_second`` x this."""
+    return temporal_patch_size / sample_fps
+
+
+def video_metadata(num_frames: int, sample_fps: float) -> dict[str, Any]:
+    """Metadata of already-sampled frames for vLLM and the processor: their sampled fps is ``sample_fps`` (so both
+    derive the same ``second_per_grid_ts``) and nothing is sampled again."""
+    return {
+        "fps": float(sample_fps), "total_num_frames": int(num_frames), "frames_indices": list(range(num_frames)),
+        "duration": num_frames / sample_fps, "video_backend": "vlmrl", "do_sample_frames": False,
+    }  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------------ tokens
 
 
@@ -147,14 +262,17 @@ def count_image_pads(ids: list[int], pad_id: int) -> int:
     return sum(1 for t in ids if t == pad_id)
 
 
-def engine_prompt_ids(tokenizer: Any, prompt_text: str, num_images: int) -> list[int]:
-    """Token ids of a rendered chat prompt with ONE image pad per image: what vLLM takes (it expands the pads itself;
-    already-expanded ids would be silently expanded again)."""
+def engine_prompt_ids(tokenizer: Any, prompt_text: str, num_images: int, num_videos: int = 0) -> list[int]:
+    """Token ids of a rendered chat prompt with ONE image pad per image and ONE video pad per video: what vLLM takes
+    (it expands the pads itself; already-expanded ids would be silently expanded again)."""
     ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    pad = vision_token_ids(tokenizer).image_pad
-    n = count_image_pads(ids, pad)
+    vision = vision_token_ids(tokenizer)
+    n = count_image_pads(ids, vision.image_pad)
     if n != num_images:
         raise ValueError(f"prompt has {n} image pad tokens for {num_images} images: {prompt_text[:200]!r}")
+    v = count_image_pads(ids, vision.video_pad)
+    if v != num_videos:
+        raise ValueError(f"prompt has {v} video pad tokens for {num_videos} videos: {prompt_text[:200]!r}")
     return list(ids)
 
 
@@ -211,25 +329,101 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def image_embeddings(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-    """Merged image features, one row per image token, for all images in order."""
+    """Merged vision features, one row per image (or video) token, for all items in order. Images and videos go
+    through the same tower the same way (a video's rows are its ``pixel_values_videos`` and ``video_grid_thw``), so
+    one call covers a micro-batch's images and videos together."""
     inner = inner_model(model)
     out = inner.get_image_features(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
     return torch.cat(list(out.pooler_output), dim=0)  # one tensor per image
 
 
-def encoder_outputs(image_embeds: torch.Tensor) -> dict[str, Any]:
-    """Precomputed image features in the form the model's forward takes them (``mm_encoder_outputs``), so features
-    computed once per prompt serve all of its samples."""
+def encoder_outputs(image_embeds: torch.Tensor | None, video_embeds: torch.Tensor | None = None) -> dict[str, Any]:
+    """Precomputed image (and video) features in the form the model's forward takes them (``mm_encoder_outputs``), so
+    features computed once per prompt serve all of its samples."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    return {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
+    out: dict[str, Any] = {}
+    if image_embeds is not None:
+        out["image"] = BaseModelOutputWithPooling(pooler_output=(image_embeds,))
+    if video_embeds is not None:
+        out["video"] = BaseModelOutputWithPooling(pooler_output=(video_embeds,))
+    return out
 
 
-def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
-    """Run the vision tower on one tiny dummy image and return ``0 * sum(features)``.
+def rope_index(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: VisionTokenIds,
+    config: Any,
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """3-D M-RoPE position ids [3, B, T] of a padded batch, as Qwen2.5-VL's reference implementation and vLLM build
+    them (padding gets 0).
 
-    A micro-batch without images adds this to its loss so every FSDP rank runs the vision tower's all-gathers and
-    reduce-scatters: without it, a text-only rank waits on collectives the others never join (a hang)."""
+    Text continues one past the largest position of what precedes it, on all three axes; an image or a video takes a
+    (t, h, w) grid starting there, a video's temporal index scaled by ``tokens_per_second x second_per_grid_ts`` and
+    truncated (vLLM's arithmetic: the float32 seconds times the tokens per second, in float64). transformers 5's own
+    ``get_rope_index`` starts the text after a video at the largest SPATIAL position only: with a temporal extent
+    beyond it the trainer's log-probs drift from the engine's (6e-4 on the tiny model), hence this function.
+    ``image_grid_thw`` / ``video_grid_thw`` list each row's items in order, row after row."""
+    import numpy as np
+
+    merge = int(config.vision_config.spatial_merge_size)
+    tps = getattr(config.vision_config, "tokens_per_second", None)
+    grids = {
+        1: iter((image_grid_thw if image_grid_thw is not None else torch.zeros(0, 3)).tolist()),
+        2: iter((video_grid_thw if video_grid_thw is not None else torch.zeros(0, 3)).tolist()),
+    }
+    seconds = iter(
+        [] if second_per_grid_ts is None else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).tolist()
+    )
+    types = mm_token_type_ids(input_ids, vision).cpu()
+    mask = attention_mask.bool().cpu()
+    out = torch.zeros(3, *input_ids.shape, dtype=torch.long)
+    for b in range(input_ids.shape[0]):
+        kinds = types[b][mask[b]].tolist()
+        pieces: list[np.ndarray] = []
+        nxt, i = 0, 0
+        while i < len(kinds):
+            kind = kinds[i]
+            if kind == 0:
+                j = i
+                while j < len(kinds) and kinds[j] == 0:
+                    j += 1
+                pieces.append(np.broadcast_to(np.arange(j - i), (3, j - i)) + nxt)
+                nxt += j - i
+                i = j
+                continue
+            try:
+                t, h, w = next(grids[kind])
+            except StopIteration:
+                raise ValueError(f"row {b}: more {('image', 'video')[kind - 1]} pads than grid rows") from None
+            h, w = h // merge, w // merge
+            grid = np.indices((t, h, w)).reshape(3, -1)
+            if kind == 2 and tps is not None:
+                factor = next(seconds, 1.0) * tps
+                grid[0] = (np.arange(t) * factor).astype(np.int64).repeat(h * w)
+            if kinds[i : i + t * h * w] != [kind] * (t * h * w):
+                raise ValueError(f"row {b}: a vision item of {t * h * w} tokens does not match its pads")
+            pieces.append(grid + nxt)
+            nxt = int(pieces[-1].max()) + 1
+            i += t * h * w
+        if pieces:
+            out[:, b, mask[b]] = torch.from_numpy(np.concatenate(pieces, axis=1).astype(np.int64))
+    return out.to(input_ids.device)
+
+
+def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
+    """The vision tower's features of one tiny dummy image (one merged token).
+
+    A micro-batch without images or videos runs the tower on this so every FSDP rank runs the tower's all-gathers and
+    reduce-scatters: without it, a text-only rank waits on collectives the others never join (a hang). It covers
+    ranks without videos the same way: videos go through the same tower. The features must also reach the model's
+    forward as an input (``dummy_link``), as real features do, or the FSDP root's post-backward (its reduce-scatter)
+    runs after the tower's backward on that rank and before it on the others: a hang again (seen with two CPU ranks,
+    one with a video or an image, one without)."""
     visual = vision_tower(model)
     cfg = visual.config
     patch = int(cfg.patch_size)
@@ -239,8 +433,24 @@ def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
     grid = torch.tensor([[1, merge, merge]], device=_device_of(visual))
     n_patches = merge * merge
     pixel = torch.zeros(n_patches, chans * tps * patch * patch, device=grid.device, dtype=_dtype_of(visual))
-    feats = image_embeddings(model, pixel, grid)
+    return image_embeddings(model, pixel, grid)
+
+
+def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
+    """``0 * sum(dummy_vision_features)``: added to a micro-batch's loss, it gives every vision parameter a (zero)
+    gradient on a rank without images or videos."""
+    return dummy_vision_loss_of(dummy_vision_features(model))
+
+
+def dummy_vision_loss_of(feats: torch.Tensor) -> torch.Tensor:
+    """The zero loss term of dummy features."""
     return feats.float().sum() * 0.0
+
+
+def dummy_link(feats: torch.Tensor) -> torch.Tensor:
+    """Zero rows of the dummy features: passed to the model's forward as its (empty) image features, so their
+    gradient flows through the forward's inputs as real features' does (no pad token takes them)."""
+    return feats[:0]
 
 
 def _device_of(m: torch.nn.Module) -> torch.device:

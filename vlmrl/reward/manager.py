@@ -141,7 +141,8 @@ class RewardManager:
 
     @property
     def needs_images(self) -> bool:
-        """Whether any configured function looks at the images (worker processes are sent images only then)."""
+        """Whether any configured function looks at the images or video frames (worker processes are sent them only
+        then)."""
         return self.scorer.needs_images
 
     def score(self, samples: list[Any]) -> RewardOutput:
@@ -249,9 +250,11 @@ class RewardManager:
 
 
 def _without_images(sample: Any) -> Any:
-    if dataclasses.is_dataclass(sample) and getattr(sample, "images", None):
-        return dataclasses.replace(sample, images=[])
-    return sample
+    """The sample without its images and video frames (a reward that does not look at them is not sent them)."""
+    if not dataclasses.is_dataclass(sample):
+        return sample
+    heavy = {k: [] for k in ("images", "videos") if getattr(sample, k, None)}
+    return dataclasses.replace(sample, **heavy) if heavy else sample
 
 
 def _plural(kind: str) -> str:

@@ -1,8 +1,11 @@
 """The rollout protocol over transformers ``generate``: for machines without vLLM (the GPU box here, laptops).
 
 Batched with left padding; samples with ``num_return_sequences``; per-token log-probs of the sampled tokens from the
-raw logits (as vLLM reports them); vision tokens suppressed. The policy module itself generates (no second copy of the
-weights), so ``update_weights`` has nothing to copy when the rollout shares the trainer's model.
+raw logits (as vLLM reports them); vision tokens suppressed. Token-in like the vLLM rollout: the prompt ids (one pad
+per image and video) are expanded here from the processor's grids, and the M-RoPE positions are given to ``generate``
+(``qwen_vl.rope_index``, the engine's and the trainer's), so a video prompt is sampled with the positions it is
+trained with. The policy module itself generates (no second copy of the weights), so ``update_weights`` has nothing to
+copy when the rollout shares the trainer's model.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import token_logprobs
+from vlmrl.models.inputs import PromptImages, process_images
 from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 
@@ -41,12 +45,41 @@ class HFRollout:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     def _encode(self, prompts: list[PromptSample]) -> dict[str, torch.Tensor]:
-        images = [im for p in prompts for im in p.images]
-        self.tokenizer.padding_side = "left"
-        enc = self.processor(
-            text=[p.prompt_text for p in prompts], images=images or None, padding=True, return_tensors="pt"
-        )
-        return {k: v.to(self._device()) for k, v in enc.items()}
+        return self._batch([p.prompt_ids for p in prompts], process_images(self.processor, prompts))
+
+    def _batch(self, ids: list[list[int]], vision: list[PromptImages]) -> dict[str, Any]:
+        """``generate``'s inputs for token-in prompts (one pad per image and video) and their processed images and
+        videos: pads expanded, left padding, vision inputs concatenated in row order, M-RoPE positions."""
+        merge = int(getattr(self.processor.image_processor, "merge_size", 2))
+        pads = self.vision_ids
+        rows = []
+        for x, v in zip(ids, vision):
+            counts = qwen_vl.tokens_per_image(v.image_grid_thw, merge) if v.num_images else []
+            row = qwen_vl.expand_image_pads(x, pads.image_pad, counts)
+            vcounts = qwen_vl.tokens_per_image(v.video_grid_thw, merge) if v.num_videos else []
+            rows.append(qwen_vl.expand_image_pads(row, pads.video_pad, vcounts))
+        width = max(len(x) for x in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, x in enumerate(rows):
+            input_ids[i, width - len(x) :] = torch.tensor(x)
+            attn[i, width - len(x) :] = 1
+
+        def cat(name: str) -> torch.Tensor | None:
+            parts = [getattr(v, name) for v in vision if getattr(v, name) is not None]
+            return torch.cat(parts) if parts else None
+
+        grids = {k: cat(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+        config = qwen_vl.inner_model(self.model).config
+        positions = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
+        enc: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attn, "position_ids": positions}
+        enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
+        for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+            value = cat(key)
+            if value is not None:
+                enc[key] = value
+        dev = self._device()
+        return {k: v.to(dev) for k, v in enc.items()}
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -82,30 +115,14 @@ class HFRollout:
         return out
 
     def _turn_chunk(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
-        pad = self.vision_ids.image_pad
-        merge = int(getattr(self.processor.image_processor, "merge_size", 2))
-        rows, pixels, grids = [], [], []
+        vision = []
         for r in requests:
             if r.images:
                 enc = self.processor.image_processor(images=list(r.images), return_tensors="pt")
-                pixels.append(enc["pixel_values"])
-                grids.append(enc["image_grid_thw"])
-                counts = qwen_vl.tokens_per_image(enc["image_grid_thw"], merge)
-                rows.append(qwen_vl.expand_image_pads(r.ids, pad, counts))
+                vision.append(PromptImages(enc["pixel_values"], enc["image_grid_thw"]))
             else:
-                rows.append(qwen_vl.expand_image_pads(r.ids, pad, []))
-        width = max(len(x) for x in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, x in enumerate(rows):
-            ids[i, width - len(x) :] = torch.tensor(x)
-            attn[i, width - len(x) :] = 1
-        dev = self._device()
-        enc2: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": attn.to(dev)}
-        enc2["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(enc2["input_ids"], self.vision_ids)
-        if pixels:
-            enc2["pixel_values"] = torch.cat(pixels).to(dev)
-            enc2["image_grid_thw"] = torch.cat(grids).to(dev)
+                vision.append(PromptImages(None, None))
+        enc2 = self._batch([list(r.ids) for r in requests], vision)
         longest = max(max(1, r.max_tokens) for r in requests)
         seqs, lps = self._run_generate(enc2, dataclasses.replace(spec, n=1, max_tokens=longest))
         result = []

@@ -1,9 +1,12 @@
-"""Qwen2.5-VL rollouts on an in-process vLLM engine: token-in prompts with images, weight push, sleep/wake.
+"""Qwen2.5-VL rollouts on an in-process vLLM engine: token-in prompts with images and videos, weight push, sleep/wake.
 
 The engine core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) next to the FSDP2 policy.
-Its multimodal preprocessor cache is off (it grows host memory without bound across RL steps: EasyR1 #159,
-vLLM #12973). After a weight push the prefix cache AND the engine-level encoder cache are reset: skipping either makes
-the engine reuse stale KV / image features (wrong log-probs, or an ``Encoder cache miss`` followed by a spin).
+Its multimodal preprocessor cache is off for every modality, videos included (it grows host memory without bound
+across RL steps: EasyR1 #159, vLLM #12973). A video goes in as its already sampled and resized frames with metadata
+that makes the engine sample nothing again and derive the trainer's ``second_per_grid_ts``; the image and video
+processors get their own pixel bounds (a flat ``size`` would resize the frames with the images' bounds). After a
+weight push the prefix cache AND the engine-level encoder cache are reset: skipping either makes the engine reuse
+stale KV / image features (wrong log-probs, or an ``Encoder cache miss`` followed by a spin).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
-from vlmrl.models.qwen_vl import vision_token_ids
+from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 
 # a bias no real logit survives; the engine applies it to raw logits before sampling
@@ -88,12 +92,14 @@ class VLLMRollout:
         rollout_cfg: Any,
         max_model_len: int,
         limit_images: int,
+        limit_videos: int = 0,
         device: str = "cpu",
         seed: int = 0,
         distributed: bool = False,
         tensor_parallel_size: int = 1,
         trust_remote_code: bool = False,
         pixel_bounds: tuple[int, int] | None = None,
+        video_pixel_bounds: tuple[int, int] | None = None,
     ) -> None:
         set_engine_env(on_cpu=device == "cpu")
         from vllm import LLM
@@ -108,14 +114,26 @@ class VLLMRollout:
             dtype=dtype,
             enforce_eager=rollout_cfg.enforce_eager,
             max_model_len=max_model_len,
-            limit_mm_per_prompt={"image": max(1, limit_images), "video": 0},
+            limit_mm_per_prompt={"image": max(1, limit_images), "video": max(0, limit_videos)},
             seed=seed,
             trust_remote_code=trust_remote_code,
             tensor_parallel_size=tensor_parallel_size,
             enable_prefix_caching=True,
             load_format=rollout_cfg.load_format,
         )
-        if pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
+        if limit_videos > 0:
+            # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
+            # frames with the images' bounds (both seen: 32 video tokens instead of 128, or the images' size lost)
+            mm: dict[str, Any] = {"videos_kwargs": {"cap_pixels_per_frame": False}}  # frames come resized already
+            if pixel_bounds is not None:
+                mm["images_kwargs"] = {"size": {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}}
+            if video_pixel_bounds is not None:
+                mm["videos_kwargs"]["size"] = {
+                    "shortest_edge": video_pixel_bounds[0],
+                    "longest_edge": video_pixel_bounds[1],
+                }
+            kwargs["mm_processor_kwargs"] = mm
+        elif pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
             lo, hi = pixel_bounds
             kwargs["mm_processor_kwargs"] = {"size": {"shortest_edge": lo, "longest_edge": hi}}
         if device == "cuda":
@@ -163,13 +181,21 @@ class VLLMRollout:
         )
 
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
-        """``spec.n`` samples per prompt. Prompts go in as ids with ONE image pad per image (the engine expands it)."""
+        """``spec.n`` samples per prompt. Prompts go in as ids with ONE image pad per image and ONE video pad per
+        video (the engine expands them)."""
         t0 = time.perf_counter()
         requests = []
         for p in prompts:
             req: dict[str, Any] = {"prompt_token_ids": list(p.prompt_ids)}
+            mm: dict[str, Any] = {}
             if p.images:
-                req["multi_modal_data"] = {"image": p.images if len(p.images) > 1 else p.images[0]}
+                mm["image"] = p.images if len(p.images) > 1 else p.images[0]
+            if p.videos:
+                items = [(np.stack([np.asarray(f) for f in v.frames]), video_metadata(len(v.frames), v.sample_fps))
+                         for v in p.videos]  # fmt: skip
+                mm["video"] = items if len(items) > 1 else items[0]
+            if mm:
+                req["multi_modal_data"] = mm
             requests.append(req)
         outs = self.llm.generate(requests, self.sampling_params(spec), use_tqdm=False)
         batch = RolloutBatch([], [], [], [], n=spec.n)

@@ -108,10 +108,16 @@ class Trainer:
             prometheus=cfg.trainer.prometheus,
         )
         limit = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
+        videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
+        if videos and arr.rollout.multi_turn.enable:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.multi_turn.enable=True with video prompts: multi-turn tool rollouts take "
+                "image prompts only; train on the videos single-turn or drop them from the data"
+            )
         from vlmrl.workers.group import make_worker_group
 
         t0 = time.perf_counter()
-        self.group = make_worker_group(cfg, self.total_steps, limit)
+        self.group = make_worker_group(cfg, self.total_steps, limit, videos)
         self.world = self.group.world
         self.tp = tp_size(cfg)
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)

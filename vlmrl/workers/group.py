@@ -104,15 +104,16 @@ def ray_address(cfg: VLMRLConfig) -> str | None:
     return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS") or ("auto" if cfg.trainer.nnodes > 1 else None)
 
 
-def make_worker_group(cfg: VLMRLConfig, total_steps: int, limit_images: int) -> WorkerGroup:
-    """The worker group the config asks for (``trainer.launcher``)."""
+def make_worker_group(cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> WorkerGroup:
+    """The worker group the config asks for (``trainer.launcher``); the limits are the most images and videos a
+    prompt of the data holds (the engine reserves room for them)."""
     kind = launcher_of(cfg)
     if kind == "ray":
         from vlmrl.workers.launch_ray import RayWorkerGroup
 
-        return RayWorkerGroup(cfg, total_steps, limit_images)
+        return RayWorkerGroup(cfg, total_steps, limit_images, limit_videos)
     from vlmrl.workers.launch_local import InlineWorkerGroup, ProcessWorkerGroup
 
     if kind == "inline":
-        return InlineWorkerGroup(cfg, total_steps, limit_images)
-    return ProcessWorkerGroup(cfg, total_steps, limit_images)
+        return InlineWorkerGroup(cfg, total_steps, limit_images, limit_videos)
+    return ProcessWorkerGroup(cfg, total_steps, limit_images, limit_videos)

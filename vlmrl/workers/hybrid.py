@@ -51,6 +51,7 @@ class HybridWorker:
         device: str,
         total_steps: int,
         limit_images: int,
+        limit_videos: int = 0,
     ) -> None:
         """``init_method``: the process group's rendezvous (``file://`` on one machine: nothing listens on the
         network; ``tcp://host:port`` across machines). ``device``: cpu or cuda, resolved once by the driver."""
@@ -79,12 +80,16 @@ class HybridWorker:
         self.tokenizer = self.processor.tokenizer
         bounds = qwen_vl.pixel_bounds(self.processor.image_processor, cfg.data.min_pixels, cfg.data.max_pixels)
         qwen_vl.apply_pixel_bounds(self.processor.image_processor, *bounds)
+        vp = self.processor.video_processor
+        video_bounds = qwen_vl.pixel_bounds(vp, cfg.data.video_min_pixels, cfg.data.video_max_pixels)
+        qwen_vl.apply_pixel_bounds(vp, *video_bounds)  # the frames the dataset resized pass through unchanged
         self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.engine: Any
         mt = arr.rollout.multi_turn
         image_limit = (arr.rollout.limit_images or limit_images) + (mt.max_tool_images if mt.enable else 0)
+        video_limit = arr.rollout.limit_videos if arr.rollout.limit_videos is not None else limit_videos
         self.tp = tp_size(cfg)
         self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
         if arr.rollout.name == "vllm":
@@ -95,12 +100,14 @@ class HybridWorker:
                 rollout_cfg=arr.rollout,
                 max_model_len=max_len,
                 limit_images=image_limit,
+                limit_videos=video_limit,
                 device=self.device,
                 seed=arr.rollout.seed + self.engine_group,  # the same within an engine's group: same samples
                 distributed=True,  # inside the trainer's process group: one engine per tensor-parallel group
                 tensor_parallel_size=self.tp,
                 trust_remote_code=arr.model.trust_remote_code,
                 pixel_bounds=bounds,
+                video_pixel_bounds=video_bounds,
             )
         # vLLM reseeds the process at start: seed after it. vLLM samples from this process's torch generator, so the
         # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its

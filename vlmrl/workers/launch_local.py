@@ -36,7 +36,7 @@ def _die_with_parent() -> None:
 
 
 def _worker_main(conn: Connection, rank: int, world: int, init_method: str, device: str, cfg: VLMRLConfig,
-                 total_steps: int, limit_images: int, env: dict[str, str]) -> None:  # fmt: skip
+                 total_steps: int, limit_images: int, limit_videos: int, env: dict[str, str]) -> None:  # fmt: skip
     """A worker process: build the HybridWorker, then run the driver's calls until told to stop."""
     _die_with_parent()
     os.environ.update(env)
@@ -50,7 +50,7 @@ def _worker_main(conn: Connection, rank: int, world: int, init_method: str, devi
     try:
         from vlmrl.workers.hybrid import HybridWorker
 
-        worker = HybridWorker(cfg, rank, world, init_method, device, total_steps, limit_images)
+        worker = HybridWorker(cfg, rank, world, init_method, device, total_steps, limit_images, limit_videos)
         conn.send(("ok", worker.info()))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which stops the run
         conn.send(("error", _describe(e)))
@@ -92,7 +92,7 @@ class ProcessWorkerGroup(WorkerGroup):
     """One worker process per CPU worker (``trainer.cpu_workers``) or per GPU of this machine
     (``trainer.n_gpus_per_node``, ``CUDA_VISIBLE_DEVICES`` set per worker)."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int) -> None:
+    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
         from vlmrl.config.checks import planned_device, planned_world
 
         self.device = planned_device(cfg)
@@ -126,9 +126,10 @@ class ProcessWorkerGroup(WorkerGroup):
                 env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
                 env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
             parent, child = ctx.Pipe(duplex=True)
+            limits = (limit_images, limit_videos)
             proc = ctx.Process(
                 target=_worker_main,
-                args=(child, rank, self.world, init_method, self.device, cfg, total_steps, limit_images, env),
+                args=(child, rank, self.world, init_method, self.device, cfg, total_steps, *limits, env),
                 name=f"vlmrl-worker-{rank}",
             )
             proc.start()
@@ -213,7 +214,7 @@ class InlineWorkerGroup(WorkerGroup):
     """One hybrid worker in the driver's own process (``trainer.launcher=inline``): one device, no second process
     (debugging with breakpoints, a single GPU)."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int) -> None:
+    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
         from vlmrl.config.checks import planned_device
         from vlmrl.workers.hybrid import HybridWorker
 
@@ -223,7 +224,9 @@ class InlineWorkerGroup(WorkerGroup):
             os.environ.setdefault(k, v)
         self._dir = tempfile.mkdtemp(prefix="vlmrl-rendezvous-")
         t0 = time.perf_counter()
-        self.worker = HybridWorker(cfg, 0, 1, f"file://{self._dir}/store", self.device, total_steps, limit_images)
+        self.worker = HybridWorker(
+            cfg, 0, 1, f"file://{self._dir}/store", self.device, total_steps, limit_images, limit_videos
+        )
         self.infos = [self.worker.info()]
         self.startup_s = time.perf_counter() - t0
 

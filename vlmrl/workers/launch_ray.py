@@ -95,7 +95,7 @@ def init_ray(cfg: VLMRLConfig, device: str, n_workers: int) -> None:
 class RayWorkerGroup(WorkerGroup):
     """Hybrid workers as Ray actors; results come back in rank order."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int) -> None:
+    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
         auth_env(cfg)
         import ray
         from ray.util.placement_group import placement_group
@@ -134,7 +134,7 @@ class RayWorkerGroup(WorkerGroup):
         remote = ray.remote(HybridWorker)
         self.workers = [
             remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy(i), max_concurrency=1).remote(
-                cfg, i, self.world, f"tcp://{addr}:{port}", self.device, total_steps, limit_images
+                cfg, i, self.world, f"tcp://{addr}:{port}", self.device, total_steps, limit_images, limit_videos
             )
             for i in range(self.world)
         ]

@@ -1,0 +1,400 @@
+"""Videos of a record: the entries of the ``videos`` column, how they are measured, decoded and sampled.
+
+An entry is one of
+- vlmrl's struct (``preprocess/`` writes it): ``frames`` (the sampled frames as ``{bytes, path}`` structs, the way
+  images are stored) or ``video`` (a video file, relative to the parquet file's folder), with the sampling it
+  recorded: ``video_fps`` (the source's frame rate), ``frames_indices``, ``total_num_frames``, ``timestamps``
+  (seconds) and ``sample_fps`` (frames per second of the sampled frames);
+- verl's (qwen-vl-utils') dict: ``{"video": "clip.mp4" | [frame paths], "fps": 2, "nframes"/"min_frames"/
+  "max_frames", "max_pixels", "total_pixels", ...}``: a file is sampled here by those keys (else ``data.video_*``).
+
+Video files are decoded with PyAV (FFmpeg) and only when they are regular files inside the data folder, under a size
+cap, in a container format from ``VIDEO_FORMATS`` (no playlist or concat demuxer that would open other files) with the
+``file`` protocol only; frames larger than Pillow's decompression-bomb limit and videos longer than
+``MAX_VIDEO_FRAMES`` frames are refused. Frame images are read like images (``records.decode_image``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vlmrl.data.records import DataError, confined_path, decode_image, image_size
+from vlmrl.models.qwen_vl import FrameSampling, sample_frame_indices
+
+MAX_VIDEO_FILE_BYTES = 2 * 2**30
+"""A video file larger than this is refused (2 GiB)."""
+
+MAX_VIDEO_FRAMES = 100_000
+"""A video with more frames than this is refused (about an hour at 30 fps): decoding it would take minutes."""
+
+VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpeg,mpegts,flv,gif,ogg"
+"""Container formats (FFmpeg demuxers) a video file may be in."""
+
+DEFAULT_FRAME_LIST_FPS = 2.0
+"""Frames per second assumed for a list of frames that records none (qwen-vl-utils' ``sample_fps`` default)."""
+
+_SAMPLING_KEYS = ("fps", "nframes", "min_frames", "max_frames")
+_PIXEL_KEYS = ("min_pixels", "max_pixels", "total_pixels")
+_UNSUPPORTED_KEYS = ("video_start", "video_end", "resized_height", "resized_width")
+
+
+class VideoError(DataError):
+    """A video that cannot be used; ``reason`` names the kind (preprocessing's reject reasons)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class VideoEntry:
+    """One entry of a record's video column, normalised."""
+
+    frames: list[Any] = field(default_factory=list)
+    """Frame images (``{bytes, path}`` structs, bytes or paths), in order; empty when ``file`` is set."""
+    file: str | None = None
+    """A video file to decode."""
+    fps: float | None = None
+    """Frame rate of the source (``video_fps``; else a file's average rate). An entry's own ``fps`` is
+    qwen-vl-utils' sampling rate (``sampling``)."""
+    frames_indices: list[int] | None = None
+    """The source frames that were sampled (recorded by preprocessing); None = sample now."""
+    total_num_frames: int | None = None
+    """Frames of the source."""
+    timestamps: list[float] | None = None
+    """Seconds of each sampled frame in the source."""
+    sample_fps: float | None = None
+    """Frames per second of the sampled frames."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """qwen-vl-utils sampling keys of a verl entry (``fps``, ``nframes``, ``min_frames``, ``max_frames``)."""
+    pixels: dict[str, int] = field(default_factory=dict)
+    """qwen-vl-utils pixel keys of a verl entry (``min_pixels``, ``max_pixels``, ``total_pixels``)."""
+
+
+@dataclass
+class RawVideo:
+    """A video's sampled frames, decoded (not resized yet)."""
+
+    frames: list[Image.Image]
+    timestamps: list[float]
+    sample_fps: float
+
+
+def video_entries(value: Any) -> list[VideoEntry]:
+    """The videos of a record's video column value (None → []); ``DataError`` for a value that is not videos."""
+    if value is None:
+        return []
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise DataError(f"video column value is {type(value).__name__}, expected a list of videos")
+    return [parse_entry(v, k) for k, v in enumerate(value)]
+
+
+def _number(value: Any, name: str, k: int, integer: bool = False) -> Any:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (integer and int(value) != value):
+        raise DataError(f"video {k}: {name}={value!r} is not a positive {'integer' if integer else 'number'}")
+    return int(value) if integer else float(value)
+
+
+def parse_entry(entry: Any, k: int = 0) -> VideoEntry:
+    """One video entry (vlmrl's struct, verl's dict, a file path or a list of frames) → ``VideoEntry``."""
+    if isinstance(entry, str):
+        return VideoEntry(file=entry)
+    if isinstance(entry, (list, tuple)):
+        return VideoEntry(frames=list(entry))
+    if not isinstance(entry, dict):
+        raise DataError(f"video {k} is {type(entry).__name__}, expected a {{frames | video, ...}} struct")
+    bad = [key for key in _UNSUPPORTED_KEYS if entry.get(key) is not None]
+    if bad:
+        raise DataError(f"video {k}: {', '.join(bad)} not supported (cut the clip when preprocessing)")
+    frames = entry.get("frames")
+    video = entry.get("video")
+    if isinstance(video, (list, tuple)):  # verl's list of frames
+        frames, video = (list(frames or []) + list(video)), None
+    if frames and video:
+        raise DataError(f"video {k} has both frames and a video file; keep one")
+    if video is not None and not isinstance(video, str):
+        raise DataError(f"video {k}: 'video' is {type(video).__name__}, expected a path")
+    if not frames and not video:
+        raise DataError(f"video {k} has no frames and no video file")
+    indices = entry.get("frames_indices")
+    stamps = entry.get("timestamps")
+    out = VideoEntry(
+        frames=list(frames or []),
+        file=video or None,
+        fps=_number(entry.get("video_fps"), "video_fps", k),
+        frames_indices=None if indices is None else [int(i) for i in indices],
+        total_num_frames=_number(entry.get("total_num_frames"), "total_num_frames", k, integer=True),
+        timestamps=None if stamps is None else [float(t) for t in stamps],
+        sample_fps=_number(entry.get("sample_fps"), "sample_fps", k),
+    )
+    if indices is None:  # not sampled yet (verl's entries): its own sampling keys, if any
+        for key in _SAMPLING_KEYS:
+            if entry.get(key) is not None:
+                out.sampling[key] = _number(entry[key], key, k, integer=key != "fps")
+    for key in _PIXEL_KEYS:
+        if entry.get(key) is not None:
+            out.pixels[key] = _number(entry[key], key, k, integer=True)
+    n = len(out.frames_indices) if out.frames_indices is not None else len(out.frames)
+    if out.timestamps is not None and n and len(out.timestamps) != n:
+        raise DataError(f"video {k}: {len(out.timestamps)} timestamps for {n} frames")
+    if out.frames and out.frames_indices is not None and len(out.frames_indices) != len(out.frames):
+        raise DataError(f"video {k}: {len(out.frames_indices)} frames_indices for {len(out.frames)} frames")
+    return out
+
+
+def sampling_of(entry: VideoEntry, default: FrameSampling) -> FrameSampling:
+    """The frame sampling a not-yet-sampled file entry asks for: its own keys over ``default``."""
+    s = entry.sampling
+    if "nframes" in s and "fps" in s:
+        raise DataError("a video entry may set nframes or fps, not both")
+    return FrameSampling(
+        fps=s.get("fps", default.fps),
+        min_frames=s.get("min_frames", default.min_frames),
+        max_frames=s.get("max_frames", default.max_frames),
+        nframes=s.get("nframes", None if "fps" in s else default.nframes),
+    )
+
+
+# -------------------------------------------------------------------------------------------------- video files
+
+
+def check_video_file(path: Path, max_bytes: int = MAX_VIDEO_FILE_BYTES) -> None:
+    """``VideoError`` unless ``path`` is a regular, non-empty file of at most ``max_bytes``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise VideoError("unreadable_video", f"video file not found: {path}") from None
+    except OSError as e:
+        raise VideoError("unreadable_video", f"video cannot be read ({type(e).__name__}: {e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise VideoError("unreadable_video", f"video path is not a regular file: {path}")
+    if st.st_size > max_bytes:
+        raise VideoError("video_file_too_large", f"video file is {st.st_size} bytes, over the {max_bytes}-byte limit: "
+                                                 f"{path}")  # fmt: skip
+    if st.st_size == 0:
+        raise VideoError("empty_video", f"video file is empty (0 bytes): {path}")
+
+
+def _open_container(path: Path) -> Any:
+    import av
+
+    try:
+        return av.open(str(path), options={"format_whitelist": VIDEO_FORMATS, "protocol_whitelist": "file"})
+    except av.error.ArgumentError:
+        raise VideoError("corrupt_video", f"{path}: not a video in a container format of {VIDEO_FORMATS}") from None
+    except (av.error.FFmpegError, OSError) as e:
+        raise VideoError("corrupt_video", f"{path}: cannot be opened as a video ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a video file's header says."""
+
+    total_frames: int
+    fps: float
+    width: int
+    height: int
+
+
+def _stream(container: Any, path: Path) -> Any:
+    if not container.streams.video:
+        raise VideoError("corrupt_video", f"{path}: no video stream")
+    st = container.streams.video[0]
+    w, h = int(st.codec_context.width or 0), int(st.codec_context.height or 0)
+    if w < 1 or h < 1:
+        raise VideoError("corrupt_video", f"{path}: the video stream has no frame size")
+    if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:
+        raise VideoError("video_too_large", f"{path}: {w}x{h} frames, over Pillow's decompression-bomb limit")
+    return st
+
+
+def probe_video(path: Path) -> VideoInfo:
+    """Frame count, frame rate and frame size of a video file (a file whose header has no frame count is counted by
+    decoding it)."""
+    import av
+
+    with _open_container(path) as c:
+        st = _stream(c, path)
+        rate = float(st.average_rate or st.guessed_rate or 0)
+        n = int(st.frames or 0)
+        w, h = int(st.codec_context.width), int(st.codec_context.height)
+        if n <= 0:
+            try:
+                for _ in c.decode(st):
+                    n += 1
+                    if n > MAX_VIDEO_FRAMES:
+                        break
+            except (av.error.FFmpegError, OSError) as e:
+                raise VideoError("corrupt_video", f"{path}: cannot be decoded ({type(e).__name__}: {e})") from None
+    if n == 0:
+        raise VideoError("empty_video", f"{path}: the video has no frames")
+    if n > MAX_VIDEO_FRAMES:
+        raise VideoError("video_too_large", f"{path}: more than {MAX_VIDEO_FRAMES} frames")
+    if not rate or not math.isfinite(rate):
+        raise VideoError("corrupt_video", f"{path}: the video has no frame rate")
+    return VideoInfo(n, rate, w, h)
+
+
+def decode_frames(path: Path, indices: list[int]) -> list[Image.Image]:
+    """The frames at ``indices`` (in that order, repeats allowed) of a video file, as RGB images; ``VideoError`` when
+    the file ends before the last one."""
+    import av
+
+    wanted = set(indices)
+    last = max(indices)
+    got: dict[int, Image.Image] = {}
+    with _open_container(path) as c:
+        st = _stream(c, path)
+        try:
+            for k, frame in enumerate(c.decode(st)):
+                if Image.MAX_IMAGE_PIXELS and frame.width * frame.height > Image.MAX_IMAGE_PIXELS:  # a size change
+                    raise VideoError("video_too_large", f"{path}: frame {k} is {frame.width}x{frame.height}, over "
+                                                        "Pillow's decompression-bomb limit")  # fmt: skip
+                if k in wanted:
+                    got[k] = frame.to_image().convert("RGB")
+                if k >= last:
+                    break
+        except (av.error.FFmpegError, OSError) as e:
+            raise VideoError("corrupt_video", f"{path}: cannot be decoded ({type(e).__name__}: {e})") from None
+    missing = sorted(i for i in wanted if i not in got)
+    if missing:
+        raise VideoError("corrupt_video", f"{path}: ends before frame {missing[0]} ({len(got)} of {len(wanted)} "
+                                          "frames decoded)")  # fmt: skip
+    return [got[i] for i in indices]
+
+
+# --------------------------------------------------------------------------------------------------- entries
+
+
+def _file(entry: VideoEntry, base_dir: str | os.PathLike) -> Path:
+    assert entry.file is not None
+    full = confined_path(entry.file, base_dir, kind="video")
+    check_video_file(full)
+    return full
+
+
+def _file_plan(entry: VideoEntry, info: VideoInfo, sampling: FrameSampling) -> tuple[list[int], float, float]:
+    """(frame indices, source fps, sample fps) of a file entry: its recorded sampling, else sampled now."""
+    fps = entry.fps or info.fps
+    if entry.frames_indices is not None:
+        idx = entry.frames_indices
+        if not idx:
+            raise VideoError("empty_video", "the entry records no sampled frames")
+        if max(idx) >= info.total_frames or min(idx) < 0:
+            raise VideoError("corrupt_video", f"recorded frame {max(idx)} is past the video's {info.total_frames}")
+        total = entry.total_num_frames or info.total_frames
+        return idx, fps, entry.sample_fps or len(idx) / total * fps
+    try:
+        idx = sample_frame_indices(info.total_frames, fps, sampling_of(entry, sampling))
+    except ValueError as e:
+        raise VideoError("video_too_short", str(e)) from None
+    return idx, fps, len(idx) / info.total_frames * fps
+
+
+def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> tuple[int, int, int]:
+    """(frames, width, height) of the video the model will see, from headers only (the first frame's, or the
+    container's): what its token count is computed from."""
+    if entry.frames:
+        w, h = image_size(entry.frames[0], base_dir)
+        return len(entry.frames), w, h
+    full = _file(entry, base_dir)
+    info = probe_video(full)
+    idx, _, _ = _file_plan(entry, info, sampling)
+    return len(idx), info.width, info.height
+
+
+def load_video(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> RawVideo:
+    """Decode a video entry's sampled frames (RGB, source size) with their timestamps and sampled fps."""
+    if entry.frames:
+        frames = []
+        for j, f in enumerate(entry.frames):
+            try:
+                frames.append(decode_image(f, base_dir))
+            except DataError as e:
+                raise DataError(f"frame {j}: {e}") from None
+        rate = entry.sample_fps or DEFAULT_FRAME_LIST_FPS
+        stamps = entry.timestamps or [j / rate for j in range(len(frames))]
+        return RawVideo(frames, stamps, rate)
+    full = _file(entry, base_dir)
+    info = probe_video(full)
+    idx, fps, rate = _file_plan(entry, info, sampling)
+    stamps = entry.timestamps or [i / fps for i in idx]
+    return RawVideo(decode_frames(full, idx), stamps, rate)
+
+
+def frame_bounds(entry: VideoEntry, bounds: tuple[int, int, int | None]) -> tuple[int, int, int | None]:
+    """(min_pixels, max_pixels, total_pixels) of an entry's frames: ``bounds`` (the data's) narrowed by the entry's
+    own keys, never widened (the processor resizes anything outside the data's bounds again)."""
+    lo, hi, total = bounds
+    p = entry.pixels
+    lo = max(lo, p.get("min_pixels", lo))
+    hi = min(hi, p.get("max_pixels", hi))
+    if "total_pixels" in p:
+        total = p["total_pixels"] if total is None else min(total, p["total_pixels"])
+    return lo, max(lo, hi), total
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key putting ``frame_2`` before ``frame_10``."""
+    return [int(p) if p.isdigit() else p.lower() for p in _DIGITS.split(name)]
+
+
+@dataclass(frozen=True)
+class VideoRules:
+    """How a dataset turns video entries into what the model sees (picklable)."""
+
+    factor: int
+    """Pixels per merged token along a side (28)."""
+    min_pixels: int
+    """Smallest frame area (``data.video_min_pixels`` or the video processor's)."""
+    max_pixels: int
+    """Largest frame area (``data.video_max_pixels`` or the video processor's)."""
+    total_pixels: int | None
+    """A video's pixel budget shared by its frames (``data.video_total_pixels``; None: qwen-vl-utils' default)."""
+    sampling: FrameSampling
+    """Frame sampling of files no preprocessing sampled (``data.video_fps`` ...)."""
+
+
+def video_tokens(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> int:
+    """``<|video_pad|>`` tokens of a video entry, from headers only; ``ValueError`` (from ``resized_size``) when its
+    frames cannot be resized within the bounds."""
+    from vlmrl.models.qwen_vl import num_video_tokens
+
+    n, w, h = video_shape(entry, base_dir, rules.sampling)
+    lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
+    return num_video_tokens(n, w, h, rules.factor, lo, hi, total)
+
+
+def build_video(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> Any:
+    """The ``batch.Video`` of an entry: frames decoded, resized to one size with qwen-vl-utils' rules and padded to
+    pairs; timestamps and sampled fps kept."""
+    from vlmrl.batch import Video
+    from vlmrl.models.qwen_vl import resize_frames, video_frame_size
+
+    raw = load_video(entry, base_dir, rules.sampling)
+    if not raw.frames:
+        raise VideoError("empty_video", "the video has no frames")
+    lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
+    size = raw.frames[0].size
+    target = video_frame_size(*size, len(raw.frames), rules.factor, lo, hi, total)
+    frames = resize_frames(raw.frames, target)
+    stamps = list(raw.timestamps)
+    while len(stamps) < len(frames):  # padded frames repeat the last one
+        stamps.append(stamps[-1])
+    return Video(frames=frames, timestamps=stamps, sample_fps=raw.sample_fps, original_size=size)
