@@ -135,3 +135,17 @@ def test_a_multi_turn_sample_is_shown_turn_by_turn_with_the_tools_images(tmp_pat
     assert [body.count("<img") for _, _, body in blocks] == [0, 1, 0, 0, 0, 1, 0]
     assert 'width="56" height="28"' in blocks[1][2] and 'width="28" height="56"' in blocks[5][2]
     assert "&lt;tool_call&gt;two&lt;/tool_call&gt;" in blocks[4][2] and "everything" not in html
+
+
+def test_a_video_is_shown_as_its_frames_with_their_times(tmp_path: Path):
+    from vlmrl.batch import Video
+
+    frames = [Image.new("RGB", (224, 112), c) for c in ((255, 0, 0), (0, 255, 0), (0, 0, 255), (0, 0, 255))]
+    video = Video(frames, [0.0, 0.5, 1.0, 1.5], 2.0)
+    sample = RewardSample(response="blue", prompt="p", ground_truth="blue", videos=[video], images=[frames[0]])
+    html = write_gallery(tmp_path / "g.html", 1, [sample], [1.0], {}).read_text(encoding="utf-8")
+    strip = html.split("<div class='video'>")[1]
+    assert "video 1: 4 frames at 2 fps" in strip and strip.count("<figure class='frame'>") == 4
+    assert [f"{t:.2f} s" in strip for t in (0.0, 0.5, 1.0, 1.5)] == [True] * 4
+    assert strip.count('width="128" height="64"') == 4  # frames downscaled to 128 px, the prompt image to 256
+    assert html.count('width="224" height="112"') == 1 and html.count("<img") == 5

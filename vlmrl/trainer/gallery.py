@@ -13,9 +13,10 @@ from typing import Any
 
 from PIL import Image
 
-from vlmrl.batch import RewardSample, Trajectory
+from vlmrl.batch import RewardSample, Trajectory, Video
 
 _THUMB = 256  # max side of an inlined image, pixels
+_FRAME = 128  # max side of an inlined video frame
 _DASH = "\u2013"  # shown for NaN (a component that does not apply)
 
 _CSS = """
@@ -25,7 +26,10 @@ body{font-family:system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222
 pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;padding:.5em;margin:.2em 0 .8em}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}
 .meta{color:#555}
-.turn{border-left:3px solid #88a;padding-left:.6em;margin:.4em 0}.turn.tool{border-color:#a86}.turn .meta{display:block}
+.turn{border-left:3px solid #88a;padding-left:.6em;margin:.4em 0}.turn.tool{border-color:#a86}
+.turn .meta,.video .meta{display:block}
+.frame{display:inline-block;margin:0 .3em .3em 0;text-align:center}.frame img{max-width:128px;margin:0}
+.frame figcaption{font-size:.8em;color:#555}
 """
 
 
@@ -40,10 +44,10 @@ def _mean(xs: list[float]) -> float:
     return math.fsum(vals) / len(vals) if vals else float("nan")
 
 
-def _img_tag(im: Image.Image) -> str:
-    """An ``<img>`` with the image as a base64 data URI, downscaled so its longer side is at most ``_THUMB``."""
+def _img_tag(im: Image.Image, side: int = _THUMB) -> str:
+    """An ``<img>`` with the image as a base64 data URI, downscaled so its longer side is at most ``side``."""
     im = im.copy()
-    im.thumbnail((_THUMB, _THUMB))
+    im.thumbnail((side, side))
     buf = io.BytesIO()
     if im.mode in ("RGB", "L"):
         im.save(buf, format="JPEG", quality=85)
@@ -60,6 +64,19 @@ def _text(x: Any) -> str:
     if not isinstance(x, str):
         x = json.dumps(x, ensure_ascii=False, default=str)
     return escape(x)
+
+
+def videos_html(videos: list[Video]) -> str:
+    """Each video as a strip of its sampled frames (what the model saw), each captioned with its time in seconds."""
+    parts = []
+    for k, v in enumerate(videos):
+        frames = "".join(
+            f"<figure class='frame'>{_img_tag(im, _FRAME)}<figcaption>{t:.2f} s</figcaption></figure>"
+            for im, t in zip(v.frames, v.timestamps)
+        )
+        parts.append(f"<div class='video'><span class='meta'>video {k + 1}: {len(v.frames)} frames at "
+                     f"{v.sample_fps:g} fps</span><div>{frames}</div></div>")  # fmt: skip
+    return "".join(parts)
 
 
 def turns_html(traj: Trajectory) -> str:
@@ -93,9 +110,9 @@ def write_gallery(
     """Write an HTML gallery of validation samples to ``path`` (atomically) and return the path.
 
     The header summarises all ``samples`` (count, mean score overall and per data_source); cards are drawn for
-    the first ``limit`` of them: images, prompt, response (turn by turn, with the tools' images, for multi-turn
-    samples), ground truth, data_source, total score and every reward component (NaN, i.e. "does not apply", shown
-    as ``–``). All sample text is HTML-escaped.
+    the first ``limit`` of them: images, video frames with their times, prompt, response (turn by turn, with the
+    tools' images, for multi-turn samples), ground truth, data_source, total score and every reward component (NaN,
+    i.e. "does not apply", shown as ``–``). All sample text is HTML-escaped.
     ``scores[i]`` and ``components[name][i]`` belong to ``samples[i]``. ``summary`` — (data_source, score) of every
     validation sample — replaces ``samples`` in the header when only the shown samples were kept in memory.
     """
@@ -128,7 +145,7 @@ def write_gallery(
         response = turns_html(s.trajectory) if s.trajectory is not None else f"<pre>{_text(s.response)}</pre>"
         parts.append(
             f"<div class='card'><h3>#{i} \u00b7 {escape(s.data_source)} \u00b7 score {_fmt(score)}</h3>"
-            f"<div>{''.join(_img_tag(im) for im in s.images)}</div>"
+            f"<div>{''.join(_img_tag(im) for im in s.images)}</div>{videos_html(s.videos)}"
             f"<b>prompt</b><pre>{_text(s.prompt)}</pre>"
             f"<b>response</b> <span class='meta'>({s.response_length} tokens, {escape(s.finish_reason)})</span>"
             f"{response}"
