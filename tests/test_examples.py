@@ -31,7 +31,7 @@ from vlmrl.config.checks import check_config
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 ALL_SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
-GPU_SCRIPTS = [p for p in ALL_SCRIPTS if p.name != "quickstart_cpu.sh"]
+GPU_SCRIPTS = [p for p in ALL_SCRIPTS if not p.name.endswith("_cpu.sh")]
 GEO3K_SCRIPTS = [p for p in GPU_SCRIPTS if p.name.startswith("geo3k_")]
 
 # environment variables the example scripts read: cleared so the caller's shell cannot change what the tests see
@@ -398,6 +398,13 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     assert [r["step"] for r in rows] == [0, 1, 2], rows
     assert "val/reward/mean" in rows[0] and "val/reward/mean" in rows[2] and "actor/entropy" in rows[1]
     assert (run_dir / "reward_curve.png").is_file() and list((run_dir / "val_gallery").glob("step_*.html"))
+    if script.name == "tool_zoom_cpu.sh":  # model, data, warm start, multi-turn GRPO, the report
+        assert "[warm_start] step 5/5" in log and (run_dir / "warm_start" / "model.safetensors").is_file()
+        assert all("multi_turn/tool_calls/mean" in r and "multi_turn/called_share" in r for r in rows[1:])
+        gallery = sorted((run_dir / "val_gallery").glob("step_*.html"))[-1].read_text()
+        assert "<div class='turn assistant'>" in gallery  # shown turn by turn
+        assert (run_dir / "report.html").is_file() and "[vlmrl] health:" in log
+        return
     if script.name == "quickstart_cpu.sh":  # the quick start saves no checkpoint (trainer.save_freq=-1)
         assert "[quickstart] tiny model:" in log and not list(run_dir.glob("global_step_*"))
         # it ends with the run report next to the reward curve, and the run's health checks printed

@@ -362,6 +362,35 @@ def test_synthetic_families_answers_match_pictures(tmp_path):
             assert all(f"{o['colour']} {o['shape']}" != target for o in objs[1:])  # the target is unambiguous
 
 
+def test_synthetic_zoom_family_hides_the_square_from_a_small_pixel_budget(tmp_path):
+    """The zoom family: a small square of the answer's colour near the centre of a large canvas strewn with dots of
+    every colour; the dots never touch it; the box the demo's warm start zooms into (the centre, in the pixels of the
+    112 x 112 image the tiny model sees) holds the whole square; shown at that budget it is a few pixels."""
+    from vlmrl.models import qwen_vl
+
+    sys.path.insert(0, str(ROOT / "examples" / "tool_zoom"))
+    from teacher import CENTRE
+
+    synthetic.main(["--output-dir", str(tmp_path), "--families", "zoom", "--image-size", "896", "--train-size", "12",
+                    "--test-size", "0", "--no-progress"])  # fmt: skip
+    for r in rows(tmp_path / "train.parquet"):
+        im, gt = _decode(r), r["reward_model"]["ground_truth"]
+        (obj,) = r["extra_info"]["objects"]
+        x1, y1, x2, y2 = obj["box"]
+        assert r["data_source"] == "synthetic/zoom" and obj["colour"] == gt and x2 - x1 + 1 == 896 // 36
+        square = im.crop((x1, y1, x2 + 1, y2 + 1))
+        assert square.getcolors() == [((x2 - x1 + 1) * (y2 - y1 + 1), synthetic.PALETTE[gt])]  # nothing on it
+        ring = im.crop((x1 - 2, y1 - 2, x2 + 3, y2 + 3)).getcolors(10**4)
+        assert {c for _, c in ring} == {synthetic.PALETTE[gt], (255, 255, 255)}  # no dot touches it
+        counts = {c: n for n, c in im.getcolors(896 * 896)}
+        assert all(counts[synthetic.PALETTE[c]] > 0.03 * 896 * 896 for c in ("red", "green", "blue"))  # the dots
+        scale = 896 / 112
+        assert all(c * scale <= v <= (c + 6) * scale for c, v in zip(CENTRE[:2], (x1, y1)))
+        assert x2 < CENTRE[2] * scale and y2 < CENTRE[3] * scale
+        small = qwen_vl.resize_image(im, 28, 28 * 28 * 4, 28 * 28 * 16)
+        assert small.size == (112, 112) and (x2 - x1) / scale < 4  # three pixels at the tiny model's budget
+
+
 def test_synthetic_runs_by_path_from_a_checkout(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(tmp_path), "--train-size",

@@ -44,6 +44,10 @@ SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
+"""Qwen2.5's tool-call tags: added tokens that are not special (``decode(skip_special_tokens=True)`` keeps them, so
+the hermes parser reads them), ids right after the special tokens as in Qwen's vocabulary (151657, 151658)."""
+
 # the chat template of Qwen/Qwen2.5-VL-*-Instruct (chat_template.json)
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -102,6 +106,10 @@ class TinySpec:
     """Vision blocks with full attention (others are windowed); empty = the last block."""
     tie_word_embeddings: bool = False
     """Share the input embedding and the LM head (Qwen2.5-VL-3B does)."""
+    tool_tokens: bool = False
+    """Qwen2.5's ``<tool_call>`` / ``</tool_call>`` tokens, and tool-call JSON in the tokenizer's training text (so
+    ``"name"``, ``"arguments"``, ``image_zoom``, ``bbox_2d`` are a few tokens each, as in a real vocabulary): for
+    multi-turn tool demos. Off by default, which keeps the default model's vocabulary as it was."""
 
 
 QWEN25_VL_3B = TinySpec(
@@ -123,8 +131,12 @@ QWEN25_VL_3B = TinySpec(
 )
 """The shape of Qwen2.5-VL-3B-Instruct (random weights; the tiny tokenizer) for GPU benchmarks."""
 
+TOOL_DEMO = TinySpec(vocab_size=1024, tool_tokens=True)
+"""The tiny model for multi-turn tool demos: Qwen2.5's tool-call tokens, and a vocabulary large enough that the
+hermes system message listing a tool is ~230 tokens instead of ~480 (``examples/tool_zoom_cpu.sh``)."""
 
-def _corpus(seed: int) -> list[str]:
+
+def _corpus(seed: int, tools: bool = False) -> list[str]:
     rng = random.Random(seed)
     lines = []
     for _ in range(3000):
@@ -132,6 +144,19 @@ def _corpus(seed: int) -> list[str]:
         words = " ".join(rng.choice(_WORDS) for _ in range(12))
         lines.append(f"What is {a} + {b}? <think>{a} plus {b} is {a + b}</think> <answer>{a + b}</answer> {words}.\n")
         lines.append(f"The answer is \\boxed{{{a}}}. [{a}, {b}, {a + b}, {b + 7}] {words.capitalize()}!\n")
+        if tools:  # the JSON of hermes tool calls and results (the tags themselves are added tokens)
+            box = sorted(rng.sample(range(112), 2)) + sorted(rng.sample(range(112), 2))
+            lines.append(
+                f'\n{{"name": "image_zoom", "arguments": {{"bbox_2d": [{box[0]}, {box[2]}, {box[1]}, '
+                f"{box[3]}]}}}}\n <tool_response>Zoomed in on the region {box}.</tool_response>\n"
+            )
+            lines.append(f'\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n')
+    if tools:  # the hermes system message listing the built-in tools (a real vocabulary has its words)
+        from vlmrl.tools import hermes
+        from vlmrl.tools.builtin import BUILTIN
+
+        schemas = [cls.default_schema for cls in BUILTIN.values() if cls.default_schema]
+        lines += [hermes.system_prompt([s]) + "\n" for s in schemas for _ in range(100)]
     lines.append("system\nYou are a helpful assistant.\nuser\nassistant\n")
     return lines
 
@@ -150,14 +175,19 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    added = SPECIAL_TOKENS + (TOOL_TOKENS if spec.tool_tokens else [])
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size - len(SPECIAL_TOKENS),
+        vocab_size=spec.vocab_size - len(added),
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed, spec.tool_tokens), trainer=trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)  # appended at the end of the vocabulary, like Qwen's
+    if spec.tool_tokens:
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return Qwen2TokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -319,8 +349,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=TinySpec.layers)
     ap.add_argument("--vision-hidden", type=int, default=TinySpec.vision_hidden)
     ap.add_argument("--vision-depth", type=int, default=TinySpec.vision_depth)
+    ap.add_argument("--vocab-size", type=int, default=TinySpec.vocab_size)
+    ap.add_argument("--tool-tokens", action="store_true", help="add Qwen2.5's <tool_call> tokens (tool demos)")
     a = ap.parse_args(argv)
-    spec = TinySpec(hidden=a.hidden, layers=a.layers, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth)
+    spec = TinySpec(hidden=a.hidden, layers=a.layers, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth,
+                    vocab_size=a.vocab_size, tool_tokens=a.tool_tokens)  # fmt: skip
     out = build_tiny_model(a.output, a.seed, spec)
     size = sum(f.stat().st_size for f in out.iterdir())
     print(

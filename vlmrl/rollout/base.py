@@ -69,6 +69,8 @@ class TurnRequest:
     """The context's images in order (prompt images, then tool images), resized as the model sees them."""
     max_tokens: int
     """Tokens this turn may generate."""
+    prompt: Any = None
+    """The trajectory's ``PromptSample`` (engines ignore it; a scripted policy may read its record)."""
 
 
 @dataclass

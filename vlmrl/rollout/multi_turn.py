@@ -117,7 +117,7 @@ class MultiTurnAgent:
             requests = []
             for s in active:
                 left = self.budget - len(s.response)
-                requests.append(TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left))
+                requests.append(TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left, s.prompt))
             outs = self.engine.generate_turns(requests, spec)
             calls: list[_Call] = []
             for s, o in zip(active, outs):
