@@ -120,7 +120,7 @@ def warm_start(
         prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
         rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=max_response_length))  # the tools run for real
         x = build_inputs(prompts, rb, process_images(processor, prompts), pad, process_response_images(processor, rb))
-        x = to_device(x, device) if device != "cpu" else x
+        x = to_device(x, device)
         lp, _, extra = response_logprobs(model, x, vision)
         mask = x.response_mask.float()
         loss = -(lp * mask).sum() / mask.sum().clamp(min=1.0) + extra
