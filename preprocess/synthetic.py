@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -73,10 +74,8 @@ SHAPES = ("circle", "square", "triangle", "diamond")
 
 _FULL_SHAPES = ("circle", "square")  # shapes filling >= 78% of their box: the colour family draws these
 
-FAMILIES = ("colour", "shape", "count", "position", "grounding", "zoom")
-"""Task families."""
-
-FAMILIES += VIDEO_FAMILIES
+FAMILIES = ("colour", "shape", "count", "position", "grounding", "zoom", *VIDEO_FAMILIES)
+"""Task families (the video ones drawn by ``synthetic_video.py``)."""
 
 POSITIONS = ("left", "right", "top", "bottom")
 """Answers of the position family: where the first shape is relative to the second."""
@@ -272,7 +271,7 @@ def _strew_dots(
     touching ``keep_clear``: at a small pixel budget every patch holds as much of each colour as the target square's."""
     short = min(w, h)
     lo, hi = max(1, short // 180), max(2, short // 90)
-    mean_area = 3.14159 / 4 * ((lo + hi) / 2) ** 2
+    mean_area = math.pi / 4 * ((lo + hi) / 2) ** 2
     for _ in range(int(0.15 * w * h / mean_area)):
         d = rng.randint(lo, hi)
         x, y = rng.randint(0, w - d), rng.randint(0, h - d)
