@@ -38,6 +38,7 @@ GEO3K_SCRIPTS = [p for p in GPU_SCRIPTS if p.name.startswith("geo3k_")]
 SCRIPT_VARS = (
     "DATA", "DATA_JSONL", "VAL_JSONL", "IMAGE_DIR", "IMAGE_FIELD", "QUESTION_FIELD", "BBOX_FIELD", "GEO3K", "MODEL",
     "GPUS", "NNODES", "RAY_ADDRESS", "LOGGER", "PROJECT", "EXPERIMENT", "PYTHON", "VLMRL_DRY_RUN", "SMOKE", "OUT",
+    "NO_TOOLS",
 )  # fmt: skip
 
 
@@ -426,3 +427,21 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     assert arr["rollout"]["engine_kwargs"]["vllm"] == {"disable_mm_preprocessor_cache": True}
     assert tr["logger"] == ["console", "jsonl", "wandb"] and list((run_dir / "wandb").glob("offline-run-*"))
     assert tr["val_before_train"] is True and tr["save_freq"] > 2  # the last step's checkpoint, not a periodic one
+
+
+@pytest.mark.slow
+def test_tool_zoom_without_the_tool_in_smoke_mode(tmp_path: Path) -> None:
+    """``NO_TOOLS=1 SMOKE=1 bash examples/tool_zoom_cpu.sh``: the same pipeline, trained with multi-turn off (the
+    README's policy that never zooms): no tool in the prompts, no multi_turn metrics."""
+    run_dir = tmp_path / "run"
+    env = script_env(tmp_path / "home", SMOKE="1", NO_TOOLS="1", OUT=str(run_dir), PYTHON=sys.executable,
+                     RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # fmt: skip
+    del env["VLMRL_DRY_RUN"]
+    proc = subprocess.run(["bash", str(EXAMPLES / "tool_zoom_cpu.sh")], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "reward/mean" in rows[1]
+    assert not any(k.startswith("multi_turn/") for r in rows for k in r)
+    gallery = sorted((run_dir / "val_gallery").glob("step_*.html"))[-1].read_text()
+    assert "# Tools" not in gallery and "<div class='turn" not in gallery
