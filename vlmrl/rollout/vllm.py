@@ -24,6 +24,7 @@ import torch
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
+from vlmrl.rollout.cpu_reload import direct_reload, unsupported_reason
 
 # a bias no real logit survives; the engine applies it to raw logits before sampling
 _NEVER = -1.0e4
@@ -159,6 +160,10 @@ class VLLMRollout:
         self.vision_ids = vision_token_ids(self.tokenizer)
         self.eos_ids = _eos_ids(model_path, self.tokenizer)
         self.asleep = False
+        # the weight push: on CPU straight into the layers and repacked (cpu_reload), else vLLM's in-place reload
+        self.direct_push_unsupported = "not a CPU engine" if device != "cpu" else unsupported_reason(self.llm)
+        if device == "cpu" and self.direct_push_unsupported:
+            print(f"[vlmrl] weight push through vLLM's reload_weights: {self.direct_push_unsupported}", flush=True)
 
     # ----------------------------------------------------------------------------------------------- generation
     def sampling_params(self, spec: SamplingSpec):
@@ -234,9 +239,14 @@ class VLLMRollout:
     # --------------------------------------------------------------------------------------------- weight push
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Reload weights into the running engine (one tensor at a time from the iterator), then reset the prefix
-        and encoder caches so the engine behaves exactly like a fresh one started from the new weights."""
+        and encoder caches so the engine behaves exactly like a fresh one started from the new weights. On CPU the
+        weights go straight into the layers, which are packed again (``cpu_reload.direct_reload``: the same result as
+        vLLM's ``reload_weights`` in less than half the time); elsewhere through ``reload_weights``."""
         t0 = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        if self.direct_push_unsupported is None:
+            self.llm.collective_rpc(direct_reload, args=(iter(named_tensors),))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.reset_caches()
         return time.perf_counter() - t0
 
