@@ -84,3 +84,127 @@ def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny
         assert default["pushed"].keys() == other["pushed"].keys()
         worst = max(float((default["pushed"][k] - other["pushed"][k]).abs().max()) for k in default["pushed"])
         assert worst <= 1e-5, (setting, worst)  # the engine gets the same new weights
+
+
+def _clip_worker(rank: int, rendezvous: str, out: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+
+    from vlmrl.workers.policy import clip_grad_norm
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
+    results = {}
+    for case, scale in (("clipped", 10.0), ("under the limit", 1e-3), ("non-finite", float("inf"))):
+        torch.manual_seed(0)  # the same model on both ranks; gradients differ per rank (as data-parallel ones do)
+        models = [torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3)) for _ in range(2)]
+        models[1].load_state_dict(models[0].state_dict())
+        for m in models:
+            fully_shard(m)
+        for m in models:
+            g = torch.Generator().manual_seed(10 + rank)
+            for p in m.parameters():
+                full = torch.randn(p.full_tensor().shape, generator=g) * (scale if scale != float("inf") else 1.0)
+                if scale == float("inf") and p.dim() == 1:
+                    full[0] = float("inf")
+                p.grad = distribute_tensor(full, p.device_mesh, p.placements)
+        theirs = torch.nn.utils.clip_grad_norm_(list(models[0].parameters()), 1.0, foreach=True)
+        theirs = float(theirs.full_tensor() if hasattr(theirs, "full_tensor") else theirs)
+        ours = clip_grad_norm(list(models[1].parameters()), 1.0)
+        after = [
+            (a.grad.full_tensor(), b.grad.full_tensor()) for a, b in zip(models[0].parameters(), models[1].parameters())
+        ]
+        results[case] = (theirs, ours, after)
+    out[rank] = results
+    dist.destroy_process_group()
+
+
+def test_clip_grad_norm_on_local_shards_equals_torchs(tmp_path: Path) -> None:
+    """vlmrl clips FSDP2 gradients on their local shards (one all-reduce, no per-op DTensor dispatch): the same
+    global norm and the same clipped gradients as ``torch.nn.utils.clip_grad_norm_`` on 2 ranks whose gradients
+    differ, when clipping, when under the limit (unchanged) and with an inf gradient (a non-finite norm)."""
+    import math
+
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        rdv = f"file://{tmp_path / 'rdv'}"
+        procs = [ctx.Process(target=_clip_worker, args=(r, rdv, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        results = dict(out)
+    assert [p.exitcode for p in procs] == [0, 0] and set(results) == {0, 1}
+    for rank in (0, 1):
+        r = results[rank]
+        theirs, ours, after = r["clipped"]
+        assert theirs > 10 and math.isclose(ours, theirs, rel_tol=1e-6), (theirs, ours)
+        assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in after)
+        theirs, ours, after = r["under the limit"]
+        assert theirs < 1 and math.isclose(ours, theirs, rel_tol=1e-6)
+        assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in after)
+        theirs, ours, _ = r["non-finite"]
+        assert not math.isfinite(theirs) and not math.isfinite(ours)
+    assert results[0]["clipped"][1] == results[1]["clipped"][1]  # every rank sees the same global norm
+
+
+def _push_and_train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from vlmrl.models.forward import response_logprobs
+    from vlmrl.workers.policy import PolicyWorker
+    from vlmrl.workers.weights import engine_weights
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
+    for keep in (False, True):
+        arr = ActorRolloutRefConfig()
+        arr.model.path = model_dir
+        arr.model.enable_gradient_checkpointing = False
+        arr.actor.fsdp_config.reshard_after_forward = False
+        arr.actor.ppo_micro_batch_size_per_gpu = 3
+        arr.actor.shuffle = False
+        arr.actor.optim.lr = 1e-2
+        torch.manual_seed(0)
+        worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+        pushes, gathered = [], []
+        for _ in range(3):  # update (two optimizer steps), then a push, as every training step does
+            worker.update(x, advantages, 6)
+            pushes.append({name: t.clone() for name, t in engine_weights(worker.model, keep_gathered=keep)})
+            gathered.append(sum(not isinstance(p, DTensor) for p in worker.model.parameters()))  # gathered: plain
+        with torch.no_grad():
+            out[keep] = {
+                "pushes": pushes,
+                "gathered": gathered,
+                "after": response_logprobs(worker.model, x, vision_ids)[0],
+            }
+    dist.destroy_process_group()
+
+
+def test_units_kept_gathered_after_a_push_train_exactly_as_resharded_ones(
+    tiny_model_dir,
+    tiny_processor,
+    varied_batch,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """On CPU the push leaves the FSDP units gathered, so the next update's forward gathers nothing. Its weights
+    are the pushed ones (no optimizer step comes between), and every backward reshards: three rounds of update +
+    push give exactly the pushes and the model of a run that reshards after each push."""
+    x, advantages = varied_batch
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        rdv = f"file://{tmp_path / 'rdv'}"
+        p = ctx.Process(target=_push_and_train, args=(str(tiny_model_dir), ids, x, advantages, rdv, out))
+        p.start()
+        p.join(300)
+        results = dict(out)
+    assert p.exitcode == 0 and set(results) == {False, True}, p.exitcode
+    resharded, kept = results[False], results[True]
+    assert resharded["gathered"] == [0, 0, 0] and all(n > 0 for n in kept["gathered"])
+    assert len({tuple(float(t.sum()) for t in push.values()) for push in kept["pushes"]}) == 3  # weights moved
+    for a, b in zip(resharded["pushes"], kept["pushes"]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(resharded["after"], kept["after"])

@@ -30,7 +30,7 @@ def _fsdp_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module | None, l
     return [(units[u], names) for u, names in groups.items() if names]
 
 
-def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(engine name, full tensor) for every parameter, LoRA adapters merged into their base weights, one FSDP unit
     materialised at a time.
 
@@ -39,6 +39,10 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     instead of one per tensor. The tensors yielded are copies that outlive the unit's ``reshard()``: vLLM's reload
     keeps some until the end of the push (a vocabulary it pads, e.g. 861 rows padded to 896, is loaded when the
     reload finishes) and read freed memory otherwise. Every rank must run this generator to the end, in order.
+
+    ``keep_gathered``: the units stay gathered afterwards. They hold exactly the weights the next forward needs (no
+    optimizer step comes between a push and the next update, and every backward reshards), so that forward gathers
+    nothing: one collective per unit per step saved, for a full copy of the weights held through the rollout.
     """
     lora_modules = {}
     for mname, module in model.named_modules():
@@ -61,5 +65,5 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
                         full = full + m.scaling[adapter] * (b @ a)
                 yield qwen_vl.engine_weight_name(name), (full if unit is None else full.clone())
         finally:
-            if unit is not None:
+            if unit is not None and not keep_gathered:
                 unit.reshard()
