@@ -22,6 +22,7 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
 
     from vlmrl.models.forward import response_logprobs
     from vlmrl.workers.policy import PolicyWorker
+    from vlmrl.workers.weights import engine_weights
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
     for setting in SETTINGS:
@@ -45,10 +46,10 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
             worker.update(x, advantages, 6)
         from torch.distributed.fsdp import FSDPModule
 
-        kept = list(worker.engine_weights())  # held past each unit's reshard, as vLLM's reload holds some
+        kept = list(engine_weights(worker.model))  # held past each unit's reshard, as vLLM's reload holds some
         out[setting] = {
             "before": before, "after": logprobs(worker),
-            "pushed": {name: t.clone() for name, t in worker.engine_weights()},
+            "pushed": {name: t.clone() for name, t in engine_weights(worker.model)},
             "kept": {name: t for name, t in kept},
             "units": sum(isinstance(m, FSDPModule) for m in worker.model.modules()),
         }  # fmt: skip
@@ -174,11 +175,15 @@ def _push_and_train(model_dir: str, vision_ids, x, advantages, rendezvous: str, 
             pushes.append({name: t.clone() for name, t in engine_weights(worker.model, keep_gathered=keep)})
             gathered.append(sum(not isinstance(p, DTensor) for p in worker.model.parameters()))  # gathered: plain
         with torch.no_grad():
-            out[keep] = {
-                "pushes": pushes,
-                "gathered": gathered,
-                "after": response_logprobs(worker.model, x, vision_ids)[0],
-            }
+            after = response_logprobs(worker.model, x, vision_ids)[0]
+        worker.update(x, advantages, 6)
+        list(worker.engine_weights())  # the push a CPU worker makes
+        out[keep] = {
+            "pushes": pushes,
+            "gathered": gathered,
+            "after": after,
+            "cpu_push_keeps": sum(not isinstance(p, DTensor) for p in worker.model.parameters()),
+        }
     dist.destroy_process_group()
 
 
@@ -204,6 +209,7 @@ def test_units_kept_gathered_after_a_push_train_exactly_as_resharded_ones(
     assert p.exitcode == 0 and set(results) == {False, True}, p.exitcode
     resharded, kept = results[False], results[True]
     assert resharded["gathered"] == [0, 0, 0] and all(n > 0 for n in kept["gathered"])
+    assert resharded["cpu_push_keeps"] > 0  # PolicyWorker.engine_weights keeps them gathered on CPU
     assert len({tuple(float(t.sum()) for t in push.values()) for push in kept["pushes"]}) == 3  # weights moved
     for a, b in zip(resharded["pushes"], kept["pushes"]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

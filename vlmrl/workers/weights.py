@@ -42,15 +42,22 @@ def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Itera
 
     ``keep_gathered``: the units stay gathered afterwards. They hold exactly the weights the next forward needs (no
     optimizer step comes between a push and the next update, and every backward reshards), so that forward gathers
-    nothing: one collective per unit per step saved, for a full copy of the weights held through the rollout.
+    nothing: one collective per unit per step saved, for a full copy of the weights held through the rollout. All
+    units' gathers are then started at once, and the tensors yielded are the gathered weights themselves (valid
+    until the next backward), not copies.
     """
     lora_modules = {}
     for mname, module in model.named_modules():
         if hasattr(module, "lora_A") and hasattr(module, "base_layer") and len(getattr(module, "lora_A", {})) > 0:
             lora_modules[mname] = module
-    for unit, names in _fsdp_groups(model):
+    groups = _fsdp_groups(model)
+    # kept gathered anyway: every unit's gather starts at once (their latencies overlap), each waited for in turn
+    pending = {id(u): u.unshard(async_op=True) for u, _ in groups if u is not None} if keep_gathered else {}
+    for unit, names in groups:
         if unit is not None:
-            unit.unshard()
+            handle = pending.pop(id(unit), None) if keep_gathered else unit.unshard()
+            if handle is not None:
+                handle.wait()
         try:
             for name in names:
                 if qwen_vl.is_lora_param(name):
@@ -63,7 +70,10 @@ def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Itera
                         a = _full(m.lora_A[adapter].weight).to(full.dtype)
                         b = _full(m.lora_B[adapter].weight).to(full.dtype)
                         full = full + m.scaling[adapter] * (b @ a)
-                yield qwen_vl.engine_weight_name(name), (full if unit is None else full.clone())
+                yield (
+                    qwen_vl.engine_weight_name(name),
+                    (full.clone() if unit is not None and not keep_gathered else full),
+                )
         finally:
             if unit is not None and not keep_gathered:
                 unit.reshard()
