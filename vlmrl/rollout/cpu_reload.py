@@ -8,10 +8,11 @@ every copy), and packs a layer when its count is complete. On a small model that
 :func:`direct_reload` does what an engine start does instead, on the running model: the checkpoint-format weight of
 each packed linear layer comes back (one tensor per layer, made from vLLM's own record of it), the model's
 ``load_weights`` fills every parameter (the same name mapping, merging and sharding as at start), and vLLM's
-``process_weights_after_loading`` packs the layers again. Same result as ``reload_weights``, bit for bit (tested),
-in less than half the time. The unpacked weights of the packed layers exist only during the push (one copy of
-those layers' weights, freed when they are packed again). A weight that the trainer did not send is an error: the
-layer would otherwise be packed from uninitialised memory.
+``process_weights_after_loading`` packs the layers again. Same result as ``reload_weights``, bit for bit (tested);
+about half its time on the tiny model, 0.86-0.91x at 23-104 M parameters (benchmarks/bench_push.py). The unpacked
+weights of the packed layers exist only during the push (one copy of those layers' weights, freed when they are
+packed again). A weight that the trainer did not send is an error: the layer would otherwise be packed from
+uninitialised memory.
 
 Runs inside vLLM's worker through ``LLM.collective_rpc``; used only where :func:`unsupported_reason` returns None
 (CPU, unquantized, no vLLM LoRA, the vLLM internals it relies on present).

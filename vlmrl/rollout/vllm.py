@@ -241,7 +241,7 @@ class VLLMRollout:
         """Reload weights into the running engine (one tensor at a time from the iterator), then reset the prefix
         and encoder caches so the engine behaves exactly like a fresh one started from the new weights. On CPU the
         weights go straight into the layers, which are packed again (``cpu_reload.direct_reload``: the same result as
-        vLLM's ``reload_weights`` in less than half the time); elsewhere through ``reload_weights``."""
+        vLLM's ``reload_weights``, faster); elsewhere through ``reload_weights``."""
         t0 = time.perf_counter()
         if self.direct_push_unsupported is None:
             self.llm.collective_rpc(direct_reload, args=(iter(named_tensors),))
