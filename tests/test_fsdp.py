@@ -17,6 +17,17 @@ from vlmrl.models import qwen_vl
 SETTINGS = ("default", "reshard_after_forward=False", "min_num_params=1e6")
 
 
+def _run_spawned(target, *args, tmp_path: Path) -> tuple[int | None, dict]:
+    """``target(*args, rendezvous, out)`` in one spawned process (a world of one); its exit code and ``out``."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        p = ctx.Process(target=target, args=(*args, f"file://{tmp_path / 'rdv'}", out))
+        p.start()
+        p.join(300)
+        return p.exitcode, dict(out)
+
+
 def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict) -> None:
     import torch.distributed as dist
 
@@ -60,15 +71,8 @@ def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny
                                                                     tmp_path: Path) -> None:  # fmt: skip
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        out = manager.dict()
-        rdv = f"file://{tmp_path / 'rdv'}"
-        p = ctx.Process(target=_train, args=(str(tiny_model_dir), ids, x, advantages, rdv, out))
-        p.start()
-        p.join(300)
-        results = dict(out)
-    assert p.exitcode == 0 and set(results) == set(SETTINGS), p.exitcode
+    exitcode, results = _run_spawned(_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
+    assert exitcode == 0 and set(results) == set(SETTINGS), exitcode
     default = results["default"]
     mask = x.response_mask.bool()
     moved = float((default["after"] - default["before"])[mask].abs().max())
@@ -198,15 +202,8 @@ def test_units_kept_gathered_after_a_push_train_exactly_as_resharded_ones(
     push give exactly the pushes and the model of a run that reshards after each push."""
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        out = manager.dict()
-        rdv = f"file://{tmp_path / 'rdv'}"
-        p = ctx.Process(target=_push_and_train, args=(str(tiny_model_dir), ids, x, advantages, rdv, out))
-        p.start()
-        p.join(300)
-        results = dict(out)
-    assert p.exitcode == 0 and set(results) == {False, True}, p.exitcode
+    exitcode, results = _run_spawned(_push_and_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
+    assert exitcode == 0 and set(results) == {False, True}, exitcode
     resharded, kept = results[False], results[True]
     assert resharded["gathered"] == [0, 0, 0] and all(n > 0 for n in kept["gathered"])
     assert resharded["cpu_push_keeps"] > 0  # PolicyWorker.engine_weights keeps them gathered on CPU
