@@ -193,20 +193,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         with common.cpu_lock(f"build {shape}"):
             model = common.tiny_model(seed=0, **SHAPES[shape])
         out = work / f"{shape}.json"
-        out.unlink(missing_ok=True)
         cmd = [common.PY, __file__, "--worker", "--model", str(model), "--data", str(data)]
         cmd += ["--repeats", str(a.repeats), "--threads", str(a.threads), "--worker-out", str(out)]
         env = common.bench_env(a.threads)
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
         print(f"[bench_push] {shape}", flush=True)
-        run = common.run_locked(cmd, env=env, log=out.with_suffix(".log"), timeout_s=900, what=f"push {shape}")
-        if run["returncode"] != 0 or not out.exists():
-            log = Path(run["log"])
-            raise RuntimeError(
-                f"push on {shape} failed (exit {run['returncode']}); log {log}:\n{log.read_text()[-4000:]}"
-            )
-        r = json.loads(out.read_text())
-        r.update(spec=SHAPES[shape], foreign_cpu_frac=run["foreign_cpu_frac"])
+        r = common.run_json_worker(cmd, env=env, out=out, what=f"push on {shape}")
+        r["spec"] = SHAPES[shape]
         results[shape] = r
         v, d = common.median(r["times_s"]["vllm_reload"]), common.median(r["times_s"]["direct"])
         print(f"[bench_push]   vLLM reload {v * 1000:.1f} ms, direct {d * 1000:.1f} ms ({d / v:.2f}x)", flush=True)

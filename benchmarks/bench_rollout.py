@@ -128,19 +128,12 @@ def _time_push(engine: Any, model: Path, repeats: int) -> dict[str, Any]:
 def run_engine(engine: str, shape: str, model: Path, data: Path, a: argparse.Namespace, tag: str) -> dict[str, Any]:
     """One engine subprocess under the CPU lock; returns its JSON."""
     out = Path(a.work) / f"{tag}.json"
-    out.unlink(missing_ok=True)
     cmd = [common.PY, __file__, "--worker", "--engine", engine, "--model", str(model), "--data", str(data)]
     cmd += ["--prompts", str(a.prompts), "--n", str(a.n), "--max-tokens", str(a.max_tokens)]
     cmd += ["--repeats", str(a.repeats), "--threads", str(a.threads), "--worker-out", str(out)]
     env = common.bench_env(a.threads)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="nobind")
-    run = common.run_locked(cmd, env=env, log=out.with_suffix(".log"), timeout_s=900, what=f"rollout {tag}")
-    if run["returncode"] != 0 or not out.exists():
-        log = Path(run["log"])
-        raise RuntimeError(
-            f"{engine} on {shape} failed (exit {run['returncode']}); log {log}:\n{log.read_text()[-4000:]}"
-        )
-    return {**json.loads(out.read_text()), "foreign_cpu_frac": run["foreign_cpu_frac"]}
+    return common.run_json_worker(cmd, env=env, out=out, what=f"{engine} on {shape}")
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

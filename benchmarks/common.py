@@ -279,6 +279,19 @@ def run_locked(
     }
 
 
+def run_json_worker(
+    cmd: Sequence[str], *, env: dict[str, str], out: Path, what: str, timeout_s: float = 900
+) -> dict[str, Any]:
+    """Run a benchmark's own subprocess (``cmd`` writes its result as JSON to ``out``) under the CPU lock; returns
+    that JSON with ``foreign_cpu_frac``, or raises with the tail of its log (``out`` with ``.log``)."""
+    out.unlink(missing_ok=True)
+    run = run_locked(cmd, env=env, log=out.with_suffix(".log"), timeout_s=timeout_s, what=what)
+    if run["returncode"] != 0 or not out.exists():
+        log = Path(run["log"])
+        raise RuntimeError(f"{what} failed (exit {run['returncode']}); log {log}:\n{log.read_text()[-4000:]}")
+    return {**json.loads(out.read_text()), "foreign_cpu_frac": run["foreign_cpu_frac"]}
+
+
 def uncontended(run: Any, what: str, retries: int = 1, max_frac: float = 0.1) -> dict[str, Any]:
     """Call ``run()`` (returning a dict with ``foreign_cpu_frac``) again, up to ``retries`` times, while other
     processes took more than ``max_frac`` of the CPU during it; the result carries ``attempts``."""
