@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForImageTextToText
-from utils import make_prompt, noise, solid
+from utils import ScriptedEngine, make_agent, make_prompt, noise, solid
 
-from vlmrl.config.schema import MultiTurnConfig
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, TurnOutput
-from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics, truncate
-from vlmrl.tools.config import build_tools
+from vlmrl.rollout.multi_turn import multi_turn_metrics, truncate
+from vlmrl.tools.runner import ToolRunner
 
 ZOOM = '<tool_call>\n{"name": "image_zoom", "arguments": {"bbox_2d": [0, 0, 28, 28]}}\n</tool_call>'
 
@@ -78,38 +77,19 @@ def tool_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cfg
 
 
-class ScriptedEngine:
-    """Answers turn k of every trajectory with ``script[k]`` (text + <|im_end|>), recording each request."""
-
-    def __init__(self, tokenizer, script: list[str]) -> None:
-        self.tok, self.script, self.requests = tokenizer, script, []
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def generate_turns(self, requests, spec):
-        self.requests.append(requests)
-        turn = len(self.requests) - 1
-        out = []
-        for r in requests:
-            ids = self.tok(self.script[min(turn, len(self.script) - 1)], add_special_tokens=False)["input_ids"]
-            ids = ids[: r.max_tokens]
-            full = len(ids) == r.max_tokens
-            ids = ids if full else ids + [self.end]
-            out.append(TurnOutput(ids, [-0.5] * len(ids), "length" if full else "stop"))
-        return out
+@pytest.fixture(scope="module")
+def runner(tool_file: Path):
+    """The tools in 2 worker processes (the default), each call with a 1 s timeout."""
+    tools = ToolRunner(str(tool_file), 2, 1.0)
+    yield tools
+    tools.close()
 
 
-def agent(processor, engine, tool_file: Path, budget: int = 400, **mt) -> MultiTurnAgent:
-    cfg = MultiTurnConfig(enable=True, tool_config_path=str(tool_file), tool_timeout_s=1.0, **mt)
-    factor = qwen_vl.patch_factor(processor.image_processor)
-    bounds = (factor, *qwen_vl.pixel_bounds(processor.image_processor))
-    return MultiTurnAgent(engine, build_tools(tool_file), cfg, processor.tokenizer, bounds, budget, max_images=4)
-
-
-def test_tool_turn_is_appended_token_in_with_its_image_and_masked_out(tiny_processor, tool_file) -> None:
+def test_tool_turn_is_appended_token_in_with_its_image_and_masked_out(tiny_processor, runner) -> None:
     tok = tiny_processor.tokenizer
     prompt = make_prompt(tiny_processor, "What colour?", [noise(0, (112, 84))])
     engine = ScriptedEngine(tok, [ZOOM, "red"])
-    rb = agent(tiny_processor, engine, tool_file).generate([prompt], SamplingSpec(n=2, max_tokens=400))
+    rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=2, max_tokens=400))
     assert len(rb) == 2 and len(rb.trajectories) == 2
     pad = qwen_vl.vision_token_ids(tok).image_pad
     # turn 2's request: the prompt + turn 1 + the tool turn, one pad per image, and both images
@@ -153,11 +133,11 @@ def test_tool_turn_is_appended_token_in_with_its_image_and_masked_out(tiny_proce
         ('{"name": "image_zoom", "arguments": {"bbox_2d": [5, 5, 1, 1]}}', "exception", "is empty"),
     ],
 )
-def test_a_failing_tool_gives_the_policy_an_error_and_the_step_goes_on(tiny_processor, tool_file, call, kind, text):
+def test_a_failing_tool_gives_the_policy_an_error_and_the_step_goes_on(tiny_processor, runner, call, kind, text):
     engine = ScriptedEngine(tiny_processor.tokenizer, [f"<tool_call>{call}</tool_call>", "done"])
     prompt = make_prompt(tiny_processor, "Go.", [solid((0, 0, 255))])
     t0 = time.perf_counter()
-    rb = agent(tiny_processor, engine, tool_file).generate([prompt], SamplingSpec(n=1, max_tokens=400))
+    rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1, max_tokens=400))
     assert time.perf_counter() - t0 < 10  # a hung tool is abandoned after tool_timeout_s
     t = rb.trajectories[0]
     assert t.assistant_turns == 2 and len(t.calls) == 1
@@ -167,28 +147,28 @@ def test_a_failing_tool_gives_the_policy_an_error_and_the_step_goes_on(tiny_proc
     assert m["multi_turn/tool_errors"] == 1 and m[f"multi_turn/error_kind/{kind}"] == 1
 
 
-def test_turn_limits_and_the_token_budget_end_trajectories(tiny_processor, tool_file) -> None:
+def test_turn_limits_and_the_token_budget_end_trajectories(tiny_processor, runner) -> None:
     tok = tiny_processor.tokenizer
     calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
     prompt = make_prompt(tiny_processor, "Add.", [])
     for mt, turns in (({"max_assistant_turns": 3}, 3), ({"max_user_turns": 2}, 3)):
         engine = ScriptedEngine(tok, [calc])
-        t = agent(tiny_processor, engine, tool_file, **mt).generate([prompt], SamplingSpec(n=1)).trajectories[0]
+        t = make_agent(tiny_processor, engine, runner, **mt).generate([prompt], SamplingSpec(n=1)).trajectories[0]
         assert t.assistant_turns == turns and t.calls[0].text == "2"
     engine = ScriptedEngine(tok, [calc])
-    rb = agent(tiny_processor, engine, tool_file, budget=120).generate([prompt], SamplingSpec(n=1))
+    rb = make_agent(tiny_processor, engine, runner, budget=120).generate([prompt], SamplingSpec(n=1))
     assert len(rb.response_ids[0]) <= 120 and rb.trajectories[0].assistant_turns >= 2
-    per_turn = agent(tiny_processor, ScriptedEngine(tok, [calc]), tool_file, max_tokens_per_turn=5)
+    per_turn = make_agent(tiny_processor, ScriptedEngine(tok, [calc]), runner, max_tokens_per_turn=5)
     rb = per_turn.generate([prompt], SamplingSpec(n=1))
     assert len(rb.response_ids[0]) == 5 and rb.finish_reasons[0] == "length"  # cut mid-call: no tool runs
     assert rb.trajectories[0].calls == []
 
 
-def test_extra_calls_beyond_max_parallel_calls_are_not_run(tiny_processor, tool_file) -> None:
+def test_extra_calls_beyond_max_parallel_calls_are_not_run(tiny_processor, runner) -> None:
     calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
     engine = ScriptedEngine(tiny_processor.tokenizer, [calc * 3, "ok"])
     prompt = make_prompt(tiny_processor, "Multiply.", [])
-    t = agent(tiny_processor, engine, tool_file, max_parallel_calls=2).generate([prompt], SamplingSpec(n=1))
+    t = make_agent(tiny_processor, engine, runner, max_parallel_calls=2).generate([prompt], SamplingSpec(n=1))
     assert len(t.trajectories[0].calls) == 2 and t.trajectories[0].turn_texts[1][1] == "6\n6"
 
 
@@ -241,7 +221,7 @@ def hf_model(tiny_model_dir):
 
 
 @pytest.mark.vllm
-def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_processor, hf_model, tool_file):
+def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_processor, hf_model, runner):
     from vlmrl.config import RolloutConfig
     from vlmrl.rollout.vllm import VLLMRollout
 
@@ -252,29 +232,29 @@ def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_p
             make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),
         ]
         wrapped = FirstTurnScripted(engine, tiny_processor.tokenizer)
-        rb = agent(tiny_processor, wrapped, tool_file).generate(prompts, SamplingSpec(n=2, max_tokens=400))
+        rb = make_agent(tiny_processor, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=400))
         assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
     finally:
         engine.close()
 
 
-def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor, hf_model, tool_file):
+def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor, hf_model, runner):
     from vlmrl.rollout.hf import HFRollout
 
     prompts = [make_prompt(tiny_processor, "What is here?", [noise(3, (112, 84))], index=0),
                make_prompt(tiny_processor, "And here?", [solid((200, 0, 0), (84, 84))], index=1)]  # fmt: skip
     wrapped = FirstTurnScripted(HFRollout(hf_model, tiny_processor), tiny_processor.tokenizer)
-    rb = agent(tiny_processor, wrapped, tool_file).generate(prompts, SamplingSpec(n=2, max_tokens=300))
+    rb = make_agent(tiny_processor, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=300))
     assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
 
 
-def test_micro_batches_keep_each_samples_tool_images(tiny_processor, tool_file) -> None:
+def test_micro_batches_keep_each_samples_tool_images(tiny_processor, runner) -> None:
     """A micro-batch (``ModelInputs.select``) carries its rows' tool images and trims padding by real tokens, not by
     the policy mask (a response may end in tokens the mask leaves out)."""
     prompts = [make_prompt(tiny_processor, "Look.", [noise(4, (84, 84))], index=0),
                make_prompt(tiny_processor, "No image to zoom into.", [], index=1)]  # fmt: skip
     engine = ScriptedEngine(tiny_processor.tokenizer, [ZOOM, "ok"])
-    rb = agent(tiny_processor, engine, tool_file).generate(prompts, SamplingSpec(n=1))
+    rb = make_agent(tiny_processor, engine, runner).generate(prompts, SamplingSpec(n=1))
     assert rb.trajectories[0].images and not rb.trajectories[1].images  # sample 1's call failed: no image
     rb.trajectories[1].response_mask[-3:] = [0, 0, 0]  # a response that ends in masked-out tokens
     x = build_inputs(
@@ -323,7 +303,11 @@ def test_records_tools_kwargs_reach_the_tool_and_rewards_see_the_trajectory(tiny
     prompt.extra_info = {"tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}}}
     call = '<tool_call>{"name": "calc_geo3k_reward", "arguments": {"answer": "12"}}</tool_call>'
     engine = ScriptedEngine(tiny_processor.tokenizer, [call, "The answer is 12."])
-    rb = agent(tiny_processor, engine, tools).generate([prompt], SamplingSpec(n=1))
+    runner = ToolRunner(str(tools), 1, 30.0)
+    try:
+        rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1))
+    finally:
+        runner.close()
     t = rb.trajectories[0]
     assert t.calls[0].text == "Current parsed answer='12' reward=1.0"  # graded against create_kwargs, not "99"
     (sample,) = RewardSample.of_rollout([prompt], rb, tiny_processor.tokenizer, 400)

@@ -8,6 +8,7 @@ from PIL import Image
 
 from vlmrl.batch import PromptSample, Video
 from vlmrl.models import qwen_vl
+from vlmrl.rollout.base import TurnOutput
 
 
 def solid(colour: tuple[int, int, int], size: tuple[int, int] = (56, 56)) -> Image.Image:
@@ -131,3 +132,37 @@ def write_mp4(path: Path, frames: int = 30, size=(112, 84), rate: int = 10) -> P
         for p in s.encode():
             out.mux(p)
     return path
+
+
+class ScriptedEngine:
+    """Answers turn k of every trajectory with ``script[k]`` (text + <|im_end|>), recording each request."""
+
+    def __init__(self, tokenizer, script: list[str], as_text: bool = False) -> None:
+        """``as_text``: the script's special-token strings (``<|image_pad|>``) become their characters' tokens, as
+        a policy that writes them piece by piece produces them."""
+        self.tok, self.script, self.requests, self.as_text = tokenizer, script, [], as_text
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate_turns(self, requests, spec):
+        self.requests.append(requests)
+        turn = len(self.requests) - 1
+        out = []
+        for r in requests:
+            text = self.script[min(turn, len(self.script) - 1)]
+            ids = self.tok(text, add_special_tokens=False, split_special_tokens=self.as_text)["input_ids"]
+            ids = ids[: r.max_tokens]
+            full = len(ids) == r.max_tokens
+            ids = ids if full else ids + [self.end]
+            out.append(TurnOutput(ids, [-0.5] * len(ids), "length" if full else "stop"))
+        return out
+
+
+def make_agent(processor, engine, runner, budget: int = 400, max_images: int = 4, **mt):
+    """A MultiTurnAgent on ``engine`` with ``runner``'s tools, the tiny processor's image bounds and ``mt`` settings."""
+    from vlmrl.config.schema import MultiTurnConfig
+    from vlmrl.rollout.multi_turn import MultiTurnAgent
+
+    cfg = MultiTurnConfig(enable=True, tool_config_path="unused.yaml", tool_timeout_s=runner.timeout_s, **mt)
+    factor = qwen_vl.patch_factor(processor.image_processor)
+    bounds = (factor, *qwen_vl.pixel_bounds(processor.image_processor))
+    return MultiTurnAgent(engine, runner, cfg, processor.tokenizer, bounds, budget, max_images=max_images)

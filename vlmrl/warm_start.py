@@ -92,7 +92,8 @@ def warm_start(
     from vlmrl.models.forward import response_logprobs
     from vlmrl.models.inputs import build_inputs, process_images, process_response_images, to_device
     from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics
-    from vlmrl.tools.config import build_tools, tool_schemas
+    from vlmrl.tools.config import tool_schemas
+    from vlmrl.tools.runner import ToolRunner
     from vlmrl.workers.policy import load_model
 
     torch.manual_seed(seed)
@@ -101,10 +102,10 @@ def warm_start(
     tokenizer = processor.tokenizer
     model = load_model(model_path, device, where=f"--model {model_path}")
     model.train()
-    tools = build_tools(tool_config) if tool_config else {}
-    data_cfg = DataConfig(train_files=data, max_prompt_length=4096, max_response_length=max_response_length)
-    ds = RLDataset(data, processor, data_cfg, split="train", tools=tool_schemas(tools) if tools else None)
     mt = MultiTurnConfig(enable=True, tool_config_path=tool_config, max_assistant_turns=max_assistant_turns)
+    tools = ToolRunner(tool_config, mt.tool_workers, mt.tool_timeout_s)
+    data_cfg = DataConfig(train_files=data, max_prompt_length=4096, max_response_length=max_response_length)
+    ds = RLDataset(data, processor, data_cfg, split="train", tools=tool_schemas(tools.tools) if tools.tools else None)
     bounds = (qwen_vl.patch_factor(processor.image_processor), *ds.pixel_bounds)
     engine = TeacherEngine(teacher, tokenizer, seed)
     agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length,
@@ -136,6 +137,7 @@ def warm_start(
         if step % log_every == 0 or step in (1, steps):
             print(f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
                   f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)", flush=True)  # fmt: skip
+    tools.close()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     model.eval().to("cpu").save_pretrained(out)

@@ -168,8 +168,13 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
     prom = tr.prometheus
     if "prometheus" in list(tr.logger or []):
-        from vlmrl.trainer.prometheus import is_loopback
+        from vlmrl.trainer.prometheus import is_loopback, read_token_file
 
+        if prom.token_file:
+            try:
+                read_token_file(prom.token_file)
+            except ValueError as e:
+                p.append(f"{e}.")
         if not is_loopback(prom.host) and not prom.token_file:
             p.append(
                 f"trainer.prometheus.host={prom.host} accepts connections from other machines: set "
@@ -289,7 +294,15 @@ def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
     _positive(p, f"{key}.max_parallel_calls", mt.max_parallel_calls)
     _positive(p, f"{key}.max_tool_images", mt.max_tool_images)
     _positive(p, f"{key}.max_tool_response_length", mt.max_tool_response_length, " (characters)")
-    if not (math.isfinite(mt.tool_timeout_s) and mt.tool_timeout_s > 0):
+    if isinstance(mt.tool_workers, bool) or mt.tool_workers < 0:
+        p.append(f"{key}.tool_workers={mt.tool_workers!r}: processes that run tool calls, >= 0.")
+    elif mt.tool_workers == 0 and mt.tool_timeout_s != 0:
+        p.append(
+            f"{key}.tool_workers=0 runs tool calls in the rollout worker's own thread, where nothing can stop a call "
+            f"that blocks: set {key}.tool_timeout_s=0 with it (no timeout, for debugging), or tool_workers>=1 "
+            "(worker processes, where tool_timeout_s is enforced by ending the process)."
+        )
+    elif mt.tool_workers > 0 and not (math.isfinite(mt.tool_timeout_s) and mt.tool_timeout_s > 0):
         p.append(f"{key}.tool_timeout_s={mt.tool_timeout_s}: must be a finite number of seconds > 0.")
     for name, value, why in (
         ("interaction_config_path", mt.interaction_config_path, "simulated-user interactions are not implemented"),

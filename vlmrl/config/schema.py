@@ -244,7 +244,12 @@ class MultiTurnConfig:
     """Images tools may add to one trajectory (the engine reserves room for them per request); a call that would add
     more gets an error as its result."""
     tool_timeout_s: float = 30.0
-    """Seconds a tool call may take; past it the policy reads a timeout error and the call is counted."""
+    """Seconds a tool call may take; past it its worker process is ended, the policy reads a timeout error and the
+    call is counted. A rollout whose first 2 x tool_workers calls all time out stops the run (the tool hangs)."""
+    tool_workers: int = 2
+    """Processes per rollout worker that run tool calls, one call each at a time (a timeout ends the process; more
+    for tools that wait on I/O). 0 = in the rollout worker's own thread, one after another (debugging; nothing can
+    stop a call there, so tool_timeout_s must be 0)."""
     interaction_config_path: str | None = None
     """verl's simulated-user interactions (not implemented: must stay None)."""
     use_inference_chat_template: bool = False

@@ -111,7 +111,7 @@ def resolve_function(spec: str) -> tuple[Callable[..., Any], str]:
     target, fn_name = userfiles.split_spec(spec)
     if target.endswith(".py"):
         name = fn_name or "compute_score"
-        return load_file_function(target, name), name
+        return load_file_function(target, name), f"{os.path.basename(target)}:{name}"
     if fn_name:
         try:
             return _load(spec), fn_name

@@ -130,7 +130,9 @@ class RewardManager:
         if self.num_workers == 0:
             self._inline = InlineRunner(self.scorer)
         else:
-            self._pool = ProcessRunner(self.spec, self.num_workers, self.timeout_s)
+            self._pool = ProcessRunner(
+                self.spec, self.num_workers, self.timeout_s, what=f"reward {self.scorer.describe()}"
+            )
         self._seen_kinds: set[str] = set()
         self.totals: Counter[str] = Counter()
         where = "in-process" if self.num_workers == 0 else f"{self.num_workers} worker processes"
@@ -155,7 +157,7 @@ class RewardManager:
         self.scorer.check({s.data_source for s in samples})
         if self._pool is not None:
             payload = samples if self.scorer.needs_images else [_without_images(s) for s in samples]
-            outcomes = self._pool.run(payload)
+            outcomes = self._pool.run(payload, give_up=lambda so_far: self._give_up(samples, so_far))
         else:
             assert self._inline is not None
             outcomes = self._inline.run(samples)
@@ -190,23 +192,35 @@ class RewardManager:
         metrics["reward/time_s"] = elapsed
         return RewardOutput(scores=scores, components=components, metrics=metrics, errors=errors)
 
+    def _give_up(self, samples: list[Any], outcomes: list[Outcome | None]) -> None:
+        """Stop a batch as soon as its outcome is certain: with ``on_error=raise`` at the first failure, else once
+        the failures reach ``max_failed_ratio`` of the batch whatever the calls still running give."""
+        failed = sum(1 for o in outcomes if o is not None and o.error is not None)
+        if failed and (self.on_error == "raise" or failed >= self.max_failed_ratio * len(samples)):
+            raise self._stop_error(samples, outcomes, failed)
+
+    def _stop_error(self, samples: list[Any], outcomes: list[Outcome | None], failed: int) -> RewardError:
+        """The error that stops the run: the first failure, and why the run cannot go on."""
+        i = next(k for k, o in enumerate(outcomes) if o is not None and o.error is not None)
+        s, o = samples[i], outcomes[i]
+        assert o is not None
+        if self.on_error == "raise":
+            why = "(set reward.on_error=fallback to score failures with reward.fallback_score)"
+        else:  # a step with no working reward teaches nothing: stop instead of training on fallback scores
+            why = (
+                f"({failed} of {len(samples)} samples' reward calls failed this step, at or above "
+                f"reward.max_failed_ratio={self.max_failed_ratio:g}; the reward function is broken for this data)"
+            )
+        return RewardError(
+            f"reward {o.error} on sample {i} (data_source={s.data_source!r}, response={excerpt(s.response)}): "
+            f"{o.message}\n{why}"
+        )
+
     def _report(self, samples: list[Any], outcomes: list[Outcome], kinds: Counter[str], first: dict[str, int]) -> None:
         self.totals.update(kinds)
         failed = sum(kinds.values())
         if self.on_error == "raise" or failed >= self.max_failed_ratio * len(samples):
-            kind, i = min(first.items(), key=lambda kv: kv[1])
-            s = samples[i]
-            if self.on_error == "raise":
-                why = "(set reward.on_error=fallback to score failures with reward.fallback_score)"
-            else:  # a step with no working reward teaches nothing: stop instead of training on fallback scores
-                why = (
-                    f"({failed} of {len(samples)} samples' reward calls failed this step, at or above "
-                    f"reward.max_failed_ratio={self.max_failed_ratio:g}; the reward function is broken for this data)"
-                )
-            raise RewardError(
-                f"reward {kind} on sample {i} (data_source={s.data_source!r}, response={excerpt(s.response)}): "
-                f"{outcomes[i].message}\n{why}"
-            )
+            raise self._stop_error(samples, list(outcomes), failed)
         for kind, i in first.items():
             if kind in self._seen_kinds:
                 continue

@@ -1,11 +1,14 @@
 """Running a scorer over a batch: in worker processes with a per-sample timeout (the default), or in the driver.
 
-``reward.num_workers = N >= 1`` (default 1) -> :class:`ProcessRunner`: a ``pebble`` process pool of N workers
-(``forkserver``: forked from a clean server that preloaded this module, so starting or replacing a worker is cheap and
-never forks the driver's threads). Each worker builds the scorer once from the picklable spec. Every sample is one
-task with ``reward.timeout_s``: a call still running then (a loop, ``time.sleep``, a socket read without a timeout,
-a catastrophic regex) is stopped by killing its worker, which the pool replaces; a worker that dies (``os._exit``, a
-segfault, the OOM killer) costs only the sample it was scoring. Results keep the input order.
+``reward.num_workers = N >= 1`` (default 1) -> :class:`ProcessRunner`: N worker processes
+(:class:`vlmrl.supervise.SupervisedPool`: forked from a clean ``forkserver`` that preloaded this module, so starting
+or replacing a worker is cheap and never forks the driver's threads). Each worker builds the scorer once from the
+picklable spec. Every sample is one task with ``reward.timeout_s``: a call still running then (a loop,
+``time.sleep``, a socket read without a timeout, a catastrophic regex, sympy holding the GIL) is stopped by ending
+its worker, which the pool replaces; a worker that dies (``os._exit``, a segfault, the OOM killer) costs only the
+sample it was scoring. N calls run at a time, so their timeouts overlap; a batch that keeps timing out costs about
+one timeout per worker and stops the run when its first 2 x N calls all timed out (see ``vlmrl.supervise``).
+Results keep the input order.
 
 ``reward.num_workers = 0`` -> :class:`InlineRunner`: calls run in the driver's thread (a debugger works, a fast
 function costs only the call). Nothing can stop a call there once it blocks, so this mode takes no timeout
@@ -19,14 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
-import os
-import sys
+import threading
 from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from vlmrl.reward.loading import EXCEPTION, TIMEOUT, Outcome, RewardConfigError, evaluate
+from vlmrl.supervise import DIED, CallResult, SupervisedPool
+from vlmrl.supervise import TIMEOUT as CALL_TIMEOUT
 
 log = logging.getLogger("vlmrl.reward")
 
@@ -55,21 +57,9 @@ _SCORER: Any = None
 _BUILD_ERROR: tuple[str, bool] | None = None
 
 
-def _init_worker(spec: dict[str, Any], sys_path: list[str], cwd: str, threads: int) -> None:
-    """Worker start-up: the driver's import path and folder, then the scorer, built once."""
+def _build_scorer(spec: dict[str, Any]) -> None:
+    """Worker start-up (after vlmrl.supervise's): the scorer, built once."""
     global _SCORER, _BUILD_ERROR
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it closes the pool
-    for p in sys_path:
-        if p not in sys.path:
-            sys.path.append(p)
-    try:
-        os.chdir(cwd)
-    except OSError:
-        pass
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
     from vlmrl.reward.composite import build_scorer
 
     try:
@@ -86,53 +76,69 @@ def _score(sample: Any) -> Outcome | tuple[str, str, bool]:
 
 
 class ProcessRunner:
-    """``num_workers`` reward processes with per-sample timeouts, kill-and-replace, and order-preserving results."""
+    """``num_workers`` reward processes (:class:`vlmrl.supervise.SupervisedPool`): per-sample timeouts that run
+    concurrently, kill-and-replace, a batch that keeps timing out stopped early, order-preserving results."""
 
-    def __init__(self, spec: dict[str, Any], num_workers: int, timeout_s: float) -> None:
-        from pebble import ProcessPool
-
-        if num_workers < 1:
-            raise ValueError("ProcessRunner needs num_workers >= 1")
+    def __init__(
+        self, spec: dict[str, Any], num_workers: int, timeout_s: float, what: str = "the reward function"
+    ) -> None:
         self.num_workers = int(num_workers)
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 else None
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["vlmrl.batch", "vlmrl.reward.runner"])
-        threads = max(1, (os.cpu_count() or 1) // self.num_workers)
-        self.pool = ProcessPool(
-            max_workers=self.num_workers,
-            initializer=_init_worker,
-            initargs=(spec, list(sys.path), os.getcwd(), threads),
-            context=ctx,
+        self.pool = SupervisedPool(
+            what, "reward.timeout_s", self.num_workers, timeout_s or 0.0, initializer=_build_scorer, initargs=(spec,)
         )
+        # the workers start while the run starts up (seconds of imports), not in the first step's reward time
+        self._warming: threading.Thread | None = threading.Thread(target=self._warm, name="reward-warm", daemon=True)
+        self._warming.start()
 
-    def run(self, samples: list[Any]) -> list[Outcome]:
-        """Score ``samples`` across the workers; results come back in input order."""
-        from pebble import ProcessExpired
+    def _warm(self) -> None:
+        try:
+            self.pool.warm()
+        except Exception:  # noqa: BLE001 - a worker that cannot start is reported by the first batch
+            pass
 
-        futures = [self.pool.schedule(_score, args=(s,), timeout=self.timeout_s) for s in samples]
-        out: list[Outcome] = []
-        for f in futures:
-            try:
-                res = f.result()
-            except FutureTimeout:
-                res = Outcome(None, {}, TIMEOUT, f"reward call ran past timeout_s={self.timeout_s:g}s (worker killed)")
-            except ProcessExpired as e:
-                res = Outcome(None, {}, EXCEPTION, f"reward worker process died (exit code {e.exitcode})")
-            except Exception as e:  # noqa: BLE001 - pickling a sample or a result failed: that sample's failure
-                res = Outcome(None, {}, EXCEPTION, f"{type(e).__name__}: {e}")
-            if isinstance(res, tuple) and res and res[0] == "build_error":
+    def _ready(self) -> None:
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
+
+    def run(self, samples: list[Any], give_up: Callable[[list[Outcome | None]], None] | None = None) -> list[Outcome]:
+        """Score ``samples`` across the workers; results come back in input order. ``give_up(outcomes so far, None
+        where not yet scored)`` may raise to stop the batch early; :class:`vlmrl.supervise.HangError` when the calls
+        keep timing out."""
+        self._ready()
+        outcomes: list[Outcome | None] = [None] * len(samples)
+
+        def outcome(res: CallResult) -> Outcome:
+            if res.error == CALL_TIMEOUT:
+                return Outcome(None, {}, TIMEOUT, f"reward call {res.message}")
+            if res.error == DIED:
+                return Outcome(None, {}, EXCEPTION, f"reward {res.message}")
+            if res.error is not None:  # a sample or a result that cannot be pickled: that sample's failure
+                return Outcome(None, {}, EXCEPTION, res.message)
+            value = res.value
+            if isinstance(value, tuple) and value and value[0] == "build_error":
                 self.close()
-                _, message, config_error = res
+                _, message, config_error = value
                 raise (RewardConfigError if config_error else RewardWorkerError)(
                     f"a reward worker could not build the reward function: {message}"
                 )
-            out.append(res)
-        return out
+            return value
+
+        def check(results: list[CallResult | None]) -> None:
+            for i, r in enumerate(results):
+                if r is not None and outcomes[i] is None:
+                    outcomes[i] = outcome(r)
+            if give_up is not None:
+                give_up(outcomes)
+
+        results = self.pool.map(_score, [(s,) for s in samples], give_up=check)
+        return [o if o is not None else outcome(r) for o, r in zip(outcomes, results)]
 
     def close(self) -> None:
         """Stop every worker."""
-        self.pool.stop()
-        self.pool.join(timeout=10)
+        self._ready()
+        self.pool.close()
 
 
 def timeout_text(timeout_s: float) -> str:

@@ -9,17 +9,16 @@ The response of a sample is every token after the prompt: policy turns (mask 1, 
 
 Limits, as verl's agent loop: the trajectory's tokens (tool turns and their image tokens included) stay within
 ``data.max_response_length``: a tool turn that would reach it ends the trajectory instead; ``max_assistant_turns`` /
-``max_user_turns`` end it after that many policy / tool turns; ``max_parallel_calls`` calls run per turn. A tool that
+``max_user_turns`` end it after that many policy / tool turns; ``max_parallel_calls`` calls run per turn;
+``max_tool_images`` images come from tools per trajectory (a turn's calls counted together, in order). A tool that
 raises, times out, returns something that is not ``(ToolResponse, reward, metrics)`` or images that are not images,
-or is unknown, gives the policy an error message as its result; the call is counted, the step goes on.
+or is unknown, gives the policy an error message as its result; the call is counted, the step goes on. Calls run in
+worker processes (``vlmrl.tools.runner``), where a timeout ends them; a rollout whose calls keep timing out stops the
+run. The tools' text is tokenised without special tokens (an echoed ``<|image_pad|>`` stays text).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import math
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec, TurnRequest
 from vlmrl.tools import hermes
-from vlmrl.tools.base import BaseTool
+from vlmrl.tools.runner import AGENT_KWARGS, ToolOutcome, ToolRequest, ToolRunner
 
 
 @dataclass
@@ -70,32 +69,22 @@ def truncate(text: str, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[-half:]
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _invoke(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a tool method: coroutine functions are awaited, plain ones run in a thread."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kwargs)
-    return await _maybe_await(await asyncio.to_thread(fn, *args, **kwargs))
-
-
 class MultiTurnAgent:
     """Runs multi-turn trajectories on an engine with the configured tools."""
 
     def __init__(
         self,
         engine: Any,
-        tools: dict[str, BaseTool],
+        tools: ToolRunner,
         cfg: Any,
         tokenizer: Any,
         image_bounds: tuple[int, int, int],
         max_response_length: int,
         max_images: int,
     ) -> None:
-        """``cfg``: ``actor_rollout_ref.rollout.multi_turn``; ``image_bounds``: (patch factor, min_pixels,
-        max_pixels) every image is resized with; ``max_images``: images the engine takes per request."""
+        """``tools``: where the calls run; ``cfg``: ``actor_rollout_ref.rollout.multi_turn``; ``image_bounds``:
+        (patch factor, min_pixels, max_pixels) every image is resized with; ``max_images``: images the engine takes
+        per request (prompt and tool images together)."""
         self.engine = engine
         self.tools = tools
         self.cfg = cfg
@@ -170,8 +159,11 @@ class MultiTurnAgent:
         for group in by_state.values():
             s = group[0].state
             results = [(c.record.text if c.record else "", len(c.images)) for c in group]
-            text = hermes.tool_turn_text(results)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = [
+                i
+                for text, is_tool_text in hermes.tool_turn_pieces(results)
+                for i in self.tokenizer(text, add_special_tokens=False, split_special_tokens=is_tool_text)["input_ids"]
+            ]
             images = [im for c in group for im in c.images]
             expanded = qwen_vl.expand_image_pads(ids, self.vision.image_pad, [self._image_tokens(im) for im in images])
             for c in group:
@@ -194,99 +186,66 @@ class MultiTurnAgent:
 
     # ------------------------------------------------------------------------------------------------ tools
     def _run_calls(self, calls: list[_Call]) -> None:
-        """Run every call concurrently, each in its own thread and event loop, waiting at most ``tool_timeout_s``
-        for each (a call still running then is abandoned and reported as timed out)."""
-        timeout = float(self.cfg.tool_timeout_s)
-        threads = []
+        """Run a turn's calls (``vlmrl.tools.runner``: in worker processes, ``tool_timeout_s`` each) and record what
+        each gave, in order; the images of a trajectory's calls count together against its limits."""
+        run: list[_Call] = []
         for c in calls:
             if c.call.error is not None:
-                c.record = ToolCallRecord(c.call.name, {}, f"Error: {c.call.error}", error=f"parse: {c.call.error}",
-                                          turn=c.turn)  # fmt: skip
-                continue
-            if c.call.name not in self.tools:
-                msg = f"no tool named {c.call.name!r} (tools: {', '.join(sorted(self.tools))})"
-                c.record = ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"unknown_tool: {msg}",
-                                          turn=c.turn)  # fmt: skip
-                continue
-            box: dict[str, Any] = {}
-            th = threading.Thread(target=self._call_thread, args=(c, box), daemon=True, name=f"tool-{c.call.name}")
-            th.start()
-            threads.append((c, box, th, time.perf_counter()))
-        for c, box, th, started in threads:
-            th.join(max(0.0, started + timeout - time.perf_counter()))
-            if th.is_alive() or "record" not in box:
-                msg = f"{c.call.name} timed out after {timeout:g} s"
-                c.record = ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"timeout: {msg}",
-                                          seconds=time.perf_counter() - started, turn=c.turn)  # fmt: skip
+                c.record = self._error(c, "parse", c.call.error)
+            elif c.call.name not in self.tools.names:
+                msg = f"no tool named {c.call.name!r} (tools: {', '.join(self.tools.names)})"
+                c.record = self._error(c, "unknown_tool", msg)
             else:
-                c.record, c.images = box["record"], box["images"]
+                run.append(c)
+        outcomes = self.tools.run([self._request(c) for c in run])
+        added: dict[int, int] = {}  # images accepted this turn, per trajectory
+        for c, out in zip(run, outcomes):
+            c.record, c.images = self._record(c, out, added.get(id(c.state), 0))
+            added[id(c.state)] = added.get(id(c.state), 0) + len(c.images)
 
-    def _call_thread(self, c: _Call, box: dict[str, Any]) -> None:
-        t0 = time.perf_counter()
-        try:
-            record, images = asyncio.run(self._call(c))
-        except BaseException as e:  # noqa: BLE001 - whatever a tool does, the policy reads an error
-            record, images = self._error(c, "exception", f"{type(e).__name__}: {e}"), []
-        record.seconds = time.perf_counter() - t0
-        box["images"] = images
-        box["record"] = record
-
-    def _error(self, c: _Call, kind: str, msg: str) -> ToolCallRecord:
-        return ToolCallRecord(c.call.name, c.call.arguments, f"Error: {msg}", error=f"{kind}: {msg}", turn=c.turn)
-
-    async def _call(self, c: _Call) -> tuple[ToolCallRecord, list[Image.Image]]:
-        tool = self.tools[c.call.name]
+    def _request(self, c: _Call) -> ToolRequest:
+        """What the tool gets: the policy's arguments, the record's ``create_kwargs`` (data: never the image, the
+        source image or the pixel bounds, which are the agent's), the record's first image and answer."""
         p = c.state.prompt
-        kwargs = dict((p.extra_info.get("tools_kwargs") or {}).get(c.call.name) or {})
-        create_kwargs = kwargs.get("create_kwargs") or {}
-        iid = None
-        try:
-            created = await _invoke(
-                tool.create, create_kwargs=dict(create_kwargs), image=p.images[0] if p.images else None,
-                source_image=p.source_images[0] if p.source_images else None, image_bounds=self.bounds,
-                ground_truth=p.ground_truth,
-            )  # fmt: skip
-            iid = created[0] if isinstance(created, tuple) else created
-            result = await _invoke(tool.execute, iid, dict(c.call.arguments))
-        except Exception as e:  # noqa: BLE001
-            return self._error(c, "exception", f"{type(e).__name__}: {e}"), []
-        finally:
-            if iid is not None:
-                try:
-                    await _invoke(tool.release, iid)
-                except Exception:  # noqa: BLE001 - a failing release does not change what the policy read
-                    pass
-        return self._check_result(c, result)
+        kwargs = (p.extra_info.get("tools_kwargs") or {}).get(c.call.name) or {}
+        create_kwargs = kwargs.get("create_kwargs") if isinstance(kwargs, dict) else None
+        data = {k: v for k, v in dict(create_kwargs or {}).items() if k not in AGENT_KWARGS}
+        return ToolRequest(
+            c.call.name, dict(c.call.arguments), data, image=p.images[0] if p.images else None,
+            source_image=p.source_images[0] if p.source_images else None, image_bounds=self.bounds,
+            ground_truth=p.ground_truth,
+        )  # fmt: skip
 
-    def _check_result(self, c: _Call, result: Any) -> tuple[ToolCallRecord, list[Image.Image]]:
-        """The record and resized images of a tool's return value, or an error record when it is malformed."""
-        if not (isinstance(result, tuple) and len(result) == 3):
-            msg = "the tool returned something other than (response, reward, metrics)"
-            return self._error(c, "bad_result", msg), []
-        response, reward, _metrics = result
-        text = getattr(response, "text", None)
-        raw_images = getattr(response, "image", None) or []
-        if text is not None and not isinstance(text, str):
-            return self._error(c, "bad_result", f"response text is a {type(text).__name__}, not a string"), []
-        if not isinstance(raw_images, list) or not all(isinstance(im, Image.Image) for im in raw_images):
-            return self._error(c, "bad_result", "response images must be a list of PIL images"), []
-        try:
-            reward = 0.0 if reward is None else float(reward)
-        except (TypeError, ValueError):
-            return self._error(c, "bad_result", f"step reward {reward!r} is not a number"), []
-        if not math.isfinite(reward):
-            return self._error(c, "bad_result", f"step reward {reward!r} is not finite"), []
-        if len(c.state.images) + len(raw_images) > self.max_images:
-            msg = f"{len(raw_images)} more image(s) would exceed the {self.max_images} images per trajectory"
-            return self._error(c, "bad_result", msg), []
+    def _error(self, c: _Call, kind: str, msg: str, seconds: float = 0.0) -> ToolCallRecord:
+        """A failed call: the policy reads ``Error: ...`` (cut to ``max_tool_response_length``), the record keeps
+        the kind and the message."""
+        text = truncate(f"Error: {msg}", int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
+        return ToolCallRecord(c.call.name, c.call.arguments, text, error=f"{kind}: {msg}", seconds=seconds,
+                              turn=c.turn)  # fmt: skip
+
+    def _record(self, c: _Call, out: ToolOutcome, added: int) -> tuple[ToolCallRecord, list[Image.Image]]:
+        """The record and resized images of a call's outcome; ``added``: tool images this trajectory already took in
+        this turn. Images over ``max_tool_images`` (tool images per trajectory) or over what the engine takes per
+        request make the call an error."""
+        if out.error is not None:
+            return self._error(c, out.error, out.message, out.seconds), []
+        n = len(out.images)
+        used = len(c.state.traj.images) + added
+        if n and used + n > int(self.cfg.max_tool_images):
+            msg = (f"{n} more image(s) would exceed max_tool_images={self.cfg.max_tool_images} (tool images per "
+                   f"trajectory; {used} already)")  # fmt: skip
+            return self._error(c, "bad_result", msg, out.seconds), []
+        if n and len(c.state.images) + added + n > self.max_images:
+            msg = f"{n} more image(s) would exceed the {self.max_images} images per trajectory the engine takes"
+            return self._error(c, "bad_result", msg, out.seconds), []
         factor, lo, hi = self.bounds
         try:
-            images = [qwen_vl.resize_image(im, factor, lo, hi) for im in raw_images]
+            images = [qwen_vl.resize_image(im, factor, lo, hi) for im in out.images]
         except ValueError as e:
-            return self._error(c, "bad_result", f"an image cannot be shown to the model: {e}"), []
-        text = truncate(text or "", int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
-        return ToolCallRecord(c.call.name, c.call.arguments, text, images=len(images), reward=reward,
-                              turn=c.turn), images  # fmt: skip
+            return self._error(c, "bad_result", f"an image cannot be shown to the model: {e}", out.seconds), []
+        text = truncate(out.text, int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
+        return ToolCallRecord(c.call.name, c.call.arguments, text, images=len(images), reward=out.reward,
+                              seconds=out.seconds, turn=c.turn), images  # fmt: skip
 
 
 def multi_turn_metrics(trajectories: list[Trajectory], tool_names: list[str] | None = None) -> dict[str, float]:

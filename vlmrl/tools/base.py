@@ -1,12 +1,12 @@
 """The tool protocol, close to verl's ``BaseTool``: one object per tool, one instance per call.
 
-A tool is constructed once per worker with ``(config, tool_schema)`` (the ``config`` and ``tool_schema`` entries of
-verl's tool YAML). For every call the agent loop runs ``create(create_kwargs=...)`` (the record's
-``extra_info.tools_kwargs[<tool name>].create_kwargs``; ``image``: the record's first image as the model sees it,
-``source_image``: the same image before resizing, ``image_bounds``: (patch factor, min_pixels, max_pixels),
-``ground_truth``: the record's), then
-``execute(instance_id, arguments)``, then ``release(instance_id)``. Each method
-may be ``async`` (as verl's) or plain; plain ones run in a thread so a slow one does not stall the others.
+A tool is constructed once per tool worker process (``vlmrl.tools.runner``) with ``(config, tool_schema)`` (the
+``config`` and ``tool_schema`` entries of verl's tool YAML). For every call the agent loop runs
+``create(create_kwargs=...)`` (the record's ``extra_info.tools_kwargs[<tool name>].create_kwargs``, which is data:
+it cannot replace what the agent gives, ``image``: the record's first image as the model sees it, ``source_image``:
+the same image before resizing, ``image_bounds``: (patch factor, min_pixels, max_pixels); ``ground_truth``: the
+record's), then ``execute(instance_id, arguments)``, then ``release(instance_id)``, all in one worker process, which
+is ended when the call runs past ``tool_timeout_s``. Each method may be ``async`` (as verl's) or plain.
 
 ``execute`` returns ``(ToolResponse, step_reward, metrics)``: the text and/or images the policy reads next, a step
 reward (verl's ``tool_rewards``), and a dict of numbers.
@@ -75,8 +75,11 @@ class BaseTool:
         """Start one call; ``kwargs`` holds ``create_kwargs`` from the record (and ``image`` when it has one)."""
         iid = instance_id or uuid.uuid4().hex
         create_kwargs = dict(kwargs.pop("create_kwargs", None) or {})
-        create_kwargs.pop("image", None)  # the record's own image is given (kwargs["image"], kwargs["source_image"])
-        self._instances[iid] = {**kwargs, **create_kwargs}
+        state = {**kwargs, **create_kwargs}  # the record's create_kwargs (its ground_truth, say) over the defaults
+        for key in ("image", "source_image", "image_bounds"):  # ... but never over the images and pixel bounds
+            if key in kwargs:  # the agent gives: data cannot make a zoom render at 20000 x 20000 pixels
+                state[key] = kwargs[key]
+        self._instances[iid] = state
         return iid, ToolResponse()
 
     def instance(self, instance_id: str) -> dict[str, Any]:

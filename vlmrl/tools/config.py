@@ -44,7 +44,12 @@ def resolve_class(class_name: str, where: str) -> type:
         raise ToolConfigError(f"{where}: {class_name} needs {_NOT_HERE[class_name]}, which vlmrl does not run")
     target, name = split_spec(class_name)
     if name is not None and is_file_target(target):
-        return load_callable(class_name, what=where)
+        try:
+            return load_callable(class_name, what=where)
+        except (FileNotFoundError, ValueError, AttributeError) as e:
+            raise ToolConfigError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - the file's own code failed (a syntax error, a missing import)
+            raise ToolConfigError(f"{where}: cannot load {class_name!r}: {type(e).__name__}: {e}") from None
     module, _, attr = class_name.rpartition(".") if name is None else (target, "", name)
     if not module:
         known = ", ".join(sorted(BUILTIN))
@@ -54,6 +59,8 @@ def resolve_class(class_name: str, where: str) -> type:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ToolConfigError(f"{where}: cannot import {class_name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code failed
+        raise ToolConfigError(f"{where}: cannot import {class_name!r}: {type(e).__name__}: {e}") from None
     return cls
 
 

@@ -58,6 +58,10 @@ def parse(text: str) -> list[ToolCall]:
         except json.JSONDecodeError as e:
             calls.append(ToolCall("", error=f"invalid tool call JSON ({e.msg} at char {e.pos})"))
             continue
+        except (ValueError, RecursionError) as e:  # a number too long to convert, nesting too deep
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+            calls.append(ToolCall("", error=f"invalid tool call JSON ({why})"))
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             calls.append(ToolCall("", error='a tool call needs {"name": <string>, "arguments": {...}}'))
             continue
@@ -65,7 +69,7 @@ def parse(text: str) -> list[ToolCall]:
         if isinstance(args, str):  # some models write the arguments as a JSON string
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 pass
         if not isinstance(args, dict):
             calls.append(ToolCall(obj["name"], error=f"the arguments of {obj['name']!r} must be a JSON object"))
@@ -74,12 +78,21 @@ def parse(text: str) -> list[ToolCall]:
     return calls
 
 
-def tool_turn_text(results: list[tuple[str, int]]) -> str:
-    """The text that follows a policy turn ending in ``<|im_end|>``: one user turn holding a ``<tool_response>`` per
-    (result text, number of images) and then the next assistant turn's header. Each image is one
-    ``<|vision_start|><|image_pad|><|vision_end|>`` (the engine expands the pad)."""
-    parts = []
+def tool_turn_pieces(results: list[tuple[str, int]]) -> list[tuple[str, bool]]:
+    """The text that follows a policy turn ending in ``<|im_end|>``, as (text, is_tool_text) pieces: one user turn
+    holding a ``<tool_response>`` per (result text, number of images) and then the next assistant turn's header. Each
+    image is one ``<|vision_start|><|image_pad|><|vision_end|>`` (the engine expands the pad). The tools' own text
+    is marked so it is tokenised without special tokens: a tool that echoes ``<|image_pad|>`` (or ``<|im_end|>``)
+    adds characters, never a pad or a turn boundary."""
+    pieces: list[tuple[str, bool]] = [("\n<|im_start|>user", False)]
     for text, n_images in results:
-        vision = (VISION_START + IMAGE_PAD + VISION_END) * n_images
-        parts.append("\n<tool_response>\n" + vision + text + "\n</tool_response>")
-    return "\n<|im_start|>user" + "".join(parts) + "<|im_end|>\n<|im_start|>assistant\n"
+        pieces.append(("\n<tool_response>\n" + (VISION_START + IMAGE_PAD + VISION_END) * n_images, False))
+        pieces.append((text, True))
+        pieces.append(("\n</tool_response>", False))
+    pieces.append(("<|im_end|>\n<|im_start|>assistant\n", False))
+    return pieces
+
+
+def tool_turn_text(results: list[tuple[str, int]]) -> str:
+    """:func:`tool_turn_pieces` as one string (what a chat template renders)."""
+    return "".join(text for text, _ in tool_turn_pieces(results))

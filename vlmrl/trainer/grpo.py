@@ -435,6 +435,7 @@ def fit(cfg: VLMRLConfig) -> dict[str, float]:
     """Build everything, train, clean up. A failure during training raises ``RunStopped`` naming the step and the
     checkpoint to resume from."""
     from vlmrl.reward import RewardError
+    from vlmrl.supervise import HangError
     from vlmrl.workers.group import WorkerError
 
     trainer = Trainer(cfg)
@@ -443,7 +444,7 @@ def fit(cfg: VLMRLConfig) -> dict[str, float]:
         out = trainer.fit()
         failed = False
         return out
-    except (WorkerError, RewardError, FloatingPointError, ckpt.CheckpointError) as e:
+    except (WorkerError, RewardError, HangError, FloatingPointError, ckpt.CheckpointError) as e:
         last = ckpt.find_resume(trainer.out_dir)
         where = f"{last} (trainer.resume_mode=auto continues from it)" if last else "none yet"
         raise RunStopped(f"step {trainer.step}: {e}\nlast complete checkpoint: {where}") from e

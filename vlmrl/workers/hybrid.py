@@ -131,12 +131,13 @@ class HybridWorker:
         self.agent = None
         if mt.enable:
             from vlmrl.rollout.multi_turn import MultiTurnAgent
-            from vlmrl.tools.config import build_tools
+            from vlmrl.tools.runner import ToolRunner
 
             factor = qwen_vl.patch_factor(self.processor.image_processor)
+            tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s)
             self.agent = MultiTurnAgent(
-                self.engine, build_tools(mt.tool_config_path), mt, self.tokenizer, (factor, *bounds),
-                cfg.data.max_response_length, max_images=image_limit,
+                self.engine, tools, mt, self.tokenizer, (factor, *bounds), cfg.data.max_response_length,
+                max_images=image_limit,
             )  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self._rollouts: dict[int, tuple[list[PromptSample], RolloutBatch]] = {}
@@ -267,7 +268,10 @@ class HybridWorker:
         return int(psutil.Process().memory_info().rss)
 
     def shutdown(self) -> None:
-        """Shut the engine down, then release the process group (which the engine may have torn down already)."""
+        """Shut the tool workers and the engine down, then release the process group (which the engine may have
+        torn down already)."""
+        if self.agent is not None:
+            self.agent.tools.close()
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()

@@ -1,0 +1,291 @@
+"""User code that hangs fails fast (issue 32): a reward or a tool that hangs on every call stops the run within a few
+timeouts naming it; one that hangs now and then costs about one timeout per worker per batch; a timeout stops work
+that holds the GIL (sympy grading ``9^{9^{9}}``); a hung tool leaves no thread behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from utils import ScriptedEngine, make_agent, make_prompt, solid
+
+from vlmrl.batch import RewardSample
+from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
+from vlmrl.reward import RewardError, RewardManager
+from vlmrl.rollout.base import SamplingSpec
+from vlmrl.supervise import SHORT_TIMEOUT_FLOOR_S, HangError
+from vlmrl.tools.runner import ToolRunner
+
+REPO = Path(__file__).resolve().parents[1]
+
+REWARDS = """
+import time
+
+def vl(sample):
+    r = sample.response
+    if r == "sleep":
+        time.sleep(600)
+    if r == "spin":
+        while True:
+            pass
+    if r == "slow":
+        time.sleep(1.0)
+    if r == "raise":
+        raise ValueError("broken")
+    return float(len(r))
+"""
+
+TOOLS = """
+import time
+from vlmrl.tools.base import BaseTool, ToolResponse
+
+class Hang(BaseTool):
+    default_schema = {"type": "function", "function": {"name": "hang", "parameters": {}}}
+    def execute(self, iid, params, **kw):
+        time.sleep(600)
+"""
+
+
+def S(response: str) -> RewardSample:
+    return RewardSample(response=response, ground_truth="", data_source="src", prompt="p", extra_info={})
+
+
+@pytest.fixture(scope="module")
+def reward_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("rewards") / "rewards.py"
+    path.write_text(REWARDS)
+    return str(path)
+
+
+def manager(path: str, **kw) -> RewardManager:
+    return RewardManager(RewardConfig(function=f"{path}:vl", **kw), CustomRewardFunctionConfig())
+
+
+# ------------------------------------------------------------------------------------------------------ rewards
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("how", ["sleep", "spin"])
+def test_a_reward_that_hangs_on_every_call_stops_the_batch_within_three_timeouts(reward_file, workers, how) -> None:
+    """reward.timeout_s=1, every call hangs (blocked or spinning): the first 2 x workers calls time out together
+    and the batch stops with HangError naming the function, the timeout and the count; before, 16 samples x 1 s
+    one after another (or 8 s with 2 workers) and then a step of fallback scores."""
+    with manager(reward_file, num_workers=workers, timeout_s=1.0) as rm:
+        rm.score([S("warm")] * workers)  # the workers started (the first rollout comes after start-up)
+        t0 = time.perf_counter()
+        with pytest.raises(HangError) as e:
+            rm.score([S(how)] * 16)
+        elapsed = time.perf_counter() - t0
+    assert elapsed < 3 * 1.0, elapsed
+    msg = str(e.value)
+    assert "vl" in msg and "reward.timeout_s=1 s" in msg and f"first {2 * workers} calls" in msg and "hangs" in msg
+
+
+def test_a_reward_that_hangs_on_one_call_in_ten_costs_about_one_timeout_per_worker(reward_file) -> None:
+    """1 call in 10 hangs: the first hang costs reward.timeout_s (3 s), each later one in the batch the short
+    timeout (1 s: 10x the slowest call that returned, at least 1 s); every other sample is scored and the hangs
+    are counted. Before: 4 x 3 s one after another."""
+    samples = [S("sleep" if i % 10 == 0 else "ab") for i in range(40)]
+    with manager(reward_file, num_workers=1, timeout_s=3.0) as rm:
+        rm.score([S("warm")])
+        t0 = time.perf_counter()
+        out = rm.score(samples)
+        elapsed = time.perf_counter() - t0
+    assert out.errors == ["timeout" if i % 10 == 0 else None for i in range(40)]
+    assert out.scores == [0.0 if i % 10 == 0 else 2.0 for i in range(40)]
+    assert out.metrics["reward/timeouts"] == 4.0
+    assert elapsed < 3.0 + 3 * SHORT_TIMEOUT_FLOOR_S + 1.5, elapsed  # before: 12 s
+
+
+def test_a_slow_call_after_the_batch_used_its_timeouts_gets_the_short_timeout_not_less(reward_file) -> None:
+    """The short timeout is never below 1 s: a call of 1 s right after a hang still... is stopped only past 1 s,
+    and a fast batch afterwards gets full timeouts again (the budget is per batch)."""
+    with manager(reward_file, num_workers=1, timeout_s=5.0) as rm:
+        rm.score([S("warm")])
+        out = rm.score([S("sleep"), S("ab"), S("sleep")])
+        assert out.errors == ["timeout", None, "timeout"]
+        out = rm.score([S("slow"), S("abc")])  # a new batch: 1 s is well within its 5 s
+        assert out.errors == [None, None] and out.scores == [4.0, 3.0]
+
+
+def test_a_batch_stops_as_soon_as_the_failure_ratio_cannot_be_met(reward_file) -> None:
+    """reward.max_failed_ratio=0.25: once 4 of 16 calls failed, the batch stops without waiting for the rest
+    (before: the 12 slow calls ran to the end first, 12 s)."""
+    samples = [S("raise")] * 4 + [S("slow")] * 12
+    with manager(reward_file, num_workers=1, timeout_s=30.0, max_failed_ratio=0.25) as rm:
+        rm.score([S("warm")])
+        t0 = time.perf_counter()
+        with pytest.raises(RewardError, match=r"reward exception on sample 0 .*ValueError: broken"):
+            rm.score(samples)
+        assert time.perf_counter() - t0 < 4.0
+
+
+HANG_FROM_STEP_2 = """
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    log = os.environ["VLMRL_TEST_CALLS"]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, b"%.6f\\n" % time.time())
+    os.close(fd)
+    with open(log) as f:
+        calls = len(f.readlines())
+    if calls > 8:  # step 1 has 4 prompts x 2 samples: from step 2 on, every call hangs
+        time.sleep(600)
+    return 1.0 if "a" in solution_str else 0.0
+"""
+
+
+@pytest.mark.slow
+def test_a_run_whose_reward_starts_hanging_stops_within_three_timeouts_keeping_the_checkpoint(
+    tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training with a reward that hangs on every call from step 2 on: the run stops with the reward's name, the
+    timeout and the checkpoint of step 1, within 3 x reward.timeout_s of the first hanging call."""
+    from vlmrl.preprocess.synthetic import main as synthetic
+
+    from vlmrl.config import load
+    from vlmrl.trainer.grpo import RunStopped, fit
+
+    synthetic(["--output-dir", str(tmp_path / "data"), "--families", "colour", "--image-size", "56",
+               "--train-size", "16", "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
+    reward = tmp_path / "hang.py"
+    reward.write_text(HANG_FROM_STEP_2)
+    calls = tmp_path / "calls.log"
+    monkeypatch.setenv("VLMRL_TEST_CALLS", str(calls))
+    out = tmp_path / "run"
+    cfg = load(
+        [f"data.train_files={tmp_path / 'data/train.parquet'}", "data.val_files=null",
+         f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={out}",
+         "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
+         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+         "trainer.total_training_steps=4", "trainer.save_freq=1", f"custom_reward_function.path={reward}",
+         "reward.timeout_s=2"],
+        config_name="tiny_cpu",
+    )  # fmt: skip
+    with pytest.raises(RunStopped) as e:
+        fit(cfg)
+    stopped = time.time()
+    first_hang = float(calls.read_text().splitlines()[8])
+    msg = str(e.value)
+    assert msg.startswith("step 2: reward ") and "compute_score" in msg, msg
+    assert "reward.timeout_s=2 s" in msg and "first 2 calls" in msg and "it hangs" in msg
+    assert f"last complete checkpoint: {out / 'global_step_1'}" in msg
+    assert stopped - first_hang < 3 * 2.0, stopped - first_hang
+
+
+# -------------------------------------------------------------------------------------------------------- tools
+
+
+GEO3K = "tools:\n  - class_name: geo3k_check\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_call_that_holds_the_gil_is_stopped_and_the_step_goes_on(tiny_processor, tmp_path: Path) -> None:
+    """The policy answers ``9^{9^{9}}`` to geo3k_check: math-verify in sympy holds the GIL (a thread's timeout never
+    fires; before, the workers froze until trainer.worker_timeout_s). In a tool worker process the call ends as a
+    timeout error after tool_timeout_s, and the next call works."""
+    cfg = tmp_path / "geo3k.yaml"
+    cfg.write_text(GEO3K)
+    tools = ToolRunner(str(cfg), 2, 2.0)
+    try:
+        call = '<tool_call>{"name": "calc_geo3k_reward", "arguments": {"answer": "9^{9^{9}}"}}</tool_call>'
+        ok = '<tool_call>{"name": "calc_geo3k_reward", "arguments": {"answer": "12"}}</tool_call>'
+        prompt = make_prompt(tiny_processor, "Solve.", [], answer="12")
+        t0 = time.perf_counter()
+        engine = ScriptedEngine(tiny_processor.tokenizer, [call, ok, "done"])
+        rb = make_agent(tiny_processor, engine, tools).generate([prompt], SamplingSpec(n=1))
+        elapsed = time.perf_counter() - t0
+    finally:
+        tools.close()
+    first, second = rb.trajectories[0].calls
+    assert first.error.startswith("timeout: calc_geo3k_reward timed out after 2 s"), first.error
+    assert second.error is None and second.text == "Current parsed answer='12' reward=1.0"
+    assert elapsed < 2.0 + 3.0, elapsed
+
+
+def test_a_tool_that_hangs_on_every_call_stops_the_run_and_leaves_no_thread(tiny_processor, tmp_path: Path) -> None:
+    """A tool that never returns: its first 2 x tool_workers calls time out together and the rollout stops with
+    HangError naming the tool and tool_timeout_s (before: every turn of every step waited the timeout, and each call
+    left its thread running, never reclaimed)."""
+    (tmp_path / "hang.py").write_text(TOOLS)
+    cfg = tmp_path / "tools.yaml"
+    cfg.write_text(f"tools:\n  - class_name: {tmp_path / 'hang.py'}:Hang\n")
+    threads = threading.active_count()
+    tools = ToolRunner(str(cfg), 2, 1.0)
+    try:
+        call = '<tool_call>{"name": "hang", "arguments": {}}</tool_call>'
+        prompts = [make_prompt(tiny_processor, "Go.", [solid((0, 0, 255))], index=i) for i in range(4)]
+        engine = ScriptedEngine(tiny_processor.tokenizer, [call])
+        t0 = time.perf_counter()
+        with pytest.raises(HangError) as e:
+            make_agent(tiny_processor, engine, tools).generate(prompts, SamplingSpec(n=2))
+        elapsed = time.perf_counter() - t0
+    finally:
+        tools.close()
+    assert elapsed < 3 * 1.0, elapsed
+    msg = str(e.value)
+    assert "hang (4)" in msg and "actor_rollout_ref.rollout.multi_turn.tool_timeout_s=1 s" in msg
+    time.sleep(0.5)
+    assert threading.active_count() <= threads + 1  # nothing of the hung calls runs on here
+
+
+def test_hung_tool_calls_now_and_then_are_bounded_and_counted(tiny_processor, tmp_path: Path) -> None:
+    """A tool that hangs on some calls: each such call is a counted timeout for the policy, the others answer; no
+    thread or process is left per hung call (the pool holds tool_workers processes)."""
+    import psutil
+
+    (tmp_path / "hang.py").write_text(TOOLS)
+    cfg = tmp_path / "tools.yaml"
+    cfg.write_text(f"tools:\n  - class_name: {tmp_path / 'hang.py'}:Hang\n  - class_name: calculator\n")
+    tools = ToolRunner(str(cfg), 2, 1.0)
+    me = psutil.Process()
+    try:
+        hang = '<tool_call>{"name": "hang", "arguments": {}}</tool_call>'
+        calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+        prompt = make_prompt(tiny_processor, "Go.", [])
+        for _ in range(3):
+            engine = ScriptedEngine(tiny_processor.tokenizer, [calc + hang, "done"])
+            rb = make_agent(tiny_processor, engine, tools, max_parallel_calls=2).generate(
+                [prompt] * 3, SamplingSpec(n=1)
+            )
+            kinds = [(c.name, (c.error or "").split(":")[0]) for t in rb.trajectories for c in t.calls]
+            assert kinds == [("calculator", ""), ("hang", "timeout")] * 3
+        children = [p for p in me.children(recursive=True) if p.is_running()]
+        assert len(children) <= 2 + 2  # the pool's workers (+ the forkserver and its resource tracker)
+    finally:
+        tools.close()
+
+
+def test_tool_workers_zero_runs_calls_inline_and_takes_no_timeout(tiny_processor) -> None:
+    """tool_workers=0 (debugging) runs calls in the caller's thread, where nothing can stop one: the config check
+    asks for tool_timeout_s=0 with it."""
+    from vlmrl.config import ConfigError, load
+
+    zoom = REPO / "examples/tool_config/zoom.yaml"
+    base = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=m",
+            "actor_rollout_ref.rollout.multi_turn.enable=True",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={zoom}",
+            "actor_rollout_ref.rollout.multi_turn.tool_workers=0"]  # fmt: skip
+    with pytest.raises(ConfigError, match="tool_workers=0 runs tool calls in the rollout worker's own thread"):
+        load(base)
+    assert load(base + ["actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0"]).actor_rollout_ref.rollout.multi_turn
+    runner = ToolRunner(str(zoom), 0, 0.0)
+    assert runner.pool is None
+    call = '<tool_call>{"name": "image_zoom", "arguments": {"bbox_2d": [0, 0, 28, 28]}}</tool_call>'
+    engine = ScriptedEngine(tiny_processor.tokenizer, [call, "done"])
+    prompt = make_prompt(tiny_processor, "Look.", [solid((255, 0, 0), (112, 112))])
+    rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1))
+    (c,) = rb.trajectories[0].calls
+    assert c.error is None and c.images == 1 and threading.current_thread() is threading.main_thread()
+
+
+def test_a_hung_reward_is_named_by_its_spec(reward_file: str) -> None:
+    """The message of a hung reward names the function it was loaded from (several rewards can be told apart)."""
+    with manager(reward_file, num_workers=1, timeout_s=0.5) as rm:
+        rm.score([S("warm")])
+        with pytest.raises(HangError, match=r"reward .*rewards\.py:vl"):
+            rm.score([S("sleep")] * 4)

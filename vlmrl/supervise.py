@@ -1,0 +1,246 @@
+"""User code run where a timeout can stop it: a pool of worker processes for reward functions and tools.
+
+vlmrl calls code it does not control (reward functions, tools) every step. A thread cannot be stopped, and code that
+holds the GIL (sympy grading ``9^{9^{9}}``) stops its timer too; so each call runs in a worker process
+(:class:`SupervisedPool`, a ``pebble`` pool started from a clean ``forkserver``): a call still running after its
+timeout ends its worker, which the pool replaces; a worker that dies costs only its call.
+
+How much a hanging function may cost a batch (:class:`HangWatch`, one per batch):
+
+- calls run ``num_workers`` at a time, so their timeouts run concurrently, never one after another past that;
+- each slot of the pool waits at most one full ``timeout_s`` per batch: once the batch has had ``num_workers``
+  timeouts, its later calls get a short timeout, ``max(1 s, 10 x the slowest call that has returned so far)`` (at
+  most ``timeout_s``; ``timeout_s`` until any call has returned), so a function that hangs on 1 call in 10 costs about
+  one timeout per slot, not one per hung call;
+- when the first ``2 x num_workers`` calls of a batch to finish all timed out, the function hangs: the batch stops
+  with :class:`HangError` naming the function, the timeout and the count (a caller's own rule can stop it earlier,
+  e.g. a failure ratio that can no longer be met).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+SHORT_TIMEOUT_FLOOR_S = 1.0
+"""The shortest timeout a call gets once its batch has used one full timeout per slot."""
+SHORT_TIMEOUT_FACTOR = 10.0
+"""... else this many times the slowest call that returned (a call that slow is no longer ordinary)."""
+HANG_CALLS_PER_SLOT = 2
+"""A batch whose first ``num_workers x`` this many finished calls all timed out stops: the function hangs."""
+
+PRELOAD = (
+    "vlmrl.supervise",
+    "vlmrl.batch",
+    "vlmrl.reward.runner",
+    "vlmrl.tools.runner",
+    "qwen_vl_utils.vision_process",
+)
+"""What the forkserver imports once for every pool of the process (a process has one forkserver, started by its first
+pool): a worker forked from it starts in milliseconds, where importing torch and qwen-vl-utils anew takes seconds."""
+
+TIMEOUT = "timeout"
+DIED = "died"
+EXCEPTION = "exception"
+
+
+class HangError(RuntimeError):
+    """User code that keeps running past its timeout: the run cannot go on. The message names the function, the
+    timeout, how many calls timed out and the setting to change."""
+
+
+@dataclass
+class CallResult:
+    """What one supervised call gave: its return value, or why it has none."""
+
+    value: Any = None
+    error: str | None = None
+    """None, :data:`TIMEOUT` (stopped by ending its worker), :data:`DIED` (its worker process died) or
+    :data:`EXCEPTION` (the call's arguments or result could not cross to or from the worker)."""
+    message: str = ""
+    seconds: float = 0.0
+    """How long the call ran: measured in the worker for a call that returned; else from when it was handed to the
+    pool (a worker's start included) to its end."""
+    limit_s: float = math.inf
+    """The timeout the call ran under."""
+
+
+class HangWatch:
+    """One batch's timeout policy (see the module docstring). ``record`` each finished call; ``timeout`` gives the
+    next call's timeout; ``record`` raises :class:`HangError` once the function is known to hang."""
+
+    def __init__(self, what: str, setting: str, slots: int, timeout_s: float, slowest_ok_s: float | None) -> None:
+        """``what`` names the function in messages; ``setting`` is the config key of ``timeout_s``; ``slots`` the
+        calls that run at once; ``slowest_ok_s`` the slowest call that returned so far in the run (None: none)."""
+        self.what, self.setting, self.slots, self.timeout_s = what, setting, max(1, int(slots)), float(timeout_s)
+        self.slowest_ok_s = slowest_ok_s
+        self.finished = 0
+        self.timeouts = 0
+        self.returned = 0
+        self.timed_out_names: dict[str, int] = {}
+
+    def timeout(self) -> float:
+        """The timeout of the next call to start."""
+        if self.timeouts < self.slots or self.slowest_ok_s is None:
+            return self.timeout_s
+        return min(self.timeout_s, max(SHORT_TIMEOUT_FLOOR_S, SHORT_TIMEOUT_FACTOR * self.slowest_ok_s))
+
+    def record(self, result: CallResult, name: str | None = None) -> None:
+        """Count a finished call; :class:`HangError` when every one of the first ``2 x slots`` timed out."""
+        self.finished += 1
+        if result.error == TIMEOUT:
+            self.timeouts += 1
+            key = name or self.what
+            self.timed_out_names[key] = self.timed_out_names.get(key, 0) + 1
+        elif result.error is None:
+            self.returned += 1
+            self.slowest_ok_s = max(self.slowest_ok_s or 0.0, result.seconds)
+        limit = HANG_CALLS_PER_SLOT * self.slots
+        if self.finished == self.timeouts >= limit:
+            names = ", ".join(f"{k} ({v})" for k, v in self.timed_out_names.items())
+            raise HangError(
+                f"{self.what}: the first {self.timeouts} calls of this batch all ran past their timeout "
+                f"({self.setting}={self.timeout_s:g} s, {self.slots} at a time; timed out: {names}): it hangs. "
+                f"Fix it, or raise {self.setting} if it is only slow."
+            )
+
+
+def _init_worker(initializer: Callable[..., Any] | None, args: tuple, sys_path: list[str], cwd: str) -> None:
+    """Worker start-up: Ctrl-C is the parent's to handle, the parent's import path and folder, one thread (the pool
+    is the parallelism), then the caller's own initializer."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for p in sys_path:
+        if p not in sys.path:
+            sys.path.append(p)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    if initializer is not None:
+        initializer(*args)
+
+
+def _noop() -> None:
+    """A task that starts a worker."""
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """Run ``fn(*args)`` in the worker: its value and how long the call itself took (the parent's clock also counts
+    a worker's start and the wait in the queue)."""
+    t0 = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - t0
+
+
+def _result_of(future: Any, seconds: float, limit: float) -> CallResult:
+    """A finished call's value, or why it has none."""
+    from pebble import ProcessExpired
+
+    try:
+        value, seconds = future.result()
+        return CallResult(value, seconds=seconds, limit_s=limit)
+    except FutureTimeout:
+        return CallResult(None, TIMEOUT, f"timed out after {limit:g} s (its worker process was ended)", seconds, limit)
+    except ProcessExpired as e:
+        return CallResult(None, DIED, f"its worker process died (exit code {e.exitcode})", seconds, limit)
+    except Exception as e:  # noqa: BLE001 - arguments or a result that cannot cross processes
+        return CallResult(None, EXCEPTION, f"{type(e).__name__}: {str(e)[:500]}", seconds, limit)
+
+
+class SupervisedPool:
+    """``num_workers`` worker processes that run calls with timeouts, kill-and-replace, results in input order."""
+
+    def __init__(
+        self,
+        what: str,
+        setting: str,
+        num_workers: int,
+        timeout_s: float,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple = (),
+        preload: Sequence[str] = (),
+    ) -> None:
+        """``what`` names the code in messages, ``setting`` the config key of ``timeout_s`` (0 = no timeout);
+        ``initializer(*initargs)`` runs once in each worker (build the function there); ``preload``: modules the
+        forkserver imports once besides :data:`PRELOAD`, so starting a worker is cheap."""
+        from pebble import ProcessPool
+
+        if num_workers < 1:
+            raise ValueError(f"{setting}: a supervised pool needs at least one worker")
+        self.what, self.setting = what, setting
+        self.num_workers = int(num_workers)
+        self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 and math.isfinite(timeout_s) else math.inf
+        self.slowest_ok_s: float | None = None
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
+        self.pool = ProcessPool(
+            max_workers=self.num_workers,
+            initializer=_init_worker,
+            initargs=(initializer, tuple(initargs), list(sys.path), os.getcwd()),
+            context=ctx,
+        )
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[tuple],
+        names: Sequence[str] | None = None,
+        give_up: Callable[[list[CallResult | None]], None] | None = None,
+    ) -> list[CallResult]:
+        """``fn(*items[i])`` for every i, ``num_workers`` at a time, each under the batch's :class:`HangWatch`.
+        ``names[i]`` names the code call i runs (for a pool that runs several tools); ``give_up(results so far)`` may
+        raise to stop the batch early. Raises :class:`HangError` when the calls keep timing out."""
+        watch = HangWatch(self.what, self.setting, self.num_workers, self.timeout_s, self.slowest_ok_s)
+        results: list[CallResult | None] = [None] * len(items)
+        queue = deque(range(len(items)))
+        running: dict[Any, tuple[int, float, float]] = {}
+        try:
+            while queue or running:
+                # while nothing timed out, a second call waits queued behind each running one (no round trip
+                # between calls); after a timeout, calls start one by one, each with the watch's current timeout
+                ahead = 2 * self.num_workers if watch.timeouts == 0 else self.num_workers
+                while queue and len(running) < ahead:
+                    i = queue.popleft()
+                    limit = watch.timeout()
+                    timeout = None if math.isinf(limit) else limit
+                    future = self.pool.schedule(_timed, args=(fn, *items[i]), timeout=timeout)
+                    running[future] = (i, time.perf_counter(), limit)
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    i, started, limit = running.pop(future)
+                    seconds = time.perf_counter() - started
+                    res = _result_of(future, seconds, limit)
+                    results[i] = res
+                    watch.record(res, names[i] if names is not None else None)
+                    if give_up is not None:
+                        give_up(results)
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
+        finally:
+            self.slowest_ok_s = watch.slowest_ok_s
+        return [r for r in results if r is not None]
+
+    def warm(self) -> None:
+        """Start every worker now (forkserver, preloads, initializer) rather than at the first call."""
+        futures = [self.pool.schedule(_noop) for _ in range(self.num_workers)]
+        wait(futures)
+
+    def close(self) -> None:
+        """Stop every worker."""
+        self.pool.stop()
+        self.pool.join(timeout=10)
