@@ -291,7 +291,7 @@ def test_the_exporter_off_loopback_needs_a_token_and_checks_it(tmp_path: Path) -
     with pytest.raises(ValueError, match="token_file"):
         PrometheusExporter("0.0.0.0", 0, "p", "e")
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-s3cret-s3cret\n")
     exp = PrometheusExporter("0.0.0.0", 0, "p", "e", str(token))
     try:
         exp.publish({"reward/mean": 0.5, "bad": float("nan"), "text": "x"}, step=7)
@@ -300,7 +300,7 @@ def test_the_exporter_off_loopback_needs_a_token_and_checks_it(tmp_path: Path) -
             with pytest.raises(urllib.error.HTTPError) as e:
                 _scrape(url, bad)
             assert e.value.code == 401
-        got = _scrape(url, "s3cret")
+        got = _scrape(url, "s3cret-s3cret-s3cret")
         assert got["vlmrl_reward_mean"] == ({"project": "p", "experiment": "e"}, 0.5) and got["vlmrl_step"][1] == 7
         assert "vlmrl_bad" not in got and "vlmrl_text" not in got  # only finite numbers
         with pytest.raises(ValueError, match="another run may hold the port"):

@@ -6,6 +6,9 @@ Panels (reward by component and source, response length, entropy, KL and clippin
 groups without variance, the step's time by stage, throughput, memory), health checks, and each run's latest
 validation gallery. Several runs overlay on the same axes. It reads ``metrics.jsonl`` as it is written (a running job;
 a partial last line is skipped) and needs no network to open: images are inlined, there is no script.
+
+It reads only regular files inside each run folder, up to a size cap (see :mod:`vlmrl.report.data`); what it leaves
+out is listed under "Notices". It never writes over a file it reads (``--output run/metrics.jsonl`` is refused).
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ import os
 from html import escape
 from pathlib import Path
 
-from vlmrl.report.data import RunData, load_run
+from vlmrl.report import data
+from vlmrl.report.data import ReportError, RunData, load_run, read_input
 from vlmrl.report.health import Finding, check_health, health_summary
 from vlmrl.report.panels import PANELS, has_data, matching, render, stage_medians
 
-__all__ = ["RunData", "Finding", "build_report", "check_health", "health_summary", "load_run"]
+__all__ = [
+    "RunData",
+    "Finding",
+    "ReportError",
+    "build_report",
+    "check_health",
+    "check_output",
+    "health_summary",
+    "load_run",
+]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;background:#fafafa;color:#222}
@@ -40,16 +53,24 @@ def _runs_table(runs: list[RunData]) -> str:
     rows = []
     for r in runs:
         steps = f"{r.rows[0]['step']}\u2013{r.rows[-1]['step']}" if r.rows else "none yet"
-        written = datetime.datetime.fromtimestamp((r.folder / "metrics.jsonl").stat().st_mtime)
+        written = datetime.datetime.fromtimestamp(os.stat(r.metrics).st_mtime)
         mtime = written.strftime("%Y-%m-%d %H:%M:%S")
         rows.append(
             f"<tr><td>{escape(r.name)}</td><td>{escape(str(r.folder))}</td><td>{steps}</td><td>{len(r.rows)}</td>"
-            f"<td>{mtime}</td><td>{r.skipped_lines}</td></tr>"
+            f"<td>{mtime}</td><td>{r.skipped_lines}</td><td>{r.bad_values}</td></tr>"
         )
     return (
         "<table><tr><th>run</th><th>folder</th><th>steps</th><th>rows</th><th>metrics last written</th>"
-        "<th>lines skipped (partial/not JSON)</th></tr>" + "".join(rows) + "</table>"
-    )
+        "<th>lines skipped (partial/not JSON)</th><th>values skipped (not numbers)</th></tr>" + "".join(rows)
+        + "</table>"
+    )  # fmt: skip
+
+
+def _notices_html(runs: list[RunData]) -> str:
+    items = [f"<li><b>{escape(r.name)}</b>: {escape(n)}</li>" for r in runs for n in r.notices]
+    if not items:
+        return ""
+    return "<section id='notices'><h2>Notices</h2><ul class='warning'>" + "".join(items) + "</ul></section>"
 
 
 def _health_html(runs: list[RunData], findings: dict[str, list[Finding]]) -> str:
@@ -92,13 +113,42 @@ def _gallery_html(runs: list[RunData]) -> str:
             parts.append(f"<p><b>{escape(r.name)}</b>: no validation gallery yet (one is written at each validation, "
                          "with trainer.log_val_generations samples).</p>")  # fmt: skip
             continue
-        g = r.galleries[-1]
-        # the gallery is itself one self-contained page (images inlined, text escaped): shown in a sandbox
-        doc = g.read_text(encoding="utf-8", errors="replace")
-        parts.append(f"<p><b>{escape(r.name)}</b>: {escape(g.name)}</p><iframe sandbox srcdoc=\"{escape(doc)}\" "
-                     f"title=\"validation {escape(r.name)}\"></iframe>")  # fmt: skip
+        for g in reversed(r.galleries):  # the newest one that can still be read
+            try:
+                doc = read_input(g, r.root, data.MAX_GALLERY_BYTES).decode("utf-8", errors="replace")
+            except (ReportError, OSError) as e:
+                parts.append(f"<p class='warning'><b>{escape(r.name)}</b>: {escape(str(e))}</p>")
+                continue
+            # the gallery is itself one self-contained page (images inlined, text escaped): shown in a sandbox
+            parts.append(f"<p><b>{escape(r.name)}</b>: {escape(g.name)}</p><iframe sandbox srcdoc=\"{escape(doc)}\" "
+                         f"title=\"validation {escape(r.name)}\"></iframe>")  # fmt: skip
+            break
     parts.append("</section>")
     return "".join(parts)
+
+
+def check_output(runs: list[RunData], output: str | os.PathLike, png_dir: str | os.PathLike | None = None) -> None:
+    """Raise ``ReportError`` when the page (``output``) or a panel PNG (in ``png_dir``, default ``<output
+    stem>_panels``) would be written over a file the report reads (a metrics file, a gallery page), comparing resolved
+    paths (and files: a hard link), or when ``output`` is a folder."""
+    out = Path(output)
+    pngs = Path(png_dir) if png_dir else out.with_name(f"{out.stem}_panels")
+    if out.is_dir():
+        raise ReportError(f"--output {out} is a folder: name the HTML file to write")
+    inputs = {p: r for r in runs for p in r.inputs()}
+    for target in [out] + [pngs / f"{panel.name}.png" for panel in PANELS]:
+        real = target.resolve()
+        hit = next((p for p in inputs if p == real or _same_file(p, real)), None)
+        if hit is not None:
+            raise ReportError(f"refusing to write {target}: it is {hit}, which the report reads (run "
+                              f"{inputs[hit].name}); write the report elsewhere (--output, --png-dir)")  # fmt: skip
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
 
 
 def build_report(
@@ -110,7 +160,8 @@ def build_report(
     drift_threshold: float = 0.05,
 ) -> Path:
     """Write the HTML report of these runs to ``output`` (atomically) and a PNG per drawn panel to ``png_dir``
-    (default: ``<output stem>_panels`` beside it); returns the HTML path."""
+    (default: ``<output stem>_panels`` beside it); returns the HTML path. Raises ``ReportError`` (a ``ValueError``)
+    when a metrics file is refused or ``output`` would replace a file the report reads (nothing is written then)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(d, labels[i] if labels else None) for i, d in enumerate(run_dirs)]
@@ -119,6 +170,7 @@ def build_report(
         seen[r.name] = seen.get(r.name, 0) + 1
         if seen[r.name] > 1:
             r.name = f"{r.name} ({seen[r.name]})"
+    check_output(runs, output, png_dir)
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = Path(png_dir) if png_dir else out.with_name(f"{out.stem}_panels")
@@ -133,6 +185,7 @@ def build_report(
         + (f"; smoothing {smooth} (raw values faint)" if smooth else "")
         + "</p>",
         _runs_table(runs),
+        _notices_html(runs),
         _health_html(runs, findings),
     ]
     for panel in PANELS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmrl.report import build_report, health_summary, load_run
+from vlmrl.report import ReportError, build_report, check_output, health_summary, load_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     if labels is not None and len(labels) != len(a.runs):
         ap.error(f"--labels names {len(labels)} runs, {len(a.runs)} given")
     try:
-        for i, run in enumerate(a.runs):
-            data = load_run(run, labels[i] if labels else None)
+        runs = [load_run(run, labels[i] if labels else None) for i, run in enumerate(a.runs)]
+        check_output(runs, a.output, a.png_dir)  # before anything is printed or written
+        for data in runs:
             health = health_summary(data.rows, drift_threshold=a.drift_threshold)
             print(f"[{data.name}] " + health.replace("\n", "\n  "))
+            for notice in data.notices:
+                print(f"vlmrl.report: [{data.name}] {notice}", file=sys.stderr)
         out = build_report(a.runs, a.output, labels, a.smooth, a.png_dir, a.drift_threshold)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ReportError) as e:
         print(f"vlmrl.report: {e}", file=sys.stderr)
         return 2
     print(f"report written to {out}")

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from vlmrl.report.data import as_number, finite
+
 STAGES = {
     "timing/rollout_s": "generation: fewer or shorter responses (rollout.n, data.max_response_length), a larger "
     "rollout.gpu_memory_utilization, tensor parallelism for a big model",
@@ -46,9 +48,9 @@ class Finding:
 def _series(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     out = []
     for r in rows:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            out.append((int(r["step"]), float(v)))
+        v = as_number(r.get(key))  # a string, a list, null or a bool is no value
+        if v is not None and v == v:
+            out.append((int(r["step"]), v))
     return out
 
 
@@ -141,10 +143,11 @@ def check_health(
             "on-policy importance correction (an old-log-prob pass) hides but does not fix it",
         ))  # fmt: skip
     # one stage takes most of every step (the first step is the warm-up: not counted)
-    timed = [r for r in rows if isinstance(r.get("timing/step_s"), (int, float)) and r["timing/step_s"] > 0][1:]
+    # (a timing value that is not a finite number counts as 0: the report says how many it skipped)
+    timed = [r for r in rows if (finite(r.get("timing/step_s")) or 0.0) > 0][1:]
     if len(timed) >= window:
         for key, fix in STAGES.items():
-            shares = [(int(r["step"]), float(r.get(key, 0.0)) / float(r["timing/step_s"])) for r in timed]
+            shares = [(int(r["step"]), (finite(r.get(key)) or 0.0) / float(r["timing/step_s"])) for r in timed]
             med = statistics.median(v for _, v in shares)
             if med > dominant_share:
                 start = next(step for step, v in shares if v > dominant_share)

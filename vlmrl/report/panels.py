@@ -7,7 +7,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from vlmrl.report.data import RunData, ema
+from vlmrl.report.data import RunData, ema, finite
 
 STEP_STAGES = (
     "timing/data_s",
@@ -83,6 +83,23 @@ def has_data(panel: Panel, runs: list[RunData]) -> bool:
 _STYLES = ("-", "--", ":", "-.")
 
 
+def plain_text(text: str) -> str:
+    """``text`` as matplotlib shows it literally: a ``$`` is escaped (two of them would start mathtext, which fails
+    to parse most names), and a leading ``_`` (which hides a legend entry) is kept visible with a space."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def _seconds(row: dict, key: str) -> float:
+    """A stage's seconds in a row: a finite number, else 0 (the report counted and skipped anything else)."""
+    return finite(row.get(key)) or 0.0
+
+
+def _timed(rows: list[dict]) -> list[dict]:
+    """The rows with a finite ``timing/step_s``."""
+    return [r for r in rows if finite(r.get("timing/step_s")) is not None]
+
+
 def _lines(ax: object, panel: Panel, keys: tuple[str, ...], runs: list[RunData], smooth: float) -> list[object]:
     """Draw the keys of every run on ``ax``; returns the line handles."""
     handles = []
@@ -94,7 +111,7 @@ def _lines(ax: object, panel: Panel, keys: tuple[str, ...], runs: list[RunData],
                 continue
             colour = colours[ri] if len(runs) > 1 else colours[(ki + (3 if keys is panel.twin else 0)) % 10]
             style = _STYLES[ki % len(_STYLES)] if len(runs) > 1 else "-"
-            label = f"{run.name}: {key}" if len(runs) > 1 else key
+            label = plain_text(f"{run.name}: {key}" if len(runs) > 1 else key)
             marker = "o" if key.startswith("val/") else None
             if smooth and len(xs) > 2 and marker is None:
                 ax.plot(xs, ys, color=colour, linestyle=style, alpha=0.25, linewidth=1)
@@ -107,12 +124,12 @@ def _lines(ax: object, panel: Panel, keys: tuple[str, ...], runs: list[RunData],
 def stage_medians(run: RunData) -> dict[str, float]:
     """Median seconds of each stage and of "other" over the run's steps (the first, a warm-up, left out when there
     are more)."""
-    rows = [r for r in run.rows if isinstance(r.get("timing/step_s"), (int, float))]
+    rows = _timed(run.rows)
     rows = rows[1:] if len(rows) > 1 else rows
     if not rows:
         return {}
-    out = {k.split("/")[1][:-2]: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in STEP_STAGES}
-    step = statistics.median(float(r["timing/step_s"]) for r in rows)
+    out = {k.split("/")[1][:-2]: statistics.median(_seconds(r, k) for r in rows) for k in STEP_STAGES}
+    step = statistics.median(_seconds(r, "timing/step_s") for r in rows)
     out["other"] = max(0.0, step - sum(out.values()))
     return out
 
@@ -120,16 +137,16 @@ def stage_medians(run: RunData) -> dict[str, float]:
 def _stages(ax: object, runs: list[RunData]) -> None:
     """Stacked bars: one per run, or one per step for a single run (at most 60, evenly picked)."""
     if len(runs) == 1:
-        rows = [r for r in runs[0].rows if isinstance(r.get("timing/step_s"), (int, float))]
+        rows = _timed(runs[0].rows)
         rows = rows[:: max(1, len(rows) // 60)]
         labels = [str(r["step"]) for r in rows]
-        parts = {k.split("/")[1][:-2]: [float(r.get(k, 0.0)) for r in rows] for k in STEP_STAGES}
-        parts["other"] = [max(0.0, float(r["timing/step_s"]) - sum(float(r.get(k, 0.0)) for k in STEP_STAGES))
+        parts = {k.split("/")[1][:-2]: [_seconds(r, k) for r in rows] for k in STEP_STAGES}
+        parts["other"] = [max(0.0, _seconds(r, "timing/step_s") - sum(_seconds(r, k) for k in STEP_STAGES))
                           for r in rows]  # fmt: skip
         ax.set_xlabel("step")
     else:
         meds = [stage_medians(r) for r in runs]
-        labels = [r.name for r in runs]
+        labels = [plain_text(r.name) for r in runs]
         names = [k.split("/")[1][:-2] for k in STEP_STAGES] + ["other"]
         parts = {n: [m.get(n, 0.0) for m in meds] for n in names}
     bottom = [0.0] * len(labels)

@@ -4,6 +4,12 @@ Each metric ``a/b_c`` becomes the gauge ``vlmrl_a_b_c`` with the labels ``projec
 ``vlmrl_step``. The endpoint listens on 127.0.0.1 unless ``trainer.prometheus.host`` says otherwise; a non-loopback
 address needs ``trainer.prometheus.token_file`` and then answers only requests with ``Authorization: Bearer <token>``
 (Prometheus: ``authorization: {credentials_file: ...}`` in the scrape config).
+
+The token file must be a regular file that only its owner can write (``chmod 600``) holding at least
+``MIN_TOKEN_CHARS`` printable characters. The server never lets a client hold the driver's threads or files: each
+connection has ``request_timeout_s`` (default 5 s) to send its request and get its answer, at most
+``max_connections`` (default 16) are served at once (more are closed at once, never queued as threads), and the token
+is checked as soon as the request's headers are read, before anything else is done for it.
 """
 
 from __future__ import annotations
@@ -11,19 +17,37 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import math
+import os
 import re
+import socket
 import socketserver
+import stat
+import sys
 import threading
-from pathlib import Path
+import time
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 _NAME = re.compile(r"[^a-zA-Z0-9_]")
+MIN_TOKEN_CHARS = 16
+"""The shortest secret a token file may hold."""
+MAX_TOKEN_FILE_BYTES = 4096
+_PRINTABLE = re.compile(r"[\x20-\x7e]+")
 
 
 def metric_name(key: str) -> str:
     """The Prometheus name of a vlmrl metric: ``reward/mean`` → ``vlmrl_reward_mean``."""
     return "vlmrl_" + _NAME.sub("_", key)
+
+
+def _finite(v: Any) -> bool:
+    """Whether ``v`` is a finite real number (not a bool; an integer beyond the float range is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def is_loopback(host: str) -> bool:
@@ -36,32 +60,169 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_token_file(path: str) -> str:
+    """The secret in ``trainer.prometheus.token_file``, or ``ConfigError`` saying what to fix: the file must be a
+    regular file (not a FIFO or a device: nothing blocks), writable by its owner only (``chmod 600``: nobody else can
+    swap the secret), of at most ``MAX_TOKEN_FILE_BYTES``, holding at least ``MIN_TOKEN_CHARS`` printable ASCII
+    characters (surrounding whitespace is dropped). The compose-time check can call it too."""
+    from vlmrl.config import ConfigError
+
+    what = f"trainer.prometheus.token_file: {path}"
+    fd = -1
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} is not a regular file (a FIFO, a device or a folder): point it at a file "
+                              "holding the secret")  # fmt: skip
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ConfigError(f"{what} can be written by other users (mode {stat.filemode(st.st_mode)}), who could "
+                              f"replace the secret: chmod 600 {path}")  # fmt: skip
+        if st.st_size > MAX_TOKEN_FILE_BYTES:
+            raise ConfigError(f"{what} is {st.st_size} bytes: a token file holds one secret (at most "
+                              f"{MAX_TOKEN_FILE_BYTES} bytes)")  # fmt: skip
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+            raise ConfigError(f"{what} is not a regular file")
+        raw = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"trainer.prometheus.token_file: cannot read {path}: {e}") from e
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    token = raw.decode("utf-8", errors="replace").strip()
+    if not token:
+        raise ConfigError(f"{what} is empty")
+    if not _PRINTABLE.fullmatch(token):
+        raise ConfigError(
+            f"{what} holds characters a scraper cannot send in a header (control characters, non-ASCII, several "
+            "lines): write the secret on one line, e.g. openssl rand -hex 32"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{what} holds a {len(token)}-character secret, too short to resist guessing: use at least "
+            f"{MIN_TOKEN_CHARS} characters, e.g. openssl rand -hex 32 > {path}; chmod 600 {path}"
+        )
+    return token
+
+
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    """One daemon thread per connection, at most ``max_connections`` at once (more are closed at once); a
+    connection still open ``request_timeout_s`` after it was accepted is shut down by the serving loop."""
+
     daemon_threads = True
+    request_queue_size = 64  # connections the kernel holds until accepted (no thread, no file of ours)
+    request_timeout_s = 5.0
+    max_connections = 16
+    token: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._active: dict[socket.socket, float] = {}
+        self._active_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        with self._active_lock:
+            if len(self._active) >= self.max_connections:
+                return False  # closed at once by the caller
+            self._active[request] = time.monotonic() + self.request_timeout_s
+            return True
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._active_lock:
+            self._active.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Shut down connections past their deadline (a client that sends slowly; its thread then ends)."""
+        now = time.monotonic()
+        with self._active_lock:
+            for conn, deadline in self._active.items():
+                if now > deadline:
+                    self._active[conn] = math.inf  # once
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def drop_all(self) -> None:
+        """Shut down every open connection (at close)."""
+        with self._active_lock:
+            for conn in self._active:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away or timed out is not an error worth a traceback on the run's console."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
-class _Quiet(WSGIRequestHandler):
+class _Handler(WSGIRequestHandler):
+    """Reads the request with the server's timeout and answers 401 before anything else when the bearer token is
+    missing or wrong."""
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # each read and write of the socket
+        super().setup()
+
+    def handle(self) -> None:
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.requestline = self.request_version = self.command = ""
+                self.send_error(414)
+                return
+            if not self.parse_request():  # an error was sent (or the client sent nothing)
+                return
+            token = self.server.token
+            if token is not None:
+                sent = self.headers.get("Authorization", "")
+                if not hmac.compare_digest(sent.encode("utf-8", "replace"), f"Bearer {token}".encode()):
+                    body = b"bearer token required\n"
+                    self.send_response(401)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("WWW-Authenticate", "Bearer")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+            handler = ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+            handler.request_handler = self
+            handler.run(self.server.get_app())
+        except OSError:  # timed out, reset, shut down at the deadline
+            self.close_connection = True
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
 
 class PrometheusExporter:
     """Serves the latest step's metrics; ``publish`` after each step, ``close`` at the end. A setting it cannot
-    start with (no token off loopback, an unreadable token file, a port in use) raises ``ConfigError`` (exit 2)."""
+    start with (no token off loopback, a token file that :func:`read_token_file` refuses, a port in use) raises
+    ``ConfigError`` (exit 2). ``request_timeout_s``: the time a connection has to send its request and read the
+    answer; ``max_connections``: connections served at once (more are closed at once)."""
 
-    def __init__(self, host: str, port: int, project: str, experiment: str, token_file: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        project: str,
+        experiment: str,
+        token_file: str | None = None,
+        request_timeout_s: float = 5.0,
+        max_connections: int = 16,
+    ) -> None:
         from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
 
         from vlmrl.config import ConfigError
 
+        if not request_timeout_s > 0 or max_connections < 1:
+            raise ValueError(f"request_timeout_s={request_timeout_s} and max_connections={max_connections}: need > 0")
         self._token: str | None = None
         if token_file:
-            try:
-                self._token = Path(token_file).read_text(encoding="utf-8").strip()
-            except OSError as e:
-                raise ConfigError(f"trainer.prometheus.token_file: cannot read {token_file}: {e}") from e
-            if not self._token:
-                raise ConfigError(f"trainer.prometheus.token_file: {token_file} is empty")
+            self._token = read_token_file(token_file)
         elif not is_loopback(host):
             raise ConfigError(
                 f"trainer.prometheus.host={host} accepts connections from other machines: set "
@@ -77,25 +238,26 @@ class PrometheusExporter:
         app = make_wsgi_app(self.registry)
 
         def guarded(environ: dict[str, Any], start_response: Any) -> Any:
-            if self._token is not None:
-                sent = environ.get("HTTP_AUTHORIZATION", "")
-                if not hmac.compare_digest(sent.encode(), f"Bearer {self._token}".encode()):
-                    start_response("401 Unauthorized", [("Content-Type", "text/plain"),
-                                                        ("WWW-Authenticate", "Bearer")])  # fmt: skip
-                    return [b"bearer token required\n"]
+            # (the handler answered 401 already to a request without the token)
             with self._lock:  # a scrape sees one whole step, never half of the next
                 return app(environ, start_response)
 
         try:
-            self._server = make_server(host, port, guarded, server_class=_Server, handler_class=_Quiet)
+            self._server = make_server(host, port, guarded, server_class=_Server, handler_class=_Handler)
         except OSError as e:
             raise ConfigError(
                 f"trainer.prometheus: cannot listen on {host}:{port} ({e.strerror or e}); another run may hold the "
                 "port: set trainer.prometheus.port to a free one (0: any free port, printed at start-up)"
             ) from e
+        # set before serving starts (a connection made meanwhile waits in the kernel's queue)
+        self._server.request_timeout_s = float(request_timeout_s)
+        self._server.max_connections = int(max_connections)
+        self._server.token = self._token
         self.port = int(self._server.server_address[1])
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}/metrics"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="vlmrl-prometheus", daemon=True)
+        poll = min(0.5, request_timeout_s / 4)  # how often deadlines are checked
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(poll,), name="vlmrl-prometheus",
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
     def _gauge(self, key: str) -> Any:
@@ -113,12 +275,13 @@ class PrometheusExporter:
         """Set every finite numeric metric of this step (metrics not logged this step keep their last value)."""
         with self._lock:
             for key, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                if _finite(v):
                     self._gauge(key).labels(**self._labels).set(v)
             self._gauge("step").labels(**self._labels).set(step)
 
     def close(self) -> None:
-        """Stop serving and free the port."""
+        """Stop serving, drop open connections and free the port."""
         self._server.shutdown()
+        self._server.drop_all()
         self._server.server_close()
         self._thread.join(timeout=5)

@@ -127,14 +127,17 @@ def console_line(step: int, m: dict[str, Any]) -> str:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All JSON lines of a metrics file (a partial last line from a crash is ignored)."""
+    """All JSON object lines of a metrics file, in order (a partial last line from a crash, and lines that are not
+    JSON objects or that JSON cannot read, nested too deep or with a number too long, are skipped)."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
     return rows
 
 
@@ -150,7 +153,9 @@ def plot_curve(
     rows = read_metrics(jsonl_path)
     fig, ax = plt.subplots(figsize=(7, 4))
     for key in (*keys, "val/reward/mean"):
-        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        pts = [
+            (r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), int)
+        ]
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if key.startswith("val/") else None, label=key)
@@ -180,7 +185,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def ascii_curve(jsonl_path: str | os.PathLike, key: str = "reward/mean", width: int = 60) -> str:
     """The curve of ``key`` as text rows (step, value, bar) — what the quick start prints at the end."""
-    rows = [r for r in read_metrics(jsonl_path) if isinstance(r.get(key), (int, float))]
+    rows = [
+        r for r in read_metrics(jsonl_path) if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), int)
+    ]
     if not rows:
         return f"(no {key} in {jsonl_path})"
     stride = max(1, len(rows) // 20)
