@@ -125,9 +125,14 @@ def read_image(path: str | os.PathLike, rules: ImageRules) -> bytes:
 
     if rules.root is None:
         raise RecordError("unreadable_image", f"{path}: this input's rows must carry image bytes, not file paths")
+    if "\x00" in str(path):
+        raise RecordError("unreadable_image", f"{str(path)!r}: the path contains a NUL byte")
     root = Path(rules.root).resolve()
     p = Path(str(path)).expanduser()
-    full = (p if p.is_absolute() else root / p).resolve()
+    try:
+        full = (p if p.is_absolute() else root / p).resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise RecordError("unreadable_image", f"{path}: cannot be resolved ({type(e).__name__}: {e})") from None
     if not full.is_relative_to(root):
         raise RecordError("image_outside_dir", f"{path}: outside {root}")
     try:

@@ -42,7 +42,7 @@ from vlmrl.data.video import (
     natural_key,
     probe_video,
 )
-from vlmrl.models.qwen_vl import FrameSampling, resize_frames, sample_frame_indices, video_frame_size
+from vlmrl.models.qwen_vl import FrameSampling, sample_frame_indices, video_frame_size
 
 FRAME_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 """Files of a frame folder that are frames (others are ignored)."""
@@ -103,6 +103,9 @@ def video_options(args: argparse.Namespace, root: str | os.PathLike | None) -> V
         raise ValueError(f"--video-nframes={args.video_nframes}: at least 2 (frames go in pairs)")
     if not args.video_fps > 0 or not args.frames_fps > 0:
         raise ValueError("--video-fps and --frames-fps must be > 0")
+    if not 0 < args.video_min_pixels <= args.video_max_pixels:  # qwen-vl-utils would assert on every frame
+        raise ValueError(f"--video-min-pixels={args.video_min_pixels} must be > 0 and at most --video-max-pixels="
+                         f"{args.video_max_pixels}")  # fmt: skip
     return VideoOptions(
         root=str(Path(root).resolve()) if root is not None else None,
         max_bytes=int(args.max_video_bytes),
@@ -125,9 +128,14 @@ def _source(rel: str, opts: VideoOptions) -> Path:
         raise RecordError("unreadable_video", f"{rel}: this input's rows cannot name video files")
     if not rel.strip():
         raise RecordError("unreadable_video", "an empty video path")
+    if "\x00" in rel:
+        raise RecordError("unreadable_video", f"{rel!r}: the path contains a NUL byte")
     root = Path(opts.root)
     p = Path(rel).expanduser()
-    full = (p if p.is_absolute() else root / p).resolve()
+    try:
+        full = (p if p.is_absolute() else root / p).resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise RecordError("unreadable_video", f"{rel}: cannot be resolved ({type(e).__name__}: {e})") from None
     if not full.is_relative_to(root):
         raise RecordError("video_outside_dir", f"{rel}: outside {root}")
     if not full.exists():
@@ -167,14 +175,14 @@ def video_struct(
     idx = _indices(info.total_frames, info.fps, opts, rel)
     timing = _timing(idx, info.total_frames, info.fps)
     size = opts.frame_size(info.width, info.height, len(idx))
-    try:
-        frames = decode_frames(full, idx)
+    try:  # each frame resized as it is decoded: memory bounded by the output's size, not the source's
+        frames = decode_frames(full, idx, size, keep=not store_paths)
     except VideoError as e:
         raise _reject(e, rel) from None
     if store_paths:  # the file itself (its frames are decoded again at training time, the recorded ones)
         target = _spill_file(full, Path(output_dir), f"videos/{spill_name}{full.suffix.lower()}")
         return {"frames": [], "video": target, **timing}
-    stored = [{"bytes": encode_pil(f), "path": None} for f in resize_frames(frames, size)[: len(idx)]]
+    stored = [{"bytes": encode_pil(f), "path": None} for f in frames]
     return {"frames": stored, "video": None, **timing}
 
 

@@ -118,8 +118,9 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
                     what = f" ({key})" if key else " ({style, ground_truth}: the answers rewards score against)"
                     rep.problems.append(f"{f}: no column {col!r}{what}; it has {names}")
                     ok = False
-            if cfg.data.image_key not in names:
-                rep.notes.append(f"{f}: no column {cfg.data.image_key!r} (data.image_key): text-only prompts")
+            media = _media_note(pf, names, cfg.data.image_key, cfg.data.video_key)
+            if media:
+                rep.notes.append(f"{f}: {media}")
             if "data_source" in names:
                 sources |= {str(s) for s in pf.read(columns=["data_source"]).column(0).to_pylist()}
         kept = None
@@ -149,6 +150,38 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
             rep.plan.append(f"data.{split}: {rows} rows (the overlong filter is counted once the model is available)")
         out[split] = (kept, sources)
     return out
+
+
+def _count_videos(pf: Any, key: str) -> int | None:
+    """Videos in a parquet file's video column (the lengths of its lists), or None when the column is not a list (the
+    dataset says why). Only its shallowest leaf is read (a video's path or fps, not its frames' bytes)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = pf.schema_arrow.field(key).type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return None
+    leaves = [pf.schema.column(i).path for i in range(len(pf.schema)) if pf.schema.column(i).path.startswith(key + ".")]
+    column = min(leaves, key=lambda p: (p.count("."), p.endswith(".bytes"))) if leaves else key
+    n = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=[column]):
+        n += int(pc.sum(pc.list_value_length(batch.column(0))).as_py() or 0)
+    return n
+
+
+def _media_note(pf: Any, names: list[str], image_key: str, video_key: str) -> str | None:
+    """What a data file's media columns hold, when it is not the usual image column alone: a videos column (with its
+    video count, and whether there is an image column too) or text-only prompts (neither column)."""
+    has_images = image_key in names
+    if video_key not in names or video_key == image_key:
+        if has_images:
+            return None
+        return f"no column {image_key!r} (data.image_key) nor {video_key!r} (data.video_key): text-only prompts"
+    n = _count_videos(pf, video_key)
+    videos = f"videos column {video_key!r} (data.video_key): {'?' if n is None else n} video(s)"
+    if has_images:
+        return f"{videos}; images column {image_key!r} (data.image_key)"
+    return f"{videos}; no image column ({image_key!r}: data.image_key)"
 
 
 def _reward(cfg: VLMRLConfig, sources: set[str], rep: Report) -> None:

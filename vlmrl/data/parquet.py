@@ -182,20 +182,38 @@ def check_image_column(kind: pa.DataType, path: str, key: str) -> None:
         )
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+_FRAME_TYPES = (pa.types.is_null, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                pa.types.is_large_binary)  # fmt: skip
+
+
+def _frame_like(t: pa.DataType) -> bool:
+    """A frame of a list of frames: a path, image bytes or a ``{bytes, path}`` struct."""
+    if pa.types.is_struct(t):
+        return t.get_field_index("bytes") >= 0 or t.get_field_index("path") >= 0
+    return any(is_type(t) for is_type in _FRAME_TYPES)
+
+
 def check_video_column(kind: pa.DataType, path: str, key: str) -> None:
     """Raise ``DataError`` naming the key and the file when the video column cannot hold videos: a list of structs
-    (vlmrl's ``{frames | video, ...}``, verl's ``{video, ...}``) or of path strings."""
-    inner = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    (vlmrl's ``{frames | video, ...}``, verl's ``{video, ...}``), of path strings (a video file each) or of lists of
+    frames (EasyR1's ``[[frame paths], ...]``: a list of frames each, as verl's ``{"video": [frame paths]}``)."""
+    inner = kind.value_type if _is_list(kind) else None
     ok = inner is not None and (
         pa.types.is_null(inner)
         or pa.types.is_string(inner)
         or pa.types.is_large_string(inner)
         or (pa.types.is_struct(inner) and (inner.get_field_index("frames") >= 0 or inner.get_field_index("video") >= 0))
+        or (_is_list(inner) and _frame_like(inner.value_type))
     )
     if not ok:
         raise DataError(
             f"{path}: data.video_key={key!r} names a column of type {kind}, not videos; a record's videos are a list "
-            "of {frames | video, ...} structs (set data.video_key to the video column)"
+            "of {frames | video, ...} structs, of video paths or of lists of frame paths (set data.video_key to the "
+            "video column)"
         )
 
 

@@ -162,10 +162,15 @@ def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path
 def confined_path(path: str, base_dir: str | os.PathLike, kind: str = "image") -> Path:
     """The file an image (or video: ``kind``) path names, resolved against ``base_dir`` (the parquet file's folder),
     or ``DataError``: a path a dataset stores may not leave that folder (``../``, an absolute path elsewhere, a
-    symlink out of it)."""
+    symlink out of it), hold a NUL byte or run into a symlink loop."""
+    if "\x00" in path:  # the OS cannot take it (os.stat raises ValueError): a bad path, not a bad image
+        raise DataError(f"{kind} path {path!r} contains a NUL byte")
     base = Path(base_dir).resolve()
     p = Path(path.removeprefix("file://")).expanduser()
-    full = (p if p.is_absolute() else base / p).resolve()
+    try:
+        full = (p if p.is_absolute() else base / p).resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a name too long
+        raise DataError(f"{kind} path {path!r} cannot be resolved ({type(e).__name__}: {e})") from None
     if not full.is_relative_to(base):
         raise DataError(f"{kind} path {path!r} leaves the data folder {base} (a dataset may only name files inside it)")
     return full

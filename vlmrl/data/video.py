@@ -12,6 +12,9 @@ Video files are decoded with PyAV (FFmpeg) and only when they are regular files 
 cap, in a container format from ``VIDEO_FORMATS`` (no playlist or concat demuxer that would open other files) with the
 ``file`` protocol only; frames larger than Pillow's decompression-bomb limit and videos longer than
 ``MAX_VIDEO_FRAMES`` frames are refused. Frame images are read like images (``records.decode_image``).
+
+Frames are resized as they are decoded (``decode_frames``' ``size``, ``load_video``'s ``fit``), so memory holds at
+most one frame at the source's size: a 4K clip's 768 sampled frames would take about 19 GB kept at full size.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,11 +85,18 @@ class VideoEntry:
 
 @dataclass
 class RawVideo:
-    """A video's sampled frames, decoded (not resized yet)."""
+    """A video's sampled frames, decoded (resized when ``load_video`` was given a ``fit``)."""
 
     frames: list[Image.Image]
     timestamps: list[float]
     sample_fps: float
+    source_size: tuple[int, int] | None = None
+    """(width, height) of the first frame as decoded, before any resizing."""
+
+
+FrameSize = tuple[int, int] | Callable[[int, int], tuple[int, int]] | None
+"""What ``decode_frames`` resizes frames to: a (width, height); a function of the source (width, height) of the first
+sampled frame giving it; or None (the source size)."""
 
 
 def video_entries(value: Any) -> list[VideoEntry]:
@@ -177,7 +188,7 @@ def check_video_file(path: Path, max_bytes: int = MAX_VIDEO_FILE_BYTES) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         raise VideoError("unreadable_video", f"video file not found: {path}") from None
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise VideoError("unreadable_video", f"video cannot be read ({type(e).__name__}: {e})") from None
     if not stat.S_ISREG(st.st_mode):
         raise VideoError("unreadable_video", f"video path is not a regular file: {path}")
@@ -248,14 +259,31 @@ def probe_video(path: Path) -> VideoInfo:
     return VideoInfo(n, rate, w, h)
 
 
-def decode_frames(path: Path, indices: list[int]) -> list[Image.Image]:
+def fit_frame(image: Image.Image, size: tuple[int, int] | None) -> Image.Image:
+    """An RGB frame at ``size`` (None: as it is), resized exactly as ``qwen_vl.resize_frames`` does (bicubic)."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if size is None or image.size == size:
+        return image
+    return image.resize(size, Image.Resampling.BICUBIC)
+
+
+def decode_frames(path: Path, indices: list[int], size: FrameSize = None, *, keep: bool = True) -> list[Image.Image]:
     """The frames at ``indices`` (in that order, repeats allowed) of a video file, as RGB images; ``VideoError`` when
-    the file ends before the last one."""
+    the file ends before the last one.
+
+    ``size`` (``FrameSize``) resizes each frame as soon as it is decoded (``fit_frame``: the pixels resizing the
+    source-size frames afterwards gives), so memory holds one source-size frame at a time (frames decoded before the
+    one at ``indices[0]``, when ``indices`` is not ascending and ``size`` is a function, wait for it at source size).
+    ``keep=False`` only checks that every frame decodes, and returns []."""
     import av
 
     wanted = set(indices)
     last = max(indices)
-    got: dict[int, Image.Image] = {}
+    first = indices[0]
+    rule = size if callable(size) else None
+    target = None if callable(size) else size
+    got: dict[int, Any] = {}
     with _open_container(path) as c:
         st = _stream(c, path)
         try:
@@ -263,8 +291,16 @@ def decode_frames(path: Path, indices: list[int]) -> list[Image.Image]:
                 if Image.MAX_IMAGE_PIXELS and frame.width * frame.height > Image.MAX_IMAGE_PIXELS:  # a size change
                     raise VideoError("video_too_large", f"{path}: frame {k} is {frame.width}x{frame.height}, over "
                                                         "Pillow's decompression-bomb limit")  # fmt: skip
-                if k in wanted:
-                    got[k] = frame.to_image().convert("RGB")
+                if k in wanted and keep:
+                    image = frame.to_image()
+                    if rule is not None and k == first:  # the size is known now: resize what waited for it
+                        target = rule(image.width, image.height)
+                        got = {i: fit_frame(im, target) for i, im in got.items()}
+                    got[k] = fit_frame(image, target)
+                    del image
+                elif k in wanted:
+                    got[k] = None
+                del frame  # neither the decoded frame nor its source-size image waits for the next one
                 if k >= last:
                     break
         except (av.error.FFmpegError, OSError) as e:
@@ -273,7 +309,7 @@ def decode_frames(path: Path, indices: list[int]) -> list[Image.Image]:
     if missing:
         raise VideoError("corrupt_video", f"{path}: ends before frame {missing[0]} ({len(got)} of {len(wanted)} "
                                           "frames decoded)")  # fmt: skip
-    return [got[i] for i in indices]
+    return [got[i] for i in indices] if keep else []
 
 
 # --------------------------------------------------------------------------------------------------- entries
@@ -306,9 +342,17 @@ def _file_plan(entry: VideoEntry, info: VideoInfo, sampling: FrameSampling) -> t
 
 def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> tuple[int, int, int]:
     """(frames, width, height) of the video the model will see, from headers only (the first frame's, or the
-    container's): what its token count is computed from."""
+    container's): what its token count is computed from. Every frame of a list of frames is checked here (its path
+    confined, its header read), so a missing, outside or unreadable frame is a ``DataError`` naming it when the
+    dataset is built (and in the dry run), not when the record is first drawn."""
     if entry.frames:
-        w, h = image_size(entry.frames[0], base_dir)
+        sizes = []
+        for j, f in enumerate(entry.frames):
+            try:
+                sizes.append(image_size(f, base_dir))
+            except DataError as e:
+                raise DataError(f"frame {j}: {e}") from None
+        w, h = sizes[0]
         return len(entry.frames), w, h
     full = _file(entry, base_dir)
     info = probe_video(full)
@@ -316,23 +360,45 @@ def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameS
     return len(idx), info.width, info.height
 
 
-def load_video(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> RawVideo:
-    """Decode a video entry's sampled frames (RGB, source size) with their timestamps and sampled fps."""
+def load_video(
+    entry: VideoEntry,
+    base_dir: str | os.PathLike,
+    sampling: FrameSampling,
+    fit: Callable[[int, int, int], tuple[int, int]] | None = None,
+) -> RawVideo:
+    """Decode a video entry's sampled frames (RGB) with their timestamps and sampled fps.
+
+    ``fit(width, height, nframes)`` gives the size every frame is resized to as it is decoded, from the source size of
+    the first sampled frame and the number of frames (memory then holds one source-size frame at a time); None keeps
+    the source size."""
+    source: list[tuple[int, int]] = []  # the first frame's size before resizing
+
+    def size_of(w: int, h: int, n: int) -> tuple[int, int]:
+        source.append((w, h))
+        return fit(w, h, n) if fit is not None else (w, h)
+
     if entry.frames:
-        frames = []
+        frames: list[Image.Image] = []
+        size = None
         for j, f in enumerate(entry.frames):
             try:
-                frames.append(decode_image(f, base_dir))
+                image = decode_image(f, base_dir)
             except DataError as e:
                 raise DataError(f"frame {j}: {e}") from None
+            if j == 0:
+                size = size_of(*image.size, len(entry.frames))
+            frames.append(fit_frame(image, size))
+            if frames[-1] is not image:
+                image.close()
         rate = entry.sample_fps or DEFAULT_FRAME_LIST_FPS
         stamps = entry.timestamps or [j / rate for j in range(len(frames))]
-        return RawVideo(frames, stamps, rate)
+        return RawVideo(frames, stamps, rate, source[0] if source else None)
     full = _file(entry, base_dir)
     info = probe_video(full)
     idx, fps, rate = _file_plan(entry, info, sampling)
     stamps = entry.timestamps or [i / fps for i in idx]
-    return RawVideo(decode_frames(full, idx), stamps, rate)
+    frames = decode_frames(full, idx, lambda w, h: size_of(w, h, len(idx)))
+    return RawVideo(frames, stamps, rate, source[0] if source else None)
 
 
 def frame_bounds(entry: VideoEntry, bounds: tuple[int, int, int | None]) -> tuple[int, int, int | None]:
@@ -387,14 +453,16 @@ def build_video(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRule
     from vlmrl.batch import Video
     from vlmrl.models.qwen_vl import resize_frames, video_frame_size
 
-    raw = load_video(entry, base_dir, rules.sampling)
+    lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
+
+    def fit(w: int, h: int, n: int) -> tuple[int, int]:
+        return video_frame_size(w, h, n, rules.factor, lo, hi, total)
+
+    raw = load_video(entry, base_dir, rules.sampling, fit)  # resized as decoded: one source-size frame at a time
     if not raw.frames:
         raise VideoError("empty_video", "the video has no frames")
-    lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
-    size = raw.frames[0].size
-    target = video_frame_size(*size, len(raw.frames), rules.factor, lo, hi, total)
-    frames = resize_frames(raw.frames, target)
+    frames = resize_frames(raw.frames, raw.frames[0].size)  # already at the size: pads to pairs
     stamps = list(raw.timestamps)
     while len(stamps) < len(frames):  # padded frames repeat the last one
         stamps.append(stamps[-1])
-    return Video(frames=frames, timestamps=stamps, sample_fps=raw.sample_fps, original_size=size)
+    return Video(frames=frames, timestamps=stamps, sample_fps=raw.sample_fps, original_size=raw.source_size)
