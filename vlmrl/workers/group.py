@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
@@ -24,7 +25,107 @@ from vlmrl.config import VLMRLConfig
 
 
 class WorkerError(RuntimeError):
-    """A worker failed, died or stopped answering; the message names its rank and the stage."""
+    """A worker failed, died or stopped answering; the message names its rank and the stage. A worker that failed
+    while starting carries ``failure``: what it was doing, the cause and what to check."""
+
+    def __init__(self, message: str, failure: StartupFailure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+@dataclass
+class StartupFailure:
+    """Why a worker could not start, as plain text that crosses a pipe or Ray: ``what`` failed (``worker 0 could not
+    load the model from X``), its ``cause`` (one line: ``SafetensorError: ...``), the ``hint`` (what to check) and
+    ``details`` (the worker's full traceback, for the log file)."""
+
+    what: str
+    cause: str
+    hint: str = ""
+    details: str = ""
+
+
+MAX_CAUSE = 500
+"""Characters of an error message kept in a one-line summary."""
+
+
+def one_line(text: str, limit: int = MAX_CAUSE) -> str:
+    """``text`` as one line: a traceback that follows the message is cut, whitespace runs become one space, and the
+    rest is cut at ``limit`` characters."""
+    kept = []
+    for line in str(text).splitlines():
+        if line.startswith(("Traceback (most recent call last)", "  File ")):
+            break
+        kept.append(line)
+    flat = " ".join(" ".join(kept).split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def error_text(e: BaseException) -> str:
+    """``Type: message`` of an exception, on one line (a SyntaxError keeps its file and line)."""
+    return one_line(f"{type(e).__name__}: {e}")
+
+
+# (where the failing call went: a path fragment or a function name, what failed, what to check); ``{path}`` is the
+# model, ``{tools}`` the tool config file. The first rule that matches a frame below the worker's __init__ (from the
+# outermost frame in) names the step that failed.
+WORKER_STEPS: tuple[tuple[str, str, str], ...] = (
+    ("init_process_group", "could not join the workers' process group",
+     "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and clusters)"),
+    ("vlmrl/rollout/vllm", "could not start the vLLM engine for {path}",
+     "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, engine_kwargs.vllm) "
+     "against the model and this machine, or use actor_rollout_ref.rollout.name=hf"),
+    ("vlmrl/rollout/hf", "could not start the HF rollout", "check actor_rollout_ref.model.path"),
+    ("vlmrl/workers/policy", "could not load the model from {path}",
+     "check actor_rollout_ref.model.path (a complete Qwen2.5-VL folder or hub id: config.json and every "
+     "*.safetensors file it lists)"),
+    ("vlmrl/tools/", "could not load the tools of {tools}",
+     "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    ("transformers/", "could not load the model's processor from {path}", "check actor_rollout_ref.model.path"),
+)  # fmt: skip
+
+
+def step_of(frames: list[Any], rules: tuple[tuple[str, str, str], ...]) -> tuple[str, str] | None:
+    """(what, hint) of the first rule matching one of ``frames`` (``traceback.FrameSummary``, outermost first) by
+    file path or function name; None when none does."""
+    for rule, what, hint in rules:
+        for f in frames:
+            if rule in f.filename.replace(os.sep, "/") or rule == f.name:
+                return what, hint
+    return None
+
+
+def frames_below(e: BaseException, code: Any) -> list[Any]:
+    """The frames of ``e``'s traceback below the last one running ``code`` (a function's ``__code__``), outermost
+    first, as ``traceback.FrameSummary``; every frame when none runs it."""
+    import traceback
+
+    tbs = []
+    tb = e.__traceback__
+    while tb is not None:
+        tbs.append(tb)
+        tb = tb.tb_next
+    at = [i for i, t in enumerate(tbs) if t.tb_frame.f_code is code]
+    below = tbs[at[-1] + 1 :] if at else tbs
+    return list(traceback.StackSummary.extract((t.tb_frame, t.tb_lineno) for t in below))
+
+
+def startup_failure(e: BaseException, cfg: VLMRLConfig, rank: int) -> StartupFailure:
+    """Describe an exception raised while worker ``rank`` was starting (building its ``HybridWorker``)."""
+    import traceback
+
+    from vlmrl.workers.hybrid import HybridWorker
+
+    arr = cfg.actor_rollout_ref
+    step = step_of(frames_below(e, HybridWorker.__init__.__code__), WORKER_STEPS)
+    what, hint = step or ("could not start", "")
+    names = {"path": arr.model.path, "tools": arr.rollout.multi_turn.tool_config_path}
+    return StartupFailure(
+        what=f"worker {rank} " + what.format(**names),
+        cause=error_text(e),
+        hint=hint,
+        details="".join(traceback.format_exception(type(e), e, e.__traceback__)),
+    )
 
 
 def worker_env(device: str) -> dict[str, str]:

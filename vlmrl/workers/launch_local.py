@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
-from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
+from vlmrl.workers.group import StartupFailure, WorkerError, WorkerGroup, error_text, startup_failure, worker_env
 
 
 def _die_with_parent() -> None:
@@ -53,7 +53,11 @@ def _worker_main(conn: Connection, rank: int, world: int, init_method: str, devi
         worker = HybridWorker(cfg, rank, world, init_method, device, total_steps, limit_images, limit_videos)
         conn.send(("ok", worker.info()))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which stops the run
-        conn.send(("error", _describe(e)))
+        try:
+            failure = startup_failure(e, cfg, rank)
+        except BaseException:  # noqa: BLE001 - the report itself failed (HybridWorker does not import): plain text
+            failure = StartupFailure(f"worker {rank} could not start", error_text(e), details=_describe(e, 200))
+        conn.send(("error", failure))
         return
     while True:
         try:
@@ -72,8 +76,8 @@ def _worker_main(conn: Connection, rank: int, world: int, init_method: str, devi
     worker.shutdown()
 
 
-def _describe(e: BaseException) -> str:
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:])
+def _describe(e: BaseException, frames: int = 8) -> str:
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-frames:])
     return f"{type(e).__name__}: {e}\n{tb}".rstrip()
 
 
@@ -174,20 +178,33 @@ class ProcessWorkerGroup(WorkerGroup):
                     continue
                 conn = self.conns[rank]
                 if obj is not conn and not conn.poll():  # the process ended without a last word
-                    self.procs[rank].join(timeout=5)
-                    raise WorkerError(f"worker {rank} died during {stage} ({_exit_text(self.procs[rank].exitcode)})")
+                    raise self._died(rank, stage)
                 try:
                     kind, value = conn.recv()
                 except (EOFError, OSError):
-                    self.procs[rank].join(timeout=5)
-                    raise WorkerError(
-                        f"worker {rank} died during {stage} ({_exit_text(self.procs[rank].exitcode)})"
-                    ) from None
+                    raise self._died(rank, stage) from None
+                if kind == "error" and isinstance(value, StartupFailure):
+                    raise WorkerError(f"worker {rank} failed during {stage}: {value.cause}", failure=value)
                 if kind == "error":
                     raise WorkerError(f"worker {rank} failed during {stage}: {value}")
                 results[rank] = value
                 pending.discard(rank)
         return results
+
+    def _died(self, rank: int, stage: str) -> WorkerError:
+        """The error for worker ``rank``, whose process ended during ``stage`` without a word; while starting, with
+        what to check."""
+        self.procs[rank].join(timeout=5)
+        code = self.procs[rank].exitcode
+        message = f"worker {rank} died during {stage} ({_exit_text(code)})"
+        if stage != "startup":
+            return WorkerError(message)
+        hint = "the worker's own output or the system log may say why"
+        if code == -signal.SIGKILL:
+            hint = ("a process killed by SIGKILL while loading is most often out of memory (dmesg says): fewer workers "
+                    "(trainer.cpu_workers), or a machine with more memory")  # fmt: skip
+        failure = StartupFailure(f"worker {rank} died while starting", _exit_text(code), hint)
+        return WorkerError(message, failure=failure)
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Ask the workers to stop, then end any that did not within ``grace_s`` (only the processes this group
@@ -224,9 +241,14 @@ class InlineWorkerGroup(WorkerGroup):
             os.environ.setdefault(k, v)
         self._dir = tempfile.mkdtemp(prefix="vlmrl-rendezvous-")
         t0 = time.perf_counter()
-        self.worker = HybridWorker(
-            cfg, 0, 1, f"file://{self._dir}/store", self.device, total_steps, limit_images, limit_videos
-        )
+        try:
+            self.worker = HybridWorker(
+                cfg, 0, 1, f"file://{self._dir}/store", self.device, total_steps, limit_images, limit_videos
+            )
+        except Exception as e:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            failure = startup_failure(e, cfg, 0)
+            raise WorkerError(f"worker 0 failed during startup: {failure.cause}", failure=failure) from e
         self.infos = [self.worker.info()]
         self.startup_s = time.perf_counter() - t0
 

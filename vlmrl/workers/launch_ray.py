@@ -11,6 +11,7 @@ the token is what keeps others out.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -18,7 +19,50 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import per_node, planned_device
-from vlmrl.workers.group import WorkerError, WorkerGroup, ray_address, worker_env
+from vlmrl.workers.group import StartupFailure, WorkerError, WorkerGroup, ray_address, startup_failure, worker_env
+
+
+class StartupFailed(Exception):
+    """Raised by a Ray worker's ``info()`` when the worker could not start; carries the ``StartupFailure``."""
+
+    def __init__(self, failure: StartupFailure) -> None:
+        super().__init__(failure)
+        self.failure = failure
+
+    def __str__(self) -> str:
+        return f"{self.failure.what}: {self.failure.cause}"
+
+
+@functools.cache
+def _ray_worker_class() -> type:
+    """``HybridWorker`` as Ray runs it: an exception while it starts is kept (described where it happened, with the
+    step that failed) and raised by ``info()``, instead of killing the actor with only a text of it."""
+    from vlmrl.workers.hybrid import HybridWorker
+
+    class _RayHybridWorker(HybridWorker):
+        def __init__(self, cfg: VLMRLConfig, rank: int, *args: Any) -> None:
+            self._failure: StartupFailure | None = None
+            try:
+                super().__init__(cfg, rank, *args)
+            except Exception as e:  # noqa: BLE001 - reported by info(), which the driver calls first
+                self._failure = startup_failure(e, cfg, rank)
+
+        def info(self) -> dict[str, Any]:
+            if self._failure is not None:
+                raise StartupFailed(self._failure)
+            return super().info()
+
+    # found by this module's __getattr__ (pickled by reference); Ray's log lines name it HybridWorker, as before
+    _RayHybridWorker.__module__, _RayHybridWorker.__qualname__ = __name__, "_RayHybridWorker"
+    _RayHybridWorker.__name__ = "HybridWorker"
+    return _RayHybridWorker
+
+
+def __getattr__(name: str) -> Any:
+    """``_RayHybridWorker`` is made on first use (it imports torch); Ray's workers find it by this name."""
+    if name == "_RayHybridWorker":
+        return _ray_worker_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -47,14 +91,22 @@ def new_token_file() -> str:
     return path
 
 
-def auth_env(cfg: VLMRLConfig) -> None:
-    """Set Ray's authentication environment before ``ray`` is imported (Ray reads it at import): token mode, and
-    for a cluster started here a fresh token unless the user gave one. ``RAY_AUTH_MODE=disabled`` is refused."""
+def auth_problem() -> str | None:
+    """Why this environment may not run Ray (``RAY_AUTH_MODE=disabled``), or None; the dry run can say it too."""
     if os.environ.get("RAY_AUTH_MODE") == "disabled":
-        raise WorkerError(
+        return (
             "RAY_AUTH_MODE=disabled: vlmrl does not run Ray without authentication (anyone who reaches the cluster's "
             "ports could run code as you). Unset it: Ray then uses token authentication (README, GPUs and clusters)"
         )
+    return None
+
+
+def auth_env(cfg: VLMRLConfig) -> None:
+    """Set Ray's authentication environment before ``ray`` is imported (Ray reads it at import): token mode, and
+    for a cluster started here a fresh token unless the user gave one. ``RAY_AUTH_MODE=disabled`` is refused."""
+    problem = auth_problem()
+    if problem:
+        raise WorkerError(problem)
     os.environ["RAY_AUTH_MODE"] = "token"
     if not ray_address(cfg) and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN_PATH"] = new_token_file()
@@ -92,35 +144,57 @@ def init_ray(cfg: VLMRLConfig, device: str, n_workers: int) -> None:
         ) from None
 
 
+def _fits(nodes: list[dict[str, float]], bundle: dict[str, int], per: int) -> int:
+    """How many groups of ``per`` bundles, each group on one machine, the nodes' total resources hold."""
+    return sum(int(min(r.get(k, 0) // (v * per) for k, v in bundle.items())) for r in nodes)
+
+
 class RayWorkerGroup(WorkerGroup):
     """Hybrid workers as Ray actors; results come back in rank order."""
 
     def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
         auth_env(cfg)
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from vlmrl.workers.hybrid import HybridWorker
 
         init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", cfg.trainer.cpu_workers)
         self.device = planned_device(cfg, cuda_available=ray.cluster_resources().get("GPU", 0) > 0)  # the cluster's
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
+        self.workers: list[Any] = []
+        self.pgs: list[Any] = []
+        t0 = time.perf_counter()
+        try:
+            self._start(cfg, total_steps, limit_images, limit_videos)
+        except BaseException:
+            self.shutdown(grace_s=1.0)  # the slots and the workers that did start
+            raise
+        self.startup_s = time.perf_counter() - t0
+
+    def _start(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int) -> None:
+        """Reserve a placement group per node, start the workers in it and wait until every one is ready."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         nodes, per = cfg.trainer.nnodes, per_node(cfg, self.device == "cuda")
         self.world = nodes * per
         bundle = {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
-        t0 = time.perf_counter()
+        have = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
+        shown = ", ".join(f"{r.get('CPU', 0):g} CPU + {r.get('GPU', 0):g} GPU" for r in have) or "none"
+        problem = (
+            f"could not reserve {nodes} node(s) x {per} worker slot(s) of {bundle} in the Ray cluster (its node(s): "
+            f"{shown}); lower trainer.nnodes / " + ("n_gpus_per_node" if self.device == "cuda" else "cpu_workers")
+            + (", use trainer.device=cpu" if self.device == "cuda" and not any(r.get("GPU") for r in have) else "")
+            + ", or add machines"
+        )  # fmt: skip
+        if not ray_address(cfg) and _fits(have, bundle, per) < nodes:  # a cluster started here does not grow
+            raise WorkerError(problem)
         # one placement group per node, STRICT_PACK: a node's workers (an engine's tensor-parallel group among them)
         # share one machine; rank r is bundle r % per of group r // per
         self.pgs = [placement_group([bundle] * per, strategy="STRICT_PACK") for _ in range(nodes)]
         try:
             ray.get([pg.ready() for pg in self.pgs], timeout=120)
         except Exception as e:  # noqa: BLE001
-            raise WorkerError(
-                f"could not reserve {nodes} node(s) x {per} worker slot(s) {bundle} in the Ray cluster (resources: "
-                f"{ray.cluster_resources()}, {len(ray.nodes())} node(s)); lower trainer.nnodes / cpu_workers / "
-                "n_gpus_per_node, or add machines"
-            ) from e
+            raise WorkerError(problem + " (waited 120 s)") from e
         self.node_ids = self._placement(per)
 
         def strategy(rank: int) -> PlacementGroupSchedulingStrategy:
@@ -131,7 +205,7 @@ class RayWorkerGroup(WorkerGroup):
         gpus = 1 if self.device == "cuda" else 0
         master = ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=strategy(0))
         addr, port = ray.get(master.remote())
-        remote = ray.remote(HybridWorker)
+        remote = ray.remote(_ray_worker_class())
         self.workers = [
             remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy(i), max_concurrency=1).remote(
                 cfg, i, self.world, f"tcp://{addr}:{port}", self.device, total_steps, limit_images, limit_videos
@@ -142,7 +216,6 @@ class RayWorkerGroup(WorkerGroup):
         ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for info, node in zip(self.infos, self.node_ids):
             info["node"] = f"{ip.get(node, '?')}/{node[:8]}"  # Ray's node: machines may share a host name
-        self.startup_s = time.perf_counter() - t0
 
     def _placement(self, per: int) -> list[str]:
         """Each rank's Ray node id, read back from the cluster; a node's group spread over machines (what
@@ -190,8 +263,12 @@ class RayWorkerGroup(WorkerGroup):
         as the survivor whose collective broke."""
         import ray
 
+        failure = getattr(error, "failure", None) or getattr(getattr(error, "cause", None), "failure", None)
+        if isinstance(failure, StartupFailure):  # the worker raised while starting (_RayHybridWorker.info)
+            return WorkerError(f"worker {rank} failed during {stage}: {failure.cause}", failure=failure)
         text = f"{type(error).__name__}: {error}"
-        peer_lost = isinstance(error, ray.exceptions.RayActorError) or any(
+        died = isinstance(error, ray.exceptions.RayActorError) and not error.actor_init_failed
+        peer_lost = died or any(
             s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket Timeout")
         )
         deadline = time.monotonic() + (wait_s if peer_lost else 0.0)
