@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import check_config, tp_size
+from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
-from vlmrl.trainer.step import StepData, assemble, mean_of_workers, plan_shards, split_even, stats, zero_variance_groups
+from vlmrl.trainer.step import StepData, assemble, plan_shards, split_even, step_metrics
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -116,10 +116,12 @@ class Trainer:
             )
         from vlmrl.workers.group import make_worker_group
 
-        t0 = time.perf_counter()
+        sw = Timer.start()
         self.group = make_worker_group(cfg, self.total_steps, limit, videos)
         self.world = self.group.world
         self.tp = tp_size(cfg)
+        self.mini_samples = arr.actor.ppo_mini_batch_size * arr.rollout.n // self.world
+        """Samples of one mini-batch on one worker."""
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
         engines = (
             f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
@@ -127,7 +129,7 @@ class Trainer:
             else "HF rollout on the policy"
         )
         print(
-            f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {time.perf_counter() - t0:.1f} s "
+            f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {sw.elapsed:.1f} s "
             f"(rank@node: {nodes}); {engines}; {len(self.train_ds)} training prompts, {self.total_steps} steps",
             flush=True,
         )
@@ -157,14 +159,14 @@ class Trainer:
         return ckpt.find_resume(self.out_dir)
 
     def _load_checkpoint(self, path: Path) -> None:
-        t0 = time.perf_counter()
+        sw = Timer.start()
         state = self.resume_state or ckpt.read_trainer_state(path)
         self.group.load_checkpoint(str(path))
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         rng.restore(state["rng"])
         print(
-            f"[vlmrl] resumed from {path} at step {self.step} ({time.perf_counter() - t0:.1f} s)",
+            f"[vlmrl] resumed from {path} at step {self.step} ({sw.elapsed:.1f} s)",
             flush=True,
         )
 
@@ -174,7 +176,7 @@ class Trainer:
 
         from vlmrl.workers.group import WorkerError
 
-        t0 = time.perf_counter()
+        sw = Timer.start()
         tmp = ckpt.tmp_dir(self.out_dir, self.step)
         try:
             if tmp.exists():
@@ -195,7 +197,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{what} checkpoint {tmp}: {e}") from e
         keep = self.cfg.trainer.max_actor_ckpt_to_keep
         final = ckpt.commit(self.out_dir, self.step, keep)
-        print(f"[vlmrl] checkpoint {final} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(f"[vlmrl] checkpoint {final} ({sw.elapsed:.1f} s)", flush=True)
         return final
 
     # ------------------------------------------------------------------------------------------------- batches
@@ -217,30 +219,27 @@ class Trainer:
         leaders = parts[:: self.tp]
         return RolloutBatch.concat([p for p in leaders if len(p) or p is leaders[0]])
 
-    def collect(self, batches: Iterator[list[int]]) -> tuple[StepData, dict[str, float]]:
-        """One step's data: prompts → rollout → reward samples → scores. With ``algorithm.filter_groups.enable`` (DAPO
-        dynamic sampling) more batches are rolled out until ``train_batch_size`` groups vary on the metric (or
-        ``max_num_gen_batches`` were tried), and the step takes ``choose_groups``' pick of them."""
+    def collect(self, batches: Iterator[list[int]], timer: Timer) -> tuple[StepData, dict[str, float]]:
+        """One step's data: prompts → rollout → reward samples → scores (timed as data, rollout, reward). With
+        ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) more batches are rolled out until
+        ``train_batch_size`` groups vary on the metric (or ``max_num_gen_batches`` were tried), and the step takes
+        ``choose_groups``' pick of them; the second dict holds the ``filter_groups/*`` metrics."""
         cfg = self.cfg
         fg = cfg.algorithm.filter_groups
-        metrics: dict[str, float] = {"timing/data_s": 0.0, "timing/rollout_s": 0.0, "timing/reward_s": 0.0}
 
         def one_batch() -> StepData:
-            t0 = time.perf_counter()
-            prompts = self.train_ds.get_batch(next(batches))
-            t1 = time.perf_counter()
-            rb = self.rollout(prompts)
-            t2 = time.perf_counter()
-            samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
-            scored = self.rewards.score(samples)
-            metrics["timing/data_s"] += t1 - t0
-            metrics["timing/rollout_s"] += t2 - t1
-            metrics["timing/reward_s"] += time.perf_counter() - t2
+            with timer("data"):
+                prompts = self.train_ds.get_batch(next(batches))
+            with timer("rollout"):
+                rb = self.rollout(prompts)
+            with timer("reward"):
+                samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
+                scored = self.rewards.score(samples)
             return StepData(prompts, rb, samples, scored)
 
         collected = [one_batch()]
         if not fg.enable:
-            return collected[0], metrics
+            return collected[0], {}
         bs = cfg.data.train_batch_size
 
         def varying(d: StepData) -> list[bool]:
@@ -254,102 +253,91 @@ class Trainer:
             collected.append(one_batch())
             varies.append(varying(collected[-1]))
         kept = sum(sum(v) for v in varies)
-        metrics["filter_groups/gen_batches"] = float(len(collected))
-        metrics["filter_groups/kept_ratio"] = kept / (len(collected) * bs)
-        metrics["filter_groups/filled"] = float(max(0, bs - kept))
+        metrics = {
+            "filter_groups/gen_batches": float(len(collected)),
+            "filter_groups/kept_ratio": kept / (len(collected) * bs),
+            "filter_groups/filled": float(max(0, bs - kept)),
+        }
         return assemble(collected, filter_groups.choose_groups(varies, bs)), metrics
 
     # ----------------------------------------------------------------------------------------------------- fit
     def fit(self) -> dict[str, float]:
-        """Train for ``total_steps``; returns the last step's metrics (plus the final validation)."""
-        cfg = self.cfg
-        n = cfg.actor_rollout_ref.rollout.n
-        mini_samples = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n // self.world
-        last: dict[str, float] = {}
-        if cfg.trainer.val_before_train and self.val_ds is not None and not cfg.trainer.val_only:
-            self.tracker.log(self.validate(), self.step)
-        if cfg.trainer.val_only:
-            out = self.validate()
-            self.tracker.log(out, self.step)
-            return out
+        """Train for ``total_steps``; returns the last step's metrics (plus the final validation). Each stage of a
+        step is one call here; ``step.py`` holds the pure functions between them."""
+        tr = self.cfg.trainer
+        if tr.val_only:
+            return self.log(self.validate())
+        if tr.val_before_train and self.val_ds is not None:
+            self.log(self.validate())
         batches = self._batches()
+        last: dict[str, float] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, disable=not os.isatty(2))
         while self.step < self.total_steps:
-            t_step = time.perf_counter()
             self.step += 1
-            # 1-3. prompts → rollout (n samples per prompt on every worker) → rewards (driver)
-            step, metrics = self.collect(batches)
-            rb, scored = step.rollout, step.scores
-            # 4. advantages (groups = the n samples of a prompt)
-            scores = torch.tensor(scored.scores, dtype=torch.float32)
-            group = torch.arange(len(scores)) // n
-            lengths = torch.tensor([len(r) for r in rb.response_ids], dtype=torch.float32)
-            adv = compute_advantages(
-                cfg.algorithm.adv_estimator,
-                scores,
-                group,
-                norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                response_lengths=lengths,
-            )
-            if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
-                raise FloatingPointError(f"non-finite advantages from scores {scored.scores}")
-            flat = zero_variance_groups(scores, n)
-            metrics["advantages/zero_variance_groups"] = float(flat)
-            metrics["advantages/zero_variance_share"] = flat / max(1, len(scores) // n)
-            if flat == len(scores) // n and not self._warned_flat:
-                self._warned_flat = True
-                print(
-                    f"[vlmrl] warning: step {self.step}: every group's rewards are equal (all {flat} prompts' samples "
-                    "scored the same), so every advantage is 0 and this step teaches nothing. Counted each step in "
-                    "advantages/zero_variance_groups; if it persists: a reward that cannot tell samples apart, a "
-                    "task too hard or too easy for the model, too few samples per prompt (rollout.n), or try "
-                    "algorithm.filter_groups.enable=True",
-                    flush=True,
-                )
-            # 5. update + weight push on every worker, each on exactly the shard it is given
-            t0 = time.perf_counter()
-            worker_metrics = self.group.train(plan_shards(step, adv.tolist(), self.world, mini_samples, self.tp))
-            metrics["timing/train_s"] = time.perf_counter() - t0
-            metrics.update(mean_of_workers(worker_metrics))
-            # 6. metrics
-            metrics.update(scored.metrics)
-            metrics.update(stats("response_length", lengths.tolist()))
-            metrics["response_length/clip_ratio"] = float(np.mean([f == "length" for f in rb.finish_reasons]))
-            if rb.trajectories:
-                from vlmrl.rollout.multi_turn import multi_turn_metrics
-
-                metrics.update(multi_turn_metrics(rb.trajectories))
-                metrics["timing/tool_s"] = float(rb.timing.get("tool_s", 0.0))
-            metrics["advantages/mean"] = float(adv.mean())
-            metrics["advantages/abs_mean"] = float(adv.abs().mean())
-            tokens = float(lengths.sum()) + sum(len(p) for p in rb.prompt_ids)
-            metrics["timing/step_s"] = time.perf_counter() - t_step
-            metrics["throughput/tokens_per_s"] = tokens / metrics["timing/step_s"]
-            metrics["training/epoch"] = float(self.sampler.epoch)
-            if cfg.trainer.rollout_data_dir:
-                self._dump_samples(cfg.trainer.rollout_data_dir, step.samples, scored, adv)
-            tf = cfg.trainer.test_freq
-            if self.val_ds is not None and tf > 0 and self.step % tf == 0 and self.step < self.total_steps:
+            timer = Timer()
+            with timer("step"):
+                step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ dynamic sampling)
+                with timer("advantages"):
+                    adv = self.advantages(step)
+                with timer("train"):  # old/ref log-probs, the update and the weight push, on every worker
+                    updated = self.group.train(plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp))
+            metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling
+            self._warn_if_flat(metrics)
+            if tr.rollout_data_dir:
+                self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
+            if self.val_ds is not None and (self._due(tr.test_freq) or self.step == self.total_steps):
                 metrics.update(self.validate())
-            if self.step == self.total_steps and self.val_ds is not None:
-                metrics.update(self.validate())
-            sf = cfg.trainer.save_freq
-            if sf > 0 and (self.step % sf == 0 or self.step == self.total_steps):
-                t0 = time.perf_counter()
-                self.save_checkpoint()
-                metrics["timing/checkpoint_s"] = time.perf_counter() - t0
-            self.tracker.log(metrics, self.step)
+            if self._due(tr.save_freq) or (tr.save_freq > 0 and self.step == self.total_steps):
+                with timer("checkpoint"):
+                    self.save_checkpoint()
+                metrics["timing/checkpoint_s"] = timer["checkpoint"]
+            last = self.log(metrics)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['timing/step_s']:.2f}")
-            last = metrics
         bar.close()
         return last
+
+    def _due(self, freq: int) -> bool:
+        """Whether a ``*_freq`` stage runs after this step (before the last step; the last step is handled by the
+        caller)."""
+        return freq > 0 and self.step % freq == 0 and self.step < self.total_steps
+
+    def log(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Send this step's metrics to every tracker; returns them."""
+        self.tracker.log(metrics, self.step)
+        return metrics
+
+    def advantages(self, step: StepData) -> torch.Tensor:
+        """Per sample: the configured estimator over the groups of ``rollout.n`` samples of a prompt."""
+        alg = self.cfg.algorithm
+        scores = torch.tensor(step.scores.scores, dtype=torch.float32)
+        lengths = torch.tensor([len(r) for r in step.rollout.response_ids], dtype=torch.float32)
+        group = torch.arange(len(scores)) // step.rollout.n
+        adv = compute_advantages(alg.adv_estimator, scores, group, norm_by_std=alg.norm_adv_by_std_in_grpo,
+                                 response_lengths=lengths)  # fmt: skip
+        if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
+            raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
+        return adv
+
+    def _warn_if_flat(self, metrics: dict[str, float]) -> None:
+        """Once per run: a step in which every group's rewards were equal taught nothing (it is counted every step)."""
+        if self._warned_flat or metrics["advantages/zero_variance_share"] < 1.0:
+            return
+        self._warned_flat = True
+        print(
+            f"[vlmrl] warning: step {self.step}: every group's rewards are equal (all "
+            f"{metrics['advantages/zero_variance_groups']:.0f} prompts' samples scored the same), so every advantage "
+            "is 0 and this step teaches nothing. Counted each step in advantages/zero_variance_groups; if it "
+            "persists: a reward that cannot tell samples apart, a task too hard or too easy for the model, too few "
+            "samples per prompt (rollout.n), or try algorithm.filter_groups.enable=True",
+            flush=True,
+        )
 
     # ------------------------------------------------------------------------------------------------ validate
     def validate(self) -> dict[str, float]:
         """Greedy (by default) validation over the whole validation set; mean reward overall and per data_source."""
         assert self.val_ds is not None
-        t0 = time.perf_counter()
+        sw = Timer.start()
         bs = self.cfg.data.val_batch_size or len(self.val_ds)
         scores: list[float] = []
         sources: list[str] = []
@@ -371,7 +359,7 @@ class Trainer:
                 v.extend([float("nan")] * (len(shown) - len(v)))
             scores += scored.scores
             sources += [s.data_source for s in samples]
-        out = {"val/reward/mean": float(np.mean(scores)), "timing/validate_s": time.perf_counter() - t0}
+        out = {"val/reward/mean": float(np.mean(scores)), "timing/validate_s": sw.elapsed}
         if shown:
             from vlmrl.trainer.gallery import write_gallery
 

@@ -5,6 +5,7 @@ prompt indices ──RLDataset.get_batch──▶ list[PromptSample]
   ──RewardSample.of_rollout──▶ list[RewardSample] (responses decoded once) ──RewardManager.score──▶ RewardOutput
 [dynamic sampling: more batches, ``choose_groups``] ──assemble──▶ StepData (prompts, rollout, samples, scores)
   ──compute_advantages──▶ advantages ──plan_shards──▶ list[TrainShard] ──WorkerGroup.train──▶ metrics per worker
+  ──step_metrics──▶ the step's metrics (timings, workers', rewards, lengths, multi-turn, advantages, throughput)
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.reward.manager import RewardOutput
+from vlmrl.rollout.multi_turn import multi_turn_metrics
+from vlmrl.timing import Timer
 
 
 @dataclass
@@ -101,4 +104,31 @@ def mean_of_workers(dicts: list[dict[str, float]]) -> dict[str, float]:
     for k in keys:
         vals = [d[k] for d in dicts if k in d]
         out[k] = max(vals) if k.startswith(("timing/", "perf/")) else float(np.mean(vals))
+    return out
+
+
+def step_metrics(
+    step: StepData, adv: torch.Tensor, worker_metrics: list[dict[str, float]], timer: Timer, epoch: int
+) -> dict[str, float]:
+    """A training step's metrics: the driver's stage timings (``timing/<stage>_s``), the workers' (update, push,
+    memory: ``mean_of_workers``), the rewards', response lengths, multi-turn counts, the advantages and the
+    throughput over ``timing/step_s``."""
+    rb = step.rollout
+    lengths = [len(r) for r in rb.response_ids]
+    flat = zero_variance_groups(torch.tensor(step.scores.scores, dtype=torch.float32), rb.n)
+    out = timer.metrics()
+    out.update(mean_of_workers(worker_metrics))
+    out.update(step.scores.metrics)
+    out.update(stats("response_length", lengths))
+    out["response_length/clip_ratio"] = float(np.mean([f == "length" for f in rb.finish_reasons]))
+    if rb.trajectories:
+        out.update(multi_turn_metrics(rb.trajectories))
+        out["timing/tool_s"] = float(rb.timing.get("tool_s", 0.0))
+    out["advantages/mean"] = float(adv.mean())
+    out["advantages/abs_mean"] = float(adv.abs().mean())
+    out["advantages/zero_variance_groups"] = float(flat)
+    out["advantages/zero_variance_share"] = flat / max(1, len(lengths) // rb.n)
+    tokens = sum(lengths) + sum(len(p) for p in rb.prompt_ids)
+    out["throughput/tokens_per_s"] = tokens / max(out["timing/step_s"], 1e-9)
+    out["training/epoch"] = float(epoch)
     return out
