@@ -499,16 +499,6 @@ def test_bad_values_through_the_cli_exit_2_before_anything_starts(tmp_path: Path
     assert took < 20
 
 
-def test_defaults_a_verl_user_relies_on_match_verls() -> None:
-    cfg = load(BASE)
-    assert cfg.trainer.val_before_train is True and cfg.trainer.total_epochs == 30
-    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
-    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (512, 512)
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
-    actor = cfg.actor_rollout_ref.actor
-    assert actor.kl_loss_type == "low_var_kl" and actor.kl_loss_coef == 0.001
-
-
 def test_logger_takes_a_plain_string_as_verl_scripts_write_it() -> None:
     assert load(BASE + ["trainer.logger=console"]).trainer.logger == ["console"]
     assert load(BASE + ["trainer.logger=['console','wandb']"]).trainer.logger == ["console", "wandb"]

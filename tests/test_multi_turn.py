@@ -3,6 +3,10 @@ and the policy's log-probs on multi-turn trajectories with a tool image against 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -267,28 +271,65 @@ def test_micro_batches_keep_each_samples_tool_images(tiny_processor, runner) -> 
     assert both.has_response_images and both.sample_images[1].num_images == 1
 
 
+ALWAYS_ZOOM = """
+import json
+
+
+def write_turn(turn, conversation, sample, rng):
+    if turn == 0:
+        return "<tool_call>\\n" + json.dumps({"name": "image_zoom", "arguments": {"bbox_2d": [53, 53, 59, 59]}}) + (
+            "\\n</tool_call>")
+    return str(sample.ground_truth)
+"""
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_training_with_multi_turn_tools_runs_on_vllm(tiny_model_dir, tmp_path) -> None:
-    """Two GRPO steps with multi_turn on (2 CPU workers, vLLM): the tools' schemas are in every prompt, the
-    multi_turn metrics are logged each step."""
-    from runs import base_args, make_colour_data, metrics, run_to_end
+def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
+    """Two GRPO steps with multi-turn on (``tool_zoom_cpu``: 2 CPU workers, vLLM, the zoom tool) from a policy that
+    calls the tool (the tool-token tiny model after an 80-step warm start on a teacher that always zooms, then
+    answers): the tools' schemas are in every prompt, and the calls really run through the agent loop and the
+    tool: most trajectories call ``image_zoom`` and get its result (2 assistant turns), the tool's text comes back in
+    the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
+    from runs import ENV, metrics, run_to_end
+    from vlmrl.preprocess import synthetic
 
-    data = make_colour_data(tmp_path / "data")
-    out = tmp_path / "run"
-    mt = "actor_rollout_ref.rollout.multi_turn"
-    dump = tmp_path / "dump"
-    args = base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.max_response_length=48",
-                     f"{mt}.enable=True", f"{mt}.tool_config_path=examples/tool_config/zoom.yaml",
-                     f"{mt}.max_assistant_turns=3", "data.max_prompt_length=1024",
-                     "actor_rollout_ref.rollout.max_model_len=1200", f"trainer.rollout_data_dir={dump}")  # fmt: skip
-    run_to_end(args)
+    from vlmrl.models.tiny import TOOL_DEMO, ensure_tiny_model
+
+    repo = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data"
+    synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
+                    "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
+    (tmp_path / "teacher.py").write_text(ALWAYS_ZOOM)
+    warm = tmp_path / "warm"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmrl.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
+         str(warm), "--data", str(data / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
+         "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"), "--steps", "80", "--lr", "5e-3",
+         "--batch-size", "8", "--max-response-length", "128"],
+        capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out, dump = tmp_path / "run", tmp_path / "dump"
+    run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
+                f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
+                "trainer.total_training_steps=2", "data.train_batch_size=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                f"trainer.rollout_data_dir={dump}"])  # fmt: skip
     rows = [r for r in metrics(out) if "multi_turn/turns/mean" in r]
-    assert len(rows) == 2 and all(r["multi_turn/turns/mean"] >= 1 for r in rows)
-    assert all(0 < r["multi_turn/policy_tokens/mean"] <= 48 and "timing/tool_s" in r for r in rows)
-    dumped = dump.rglob("*.jsonl")
-    text = "".join(p.read_text() for p in dumped)
-    assert "# Tools" in text and "image_zoom" in text  # the prompts the policy saw list the tool
+    assert [r["step"] for r in rows] == [1, 2]
+    samples = 8 * 4
+    for r in rows:
+        assert r["multi_turn/turns/mean"] > 1.5 and r["multi_turn/turns/max"] == 2, r  # max_assistant_turns=2
+        assert r["multi_turn/tool_calls/mean"] > 0.5 and r["multi_turn/called_share"] > 0.5, r
+        assert r["multi_turn/calls/image_zoom"] >= samples // 2, r  # calls that parsed and reached the tool
+        assert r["multi_turn/errors/image_zoom"] < r["multi_turn/calls/image_zoom"], r
+        assert 0 < r["multi_turn/policy_tokens/mean"] <= 128 and r["timing/tool_s"] > 0, r
+    dumped = [json.loads(line) for p in sorted(dump.glob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert len(dumped) == 2 * samples
+    assert all("# Tools" in d["prompt"] and "image_zoom" in d["prompt"] for d in dumped)  # the prompts list the tool
+    zoomed = [d for d in dumped if "<tool_response>\nZoomed in on the region [53, 53, 59, 59]." in d["response"]]
+    assert len(zoomed) >= samples, f"{len(zoomed)} of {len(dumped)} responses hold the tool's result"
 
 
 def test_records_tools_kwargs_reach_the_tool_and_rewards_see_the_trajectory(tiny_processor) -> None:

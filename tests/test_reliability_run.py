@@ -60,10 +60,26 @@ def cfg_of(model: str, data: Path, out: Path, *extra: str):
 
 
 def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
-    tiny_model_dir: str, data: Path, tmp_path: Path
+    tiny_model_dir: str, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vlmrl.trainer.grpo import RunStopped, fit
+    """README, Reliability: "non-finite gradients stop the run before the weights change". The second update's loss
+    is NaN: the run stops at step 2 naming the step, the cause and the step-1 checkpoint, writes no step-2
+    checkpoint, and the weights the worker holds when it stops are bit for bit the step-1 checkpoint's (exported
+    from it), finite, and not the initial model's (step 1 did update them: an update at step 2 would have too)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
 
+    from vlmrl.export import export_checkpoint
+    from vlmrl.trainer.grpo import RunStopped, Trainer, fit
+
+    held: dict[str, torch.Tensor] = {}
+    real_close = Trainer.close
+
+    def close(self: Trainer, grace_s: float = 10.0) -> None:  # the weights as the run stopped, before fit() closes
+        held.update({k: v.detach().cpu().clone() for k, v in self.group.worker.policy.engine_weights()})
+        real_close(self, grace_s)
+
+    monkeypatch.setattr(Trainer, "close", close)
     loss = tmp_path / "nan_loss.py"
     loss.write_text(NAN_LOSS)
     out = tmp_path / "run"
@@ -76,6 +92,14 @@ def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
     assert "the weights were not changed" in msg
     assert f"last complete checkpoint: {out / 'global_step_1'} (trainer.resume_mode=auto continues from it)" in msg
     assert not (out / "global_step_2").exists()
+    export_checkpoint(out / "global_step_1", tmp_path / "step1")
+    step1 = AutoModelForImageTextToText.from_pretrained(tmp_path / "step1", dtype=torch.float32).state_dict()
+    base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert held and held.keys() <= step1.keys()
+    assert all(torch.isfinite(v).all() for v in held.values())
+    changed = [k for k in held if not torch.equal(held[k], step1[k])]
+    assert not changed, f"the NaN step changed {changed[:5]}"
+    assert sum(not torch.equal(held[k], base[k]) for k in held) > len(held) // 2  # step 1 trained them
 
 
 def test_steps_without_reward_variance_are_counted_and_warned_about_once(

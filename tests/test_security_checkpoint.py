@@ -121,16 +121,50 @@ def test_the_extra_state_is_json_and_an_old_pickle_is_refused(run: Path, tmp_pat
 
 
 def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
+    """The safe loading changes nothing for a good checkpoint: resumed from a copy of the step-2 checkpoint, step 3
+    gives what an uninterrupted 3-step run gives at step 3: the same sampled responses, the same metrics and the
+    same final weights, bit for bit (and step 3 did train them: they are not the checkpoint's)."""
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from vlmrl.export import export_checkpoint
     from vlmrl.trainer.grpo import Trainer
+    from vlmrl.trainer.tracking import read_metrics
 
     ckpt = copy_of(run, tmp_path)
-    cfg = config(tiny_model_dir, run.parent / "data", tmp_path / "resumed", "trainer.total_training_steps=3",
-                 "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}")  # fmt: skip
-    t = Trainer(cfg)
-    try:
-        assert t.step == 2
-    finally:
-        t.close()
+    data = run.parent / "data"
+
+    def finish(out: Path, *extra: str) -> tuple[int, list[dict], list[dict], dict[str, torch.Tensor]]:
+        cfg = config(tiny_model_dir, data, out, "trainer.total_training_steps=3",
+                     f"trainer.rollout_data_dir={out / 'samples'}", *extra)  # fmt: skip
+        t = Trainer(cfg)
+        try:
+            start = t.step
+            t.fit()
+            weights = {k: v.detach().cpu().clone() for k, v in t.group.worker.policy.engine_weights()}
+        finally:
+            t.close()
+        samples = [json.loads(x) for x in (out / "samples" / "step_000003.jsonl").read_text().splitlines()]
+        return start, read_metrics(out / "metrics.jsonl"), samples, weights
+
+    s_ref, ref_rows, ref_samples, ref_w = finish(tmp_path / "uninterrupted", "trainer.save_freq=2")
+    s_res, res_rows, res_samples, res_w = finish(tmp_path / "resumed", "trainer.resume_mode=resume_path",
+                                                 f"trainer.resume_from_path={ckpt}")  # fmt: skip
+    assert (s_ref, s_res) == (0, 2)
+    assert [r["step"] for r in ref_rows] == [1, 2, 3] and [r["step"] for r in res_rows] == [3]
+    first = read_metrics(run / "metrics.jsonl")  # the run the checkpoint came from: the same steps 1-2
+    for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
+        assert [r[key] for r in first] == [r[key] for r in ref_rows[:2]], key
+        assert res_rows[0][key] == ref_rows[2][key], (key, res_rows[0][key], ref_rows[2][key])
+    assert [(r["prompt"], r["response"], r["score"]) for r in res_samples] == [
+        (r["prompt"], r["response"], r["score"]) for r in ref_samples
+    ]
+    assert res_w.keys() == ref_w.keys()
+    assert [k for k in ref_w if not torch.equal(res_w[k], ref_w[k])] == []
+    export_checkpoint(ckpt, tmp_path / "step2")
+    step2 = AutoModelForImageTextToText.from_pretrained(tmp_path / "step2", dtype=torch.float32).state_dict()
+    assert sum(not torch.equal(res_w[k], step2[k]) for k in res_w) > len(res_w) // 2  # step 3 trained
 
 
 def test_export_takes_trust_remote_code_from_its_command_line_only(

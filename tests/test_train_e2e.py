@@ -24,19 +24,40 @@ def colour_data(tmp_path_factory) -> Path:
     return make_colour_data(tmp_path_factory.mktemp("colour"))
 
 
-def test_quickstart_config_learns(tiny_model_dir, colour_data, tmp_path):
-    """The quick start's own config learns the colour task: well above chance (1/3) and above where it started."""
-    out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.val_before_train=true"), timeout=900)
-    rows = metrics(out)
-    first_val = next(r["val/reward/mean"] for r in rows if "val/reward/mean" in r)
-    final_val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r][-1]
-    train = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    assert first_val < 0.2, f"the random model should not know the task yet (val {first_val})"
-    assert final_val >= 0.9, f"greedy validation reward {final_val} after {len(train)} steps"
-    assert sum(train[-10:]) / 10 > sum(train[:10]) / 10 + 0.5, train
-    assert (out / "reward_curve.png").stat().st_size > 1000
-    assert list((out / "val_gallery").glob("step_*.html"))
+def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
+    """README, the quick start: ``bash examples/quickstart_cpu.sh`` itself (its own model, data and arguments; only
+    its run folder, ``OUT``, points to a temporary folder) "visibly learns": greedy validation 0.00 before training
+    and 1.00 at steps 60 and 120 (here: at most 0.05, at least 0.95), the 5-step mean training reward passes 0.9 at
+    step 61 (here: by step 80); it prints the ASCII reward curve and writes ``metrics.jsonl`` (one line per step),
+    ``reward_curve.png``, the validation gallery of each validation and ``report.html``, and no checkpoint."""
+    import json
+
+    out = tmp_path / "quickstart"
+    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "OUT", "VLMRL_DRY_RUN", "RAY_ADDRESS")}
+    env.update(OUT=str(out), VLMRL_VENV=str(Path(sys.executable).parents[1]))
+    repo = Path(__file__).resolve().parents[1]
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(repo / "examples" / "quickstart_cpu.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    took = time.monotonic() - t0
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(121)), "one line per step (step 0: the validation before training)"
+    val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    assert sorted(val) == [0, 60, 120], val
+    assert val[0] <= 0.05 and val[60] >= 0.95 and val[120] >= 0.95, val
+    train = [r["reward/mean"] for r in rows if r["step"] > 0]
+    passed = next((k + 5 for k in range(len(train) - 4) if sum(train[k : k + 5]) / 5 > 0.9), None)
+    assert passed is not None and passed <= 80, f"5-step mean training reward passes 0.9 at step {passed}"
+    assert "reward/mean by step" in proc.stdout and "  step   120 " in proc.stdout  # the ASCII curve
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (out / "val_gallery").glob("*.html")) == [
+        "step_000000.html", "step_000060.html", "step_000120.html"
+    ]  # fmt: skip
+    assert "id='panel-reward'" in (out / "report.html").read_text() and f"report written to {out}" in log
+    assert not list(out.glob("global_step_*"))
+    print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
 def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
@@ -144,3 +165,90 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, colour
     bad = subprocess.run([sys.executable, "-m", "vlmrl.export", "--checkpoint", str(tmp_path / "nothing"),
                           "--output", str(tmp_path / "x")], capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "nothing" in bad.stderr
+
+
+BUSY = """
+import os, time
+from pathlib import Path
+
+from vlmrl.algos.core import ppo_loss
+
+
+def _hold(kind):
+    if Path(__file__).with_name(f"go-{kind}").exists():  # the test says when: the call then never ends on its own
+        Path(__file__).with_name(f"busy-{os.getpid()}").touch()
+        time.sleep(600)
+
+
+def slow_loss(logp, old_logp, adv, mask, **kw):
+    _hold("update")
+    return ppo_loss(logp, old_logp, adv, mask, **kw)
+
+
+def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
+    _hold("reward")
+    return float(ground_truth in solution_str)
+"""
+
+
+@pytest.mark.parametrize(
+    "busy",
+    [
+        "update",
+        pytest.param("reward", marks=pytest.mark.xfail(strict=True, reason=(
+            "reward worker processes busy in a call outlive a kill -9 of the driver until the call returns (pebble's "
+            "workers, forked from the forkserver, get no parent-death signal), and keep the forkserver and the "
+            "resource tracker alive with them (they hold its 'alive' pipe)"))),
+    ],
+)  # fmt: skip
+def test_every_worker_process_ends_with_the_driver(tiny_model_dir, colour_data, tmp_path, busy):
+    """README, Reliability: "every worker process ends with the driver". A local run (2 CPU worker processes with
+    their vLLM engines, 2 reward worker processes forked from their forkserver, multiprocessing's resource tracker)
+    gets ``kill -9`` on its driver, which gives it no chance to clean up, while its processes are busy in a call that
+    would not return for 10 minutes (the workers in their update: a policy loss that sleeps; or the reward workers in
+    a reward call): every process the driver had started is gone (or a zombie awaiting its reaper) within 30 s,
+    without the test ending any of them."""
+    import psutil
+
+    code = tmp_path / "busy.py"
+    code.write_text(BUSY)
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=500", "data.val_files=null",
+                        "reward.num_workers=2", "reward.timeout_s=900", f"custom_reward_function.path={code}",
+                        "custom_reward_function.name=slow_reward",
+                        f"actor_rollout_ref.actor.policy_loss={code}:slow_loss"), ENV)  # fmt: skip
+    try:
+        wait_for_step(run, out, 2, timeout=600)
+        family = run.descendants()
+        kinds: dict[str, list[psutil.Process]] = {}
+        for p in psutil.Process(run.proc.pid).children():
+            cmd = " ".join(p.cmdline())
+            kind = ("forkserver" if "multiprocessing.forkserver" in cmd else "tracker" if "resource_tracker" in cmd
+                    else "worker" if "spawn_main" in cmd or "vlmrl-worker-" in cmd else "other")  # fmt: skip
+            kinds.setdefault(kind, []).append(p)
+        kinds["reward"] = [c for f in kinds.get("forkserver", []) for c in f.children()]
+        described = {k: [" ".join(p.cmdline())[:80] for p in v] for k, v in kinds.items()}
+        assert len(kinds.get("worker", [])) == 2 and len(kinds.get("forkserver", [])) == 1, described
+        assert len(kinds["reward"]) == 2, described  # reward.num_workers=2, forked from the forkserver
+        (tmp_path / f"go-{busy}").touch()
+        pids = {p.pid for p in kinds["worker" if busy == "update" else "reward"]}
+        deadline = time.monotonic() + 120
+        while {int(f.name.split("-")[1]) for f in tmp_path.glob("busy-*")} != pids:
+            assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]
+            time.sleep(0.1)
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        alive = family
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = []
+        for p in alive:
+            try:
+                left.append((p.pid, " ".join(p.cmdline())[:100]))
+            except psutil.Error:
+                pass
+        assert not left, f"still running 30 s after the driver was killed: {left}"
+    finally:
+        run.cleanup()

@@ -403,6 +403,81 @@ def test_lora_trains_adapters_only_and_engine_gets_merged_weights(
     assert any(r["actor/grad_norm"] > 0 for r in rows)
 
 
+def lora_modules(model: torch.nn.Module) -> set[str]:
+    """Names of the modules holding a LoRA adapter (peft's wrapper prefix and FSDP's names stripped)."""
+    out = set()
+    for name, _ in model.named_parameters():
+        if ".lora_A." in name:
+            out.add(name.split(".lora_A.")[0].removeprefix("base_model.model."))
+    return out
+
+
+def test_lora_exclude_modules_is_applied_as_peft_exclude_modules(
+    tiny_model_dir, data, rewards_file, base_state, tmp_path
+):
+    """README: ``model.exclude_modules='.*visual.*'`` (LoRA leaves the vision tower out); another pattern is applied
+    as peft's ``exclude_modules``. With ``.*language_model.layers.0.*`` the worker's model has adapters on all 7
+    linears of language layer 1 and none on layer 0 (nor the vision tower); after two steps the merged weights it
+    pushes have layer 0 exactly as the base model and layer 1's projections moved. ``.*visual.*`` leaves adapters on
+    all 14 language linears and none in the vision tower."""
+    linears = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj"}  # fmt: skip
+    lora = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8", "data.val_files=null")
+    cfg = make_cfg(tiny_model_dir, data, tmp_path / "layer0", *lora, *reward_overrides(rewards_file, "varied"),
+                   "actor_rollout_ref.model.exclude_modules=.*language_model.layers.0.*")  # fmt: skip
+    with trainer_of(cfg, train=False) as t:
+        wrapped = lora_modules(t.group.worker.policy.model)
+        assert wrapped == {f"model.language_model.layers.1.{m}" for m in linears}, sorted(wrapped)
+        t.fit()
+        pushed = engine_state(t)
+    layer0 = [k for k in pushed if ".language_model.layers.0." in k]
+    layer1 = [f"model.language_model.layers.1.{m}.weight" for m in linears]
+    assert len(layer0) >= 7 and same_weights({k: pushed[k] for k in layer0}, base_state) == layer0
+    assert not same_weights({k: pushed[k] for k in layer1}, base_state), "layer 1's adapters trained"
+    cfg = make_cfg(
+        tiny_model_dir, data, tmp_path / "visual", *lora, "actor_rollout_ref.model.exclude_modules=.*visual.*"
+    )
+    with trainer_of(cfg, train=False) as t:
+        wrapped = lora_modules(t.group.worker.policy.model)
+    assert wrapped == {f"model.language_model.layers.{i}.{m}" for i in (0, 1) for m in linears}, sorted(wrapped)
+
+
+def test_freeze_vision_tower_keeps_the_tower_exact_while_the_language_model_trains(
+    tiny_model_dir, data, rewards_file, base_state, tmp_path
+):
+    """README: ``freeze_vision_tower=True`` freezes the vision tower in full fine-tuning (verl's key
+    ``actor_rollout_ref.actor.freeze_vision_tower``). After two steps the weights the worker holds and the ones its
+    checkpoint exports have every vision-tower tensor bit-identical to the base model while the language model's
+    projections changed; the same run without the flag changes the tower (so the check can fail)."""
+    from transformers import AutoModelForImageTextToText
+
+    from vlmrl.export import export_checkpoint
+
+    def run(name: str, *extra: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        out = tmp_path / name
+        cfg = make_cfg(tiny_model_dir, data, out, "data.val_files=null", "trainer.save_freq=2",
+                       "actor_rollout_ref.actor.optim.lr=1e-2", *reward_overrides(rewards_file, "varied"),
+                       *extra)  # fmt: skip
+        with trainer_of(cfg) as t:
+            held = engine_state(t)
+        export_checkpoint(out / "global_step_2", tmp_path / f"{name}_hf")
+        saved = AutoModelForImageTextToText.from_pretrained(tmp_path / f"{name}_hf", dtype=torch.float32).state_dict()
+        return held, saved
+
+    def tower(state: dict[str, torch.Tensor]) -> list[str]:
+        return [k for k in state if "visual" in k]
+
+    held, saved = run("frozen", "actor_rollout_ref.actor.freeze_vision_tower=True")
+    language = [k for k in held if "language_model" in k and k.endswith("_proj.weight")]
+    for state in (held, saved):
+        assert len(tower(state)) > 10 and same_weights({k: state[k] for k in tower(state)}, base_state) == tower(state)
+        moved = set(language) - set(same_weights({k: state[k] for k in language}, base_state))
+        assert len(moved) == len(language) == 14, sorted(set(language) - moved)
+    held, saved = run("trained")
+    for state in (held, saved):
+        assert len(same_weights({k: state[k] for k in tower(state)}, base_state)) < len(tower(state)) // 2
+
+
 # -------------------------------------------------------------------------------------------- 5. checkpoints
 
 

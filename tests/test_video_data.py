@@ -208,6 +208,55 @@ def test_jsonl_every_video_reject_reason(tmp_path, media, monkeypatch):
     assert "outside" in got[2]["detail"] and "not a video in a container format" in got[6]["detail"]
 
 
+@pytest.mark.parametrize("ext", ["mp4", "ts"], ids=["header-counts-frames", "counted-by-decoding"])
+def test_a_video_longer_than_the_frame_cap_is_refused(tmp_path, tiny_processor, monkeypatch, ext):
+    """README, Security: a video file is decoded only with "at most 100,000 frames" (``MAX_VIDEO_FRAMES``). With the
+    cap lowered to 10, a 12-frame video is refused by the probe (``video_too_large``), by the training dataset (a
+    verl ``{"video": ...}`` entry: a DataError naming file and row) and by preprocessing (a ``video_too_large``
+    reject), whether its container records a frame count (MP4) or not (MPEG-TS: the frames are counted by decoding,
+    and counting stops past the cap); a video of exactly 10 frames still loads everywhere."""
+    from vlmrl.data import video
+
+    assert video.MAX_VIDEO_FRAMES == 100_000  # the README's number
+    monkeypatch.setattr(video, "MAX_VIDEO_FRAMES", 10)
+    media = tmp_path / "media"
+    media.mkdir()
+    write_mp4(media / f"long.{ext}", frames=12, size=(56, 56))
+    write_mp4(media / f"fits.{ext}", frames=10, size=(56, 56))
+    with pytest.raises(video.VideoError, match=r"long\.\w+: more than 10 frames") as e:
+        video.probe_video(media / f"long.{ext}")
+    assert e.value.reason == "video_too_large"
+    assert video.probe_video(media / f"fits.{ext}").total_frames == 10
+    import av
+
+    with av.open(str(media / f"long.{ext}")) as c:  # the case each parametrization stands for
+        assert c.streams.video[0].frames == (12 if ext == "mp4" else 0)
+
+    def parquet(name: str, clip_name: str) -> str:
+        rec = {
+            "data_source": "mine",
+            "prompt": [{"role": "user", "content": "<video>What moves?"}],
+            "videos": [{"video": clip_name, "fps": 2.0}],
+            "reward_model": {"style": "rule", "ground_truth": "a"},
+        }
+        path = media / name
+        pq.write_table(pa.Table.from_pylist([rec]), path)
+        return str(path)
+
+    long_file = parquet("long.parquet", f"long.{ext}")
+    with pytest.raises(DataError, match=rf"{long_file} row 0: .*more than 10 frames"):
+        load(long_file, tiny_processor)[0]
+    assert len(load(parquet("fits.parquet", f"fits.{ext}"), tiny_processor)[0].videos[0].frames) >= 2
+    src = tmp_path / "clips.jsonl"
+    src.write_text("".join(json.dumps({"question": "<video>Q?", "answer": "a", "videos": [f"{n}.{ext}"]}) + "\n"
+                           for n in ("long", "fits")))  # fmt: skip
+    out = tmp_path / "out"
+    report = jsonl.main(["--input", str(src), "--image-dir", str(media), "--output-dir", str(out), "--no-progress"])
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["source"], r["reason"]) for r in rejects] == [(f"{src}:1", "video_too_large")], rejects
+    assert "more than 10 frames" in rejects[0]["detail"] and report["splits"]["train"]["written"] == 1
+
+
 def test_dataset_reads_verl_video_entries_and_names_bad_rows(tmp_path, media, tiny_processor):
     """verl's ``{"video": path, "fps": ...}`` entries (sampled when read) and frame lists load; a bad entry is a
     DataError naming file and row."""
