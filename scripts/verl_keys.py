@@ -1,4 +1,4 @@
-"""Regenerate vlmrl/config/verl_keys.txt: every key path of verl's trainer config (the installed verl's
+"""Regenerate vlmrl/config/verl/keys.txt: every key path of verl's trainer config (the installed verl's
 generated reference YAMLs, FSDP and Megatron), one per line. vlmrl reads it to tell a real verl key it does not
 implement (named with its feature) from a misspelling (named with the nearest vlmrl key).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-OUT = Path(__file__).resolve().parents[1] / "vlmrl" / "config" / "verl_keys.txt"
+OUT = Path(__file__).resolve().parents[1] / "vlmrl" / "config" / "verl" / "keys.txt"
 SOURCES = ("_generated_ppo_trainer.yaml", "_generated_ppo_megatron_trainer.yaml")
 
 

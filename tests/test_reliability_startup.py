@@ -227,7 +227,7 @@ def test_the_python_shim_hands_verls_trainer_to_vlmrl_keeping_interpreter_option
     args: list[str], expected: list[str], tmp_path: Path
 ) -> None:
     """The shim's arguments to the real interpreter (a stand-in that prints them, one per line)."""
-    from vlmrl.run_verl import write_shims
+    from vlmrl.config.verl.scripts import write_shims
 
     fake = tmp_path / "python-real"
     fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "<%s>\\n" "$a"; done\n')

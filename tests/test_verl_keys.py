@@ -1,6 +1,6 @@
 """Every key of verl's own config gets one answer from vlmrl: kept, aliased, accepted with a notice, or refused naming
-its feature (``vlmrl/config/verl_rules.py``); never a "did you mean" towards an unrelated key. The key list is verl
-0.9.1's (``vlmrl/config/verl_keys.txt``, regenerated from the installed verl by scripts/verl_keys.py)."""
+its feature (``vlmrl/config/verl/rules.py``); never a "did you mean" towards an unrelated key. The key list is verl
+0.9.1's (``vlmrl/config/verl/keys.txt``, regenerated from the installed verl by scripts/verl_keys.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
              "data.return_full_prompt", "reward_model.overlong_buffer.enable", "trainer.balance_batch",
              "actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.model.use_liger",
              "algorithm.kl_penalty", "algorithm.lam", "npu_profile.options",
-             "reward.custom_reward_function.reward_kwargs",
+             "reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
              "trainer.use_ray"}  # vlmrl's own older key (now trainer.launcher)  # fmt: skip
     import fnmatch
 

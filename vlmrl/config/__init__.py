@@ -1,11 +1,13 @@
-"""vlmrl's configuration: the typed schema (``schema``), verl's keys that are not vlmrl's own (``verl``), and the one
-gate every run passes before anything starts (``translate`` → Hydra → ``to_object`` → ``checks``).
+"""vlmrl's configuration: the typed schema (``schema``), verl's keys and files (``verl``), config files named on the
+command line (``files``), the checks (``checks``), what the workers are told (``plan``), and the one way a config is
+made (``command.compose``, which ``load`` calls too):
 
-    overrides ──translate──▶ Hydra overrides (+ notices, problems) ──compose──▶ DictConfig ──to_object──▶ VLMRLConfig
-                                                     (types, CHOICES, value checks: ``checks.check_values``)
+    argv ──command.parse──▶ config files, overrides ──translate──▶ vlmrl overrides ──Hydra compose──▶ DictConfig
+         ──build──▶ VLMRLConfig (types, CHOICES, value checks: ``checks.check_values``)
 
 A key is answered once, here: a vlmrl key is kept; a verl key is aliased, accepted with a notice or refused naming
-its feature (``vlmrl.config.verl``); anything else is unknown and named with the nearest vlmrl key.
+its feature (``vlmrl.config.verl``); Hydra's own settings are refused (no effect); anything else is unknown and named
+with the nearest vlmrl key. This package imports nothing of vlmrl above it.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ __all__ = [
     "CHOICES", "LOGGERS", "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "ConfigError",
     "CustomRewardFunctionConfig", "DataConfig", "FSDPConfig", "FilterGroupsConfig", "ModelConfig", "OptimConfig",
     "RefConfig", "RewardConfig", "RolloutConfig", "TrainerConfig", "Translated", "VLMRLConfig", "ValKwargs",
-    "build", "leaf_keys", "load", "nearest_key", "register", "to_object", "translate", "validate_overrides",
+    "build", "leaf_keys", "load", "nearest_key", "register", "translate", "validate_overrides",
 ]  # fmt: skip
 
+from vlmrl.config.files import NO_EFFECT, names_hydra  # noqa: E402
 from vlmrl.config.verl import Translated  # noqa: E402
 
 
@@ -117,9 +120,10 @@ def _open_dict(key: str) -> bool:
 
 
 def translate(overrides: list[str]) -> Translated:
-    """Answer every ``key=value`` override (arguments starting with ``-`` pass through untouched): vlmrl keys are
-    kept (``+key`` on a schema key becomes ``++key``, a key below an open dict becomes ``++key``), verl keys follow
-    ``vlmrl.config.verl_rules.RULES``, unknown keys are problems naming the nearest vlmrl key."""
+    """Answer every ``key=value`` override (arguments starting with ``-`` pass through untouched): Hydra's own
+    settings (``hydra.*``) are refused (they have no effect: ``vlmrl.config.files``); vlmrl keys are kept (``+key``
+    on a schema key becomes ``++key``, a key below an open dict becomes ``++key``); verl keys follow
+    ``vlmrl.config.verl.rules.RULES``; unknown keys are problems naming the nearest vlmrl key."""
     from vlmrl.config import verl
 
     out = Translated()
@@ -129,8 +133,8 @@ def translate(overrides: list[str]) -> Translated:
             out.overrides.append(ov)
             continue
         prefix, key, rest = m.group(1) or "", m.group(2).strip(), m.group(3) or ""
-        if key == "hydra" or key.startswith("hydra."):
-            out.overrides.append(ov)
+        if names_hydra(key):
+            out.problems.append(f"'{ov}': {NO_EFFECT}.")
         elif _open_dict(key) or _is_schema_key(key):
             out.overrides.append(ov if prefix == "~" else f"++{key}{rest}")
         elif (rule := verl.rule_for(key)) is not None:
@@ -195,22 +199,12 @@ def build(cfg: DictConfig) -> tuple[VLMRLConfig | None, list[str]]:
     return obj, _choice_problems(obj) + _normalize_logger(obj) + check_values(obj)
 
 
-def to_object(cfg: DictConfig) -> VLMRLConfig:
-    """``build``, raising ConfigError listing every problem (a mandatory key unset says how to set it)."""
-    obj, problems = build(cfg)
-    if problems or obj is None:
-        raise ConfigError("\n".join(problems))
-    return obj
-
-
 def load(overrides: list[str] | None = None, config_name: str = "grpo") -> VLMRLConfig:
-    """Compose ``configs/<config_name>.yaml`` with overrides (as the CLI would) and return the typed config."""
-    from hydra import compose, initialize_config_dir
+    """The typed, checked config of ``configs/<config_name>.yaml`` with ``overrides``, composed as the command line
+    composes it (``vlmrl.config.command``); ConfigError listing every problem."""
+    from vlmrl.config.command import Command, compose
 
-    from vlmrl import configs_dir
-
-    t = validate_overrides(list(overrides or []))
-    register()
-    with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):
-        cfg = compose(config_name=config_name, overrides=t.overrides)
-    return to_object(cfg)
+    composed = compose(Command(config_name=config_name, overrides=list(overrides or [])))
+    if composed.problems or composed.cfg is None:
+        raise ConfigError("\n".join(composed.problems))
+    return composed.cfg

@@ -1,6 +1,6 @@
 """The config gate: every check a run passes before anything expensive starts, each problem with its fix.
 
-``check_values`` looks at the config alone (run by ``to_object``, so a composed config is a checked one);
+``check_values`` looks at the config alone (run by ``build``, so a composed config is a checked one);
 ``check_environment`` looks at the machine the run would start on (files, model folder, output folder);
 ``batch_problems`` at how the batches split over the workers it would start there (``planned_world``: CPU workers or
 GPUs) and their engines. Each returns every problem, not only the first; ``check_config`` raises them together.
@@ -304,15 +304,6 @@ def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
         )
     elif mt.tool_workers > 0 and not (math.isfinite(mt.tool_timeout_s) and mt.tool_timeout_s > 0):
         p.append(f"{key}.tool_timeout_s={mt.tool_timeout_s}: must be a finite number of seconds > 0.")
-    for name, value, why in (
-        ("interaction_config_path", mt.interaction_config_path, "simulated-user interactions are not implemented"),
-        ("num_repeat_rollouts", mt.num_repeat_rollouts, "repeated interaction rollouts are not implemented"),
-    ):
-        if value is not None:
-            p.append(f"{key}.{name}={value!r}: {why}; leave it null.")
-    if mt.use_inference_chat_template:
-        p.append(f"{key}.use_inference_chat_template=True: vlmrl keeps the policy's own tokens (token-in/token-out, "
-                 "nothing is re-rendered); leave it False.")  # fmt: skip
     return p
 
 

@@ -250,14 +250,6 @@ class MultiTurnConfig:
     """Processes per rollout worker that run tool calls, one call each at a time (a timeout ends the process; more
     for tools that wait on I/O). 0 = in the rollout worker's own thread, one after another (debugging; nothing can
     stop a call there, so tool_timeout_s must be 0)."""
-    interaction_config_path: str | None = None
-    """verl's simulated-user interactions (not implemented: must stay None)."""
-    use_inference_chat_template: bool = False
-    """verl's switch for re-rendering with the inference template (vlmrl is token-in/token-out: must stay False)."""
-    tokenization_sanity_check_mode: str = "strict"
-    """verl's re-tokenisation check (vlmrl never re-tokenises generated text: nothing to check)."""
-    num_repeat_rollouts: int | None = None
-    """verl's repeated interaction rollouts (not implemented: must stay None)."""
 
 
 @dataclass
@@ -492,7 +484,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.load_format": ("auto", "safetensors", "pt"),
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
-    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": ("strict", "ignore_strippable", "disable"),
     "reward.on_error": ("fallback", "raise"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),

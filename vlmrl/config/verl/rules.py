@@ -281,6 +281,25 @@ RULES: tuple[Rule, ...] = (
     accept("actor_rollout_ref.rollout.engine_kwargs.trtllm", ({},), "the TensorRT-LLM rollout"),
     feature("actor_rollout_ref.rollout.engine_kwargs.trtllm.*", "the TensorRT-LLM rollout (use rollout.name=vllm)"),
     accept("actor_rollout_ref.rollout.multi_turn.function_tool_path", (None,), _FUNCTION_TOOLS),
+    accept(
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+        (None,),
+        "simulated-user interactions are not implemented",
+    ),
+    accept(
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
+        (None,),
+        "repeated interaction rollouts are not implemented",
+    ),
+    accept(
+        "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+        (False,),
+        "re-rendering with the inference template: vlmrl keeps the policy's own tokens (token-in/token-out)",
+    ),
+    notice(
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",
+        "vlmrl never re-tokenises generated text (token-in/token-out): there is nothing to check",
+    ),
     accept("data.tool_config_path", (None,), "tools declared in the data config (set multi_turn.tool_config_path)"),
     accept("data.function_tool_path", (None,), _FUNCTION_TOOLS),
     accept("data.tokenizer", (None,), "a separate tokenizer (vlmrl uses the model's processor)"),

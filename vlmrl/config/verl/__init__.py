@@ -13,7 +13,7 @@ A verl launch line passes keys of four kinds, and each gets one answer:
 * **feature** — a key of a verl feature vlmrl does not implement (Megatron, the critic, the profiler...): refused
   naming the feature.
 
-``verl_keys.txt`` lists every key of verl's own config (scripts/verl_keys.py regenerates it); a key listed there that
+``keys.txt`` lists every key of verl's own config (scripts/verl_keys.py regenerates it); a key listed there that
 no rule covers is refused as "a verl setting vlmrl does not implement", never answered with a "did you mean" towards
 an unrelated vlmrl key. A key that is neither vlmrl's nor verl's gets the nearest vlmrl key.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmrl.config.verl_rules import (  # noqa: F401  (re-exported: the table's names)
+from vlmrl.config.verl.rules import (  # noqa: F401  (re-exported: the table's names)
     ACCEPT,
     ALIAS,
     DROP,
@@ -42,7 +42,7 @@ from vlmrl.config.verl_rules import (  # noqa: F401  (re-exported: the table's n
 @functools.cache
 def verl_keys() -> frozenset[str]:
     """Every key path of verl's trainer config (``verl_keys.txt``)."""
-    text = (Path(__file__).with_name("verl_keys.txt")).read_text(encoding="utf-8")
+    text = (Path(__file__).with_name("keys.txt")).read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
