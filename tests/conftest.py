@@ -19,6 +19,22 @@ import torch  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_forkserver():
+    """One forkserver for the whole session, preloaded as a rollout worker's is (its tool pool starts it): the reward
+    and tool pools of many tests share this process, and Python starts one forkserver per process, with the preload
+    of the first pool that asks."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+
+    from vlmrl.supervise import PRELOAD
+
+    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.tools.builtin", "vlmrl.models.qwen_vl",
+                                                         "qwen_vl_utils.vision_process"])  # fmt: skip
+    forkserver.ensure_running()
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """Path of the cached tiny Qwen2.5-VL (seed 0), built on first use."""

@@ -74,7 +74,8 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
     record which one)."""
     import vlmrl.workers.launch_local as launch_local
     import vlmrl.workers.launch_ray as launch_ray
-    from vlmrl.workers.group import launcher_of, make_worker_group, ray_address
+    from vlmrl.config.plan import launcher_of, ray_address, worker_plan
+    from vlmrl.workers.group import make_worker_group
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for k, v in env.items():
@@ -87,7 +88,7 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
     monkeypatch.setattr(launch_local, "ProcessWorkerGroup", _stand_in("local"))
     monkeypatch.setattr(launch_local, "InlineWorkerGroup", _stand_in("inline"))
     with pytest.raises(_Started) as started:
-        make_worker_group(cfg, 1, 1)
+        make_worker_group(cfg, worker_plan(cfg, 1, 1, 0))
     assert started.value.args == (launcher,)
 
 
@@ -222,12 +223,7 @@ def test_export_model_takes_the_base_from_that_path(lora_run: LoraRun, tiny_mode
     from vlmrl.export import main as export
 
     ckpt, gone = _moved_base(lora_run, tmp_path)
-    try:
-        code = export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "none")])
-    except OSError as e:  # today: transformers' error naming the folder (the xfail test below wants exit 2)
-        assert str(gone) in str(e)
-    else:
-        assert code == 2
+    assert export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "none")]) == 2
     assert not (tmp_path / "none" / "model.safetensors").exists()
     assert export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "rebased"), "--model", tiny_model_dir]) == 0
     assert export(["--checkpoint", str(lora_run.run), "--output", str(tmp_path / "own")]) == 0
@@ -237,11 +233,6 @@ def test_export_model_takes_the_base_from_that_path(lora_run: LoraRun, tiny_mode
     assert vocab == AutoProcessor.from_pretrained(tiny_model_dir).tokenizer.get_vocab()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="export without its base model folder ends in a transformers OSError traceback (exit 1: 'Repo id must be "
-    "in the form ...'), not vlmrl.export's one-line refusal (exit 2) naming the folder and --model",
-)
 def test_export_without_its_base_model_says_so_and_names_the_model_flag(lora_run: LoraRun, tmp_path, capsys) -> None:
     """``vlmrl.export`` refuses its own errors with one line and exit status 2 (as for a missing checkpoint): a base
     model folder that is gone should be one of them, naming the folder and ``--model``."""
@@ -316,11 +307,6 @@ def test_multi_turn_on_video_prompts_is_refused_through_the_cli(
     assert code == 0 and "max videos/prompt 1" in printed, printed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the dry run does not check multi-turn against video prompts (the check lives only in Trainer.__init__): "
-    "it prints 'OK: the run would start' for a run that is then refused",
-)
 def test_the_dry_run_reports_multi_turn_on_video_prompts(tiny_model_dir: str, video_data, tmp_path, capsys) -> None:
     """README: the dry run "exits 0 when the run would start ..., else 2 listing every problem"; a multi-turn run on
     video prompts does not start (see above), so its dry run must exit 2 listing the refusal."""
@@ -341,6 +327,7 @@ def _rank_in_a_collective(rank: int, rendezvous: str, model: str, data: str, res
     import torch
     import torch.distributed as dist
 
+    from vlmrl.config.plan import worker_plan
     from vlmrl.workers.hybrid import HybridWorker
 
     overrides = [
@@ -348,8 +335,8 @@ def _rank_in_a_collective(rank: int, rendezvous: str, model: str, data: str, res
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.rollout.name=hf",
     ]
-    cfg = load([*overrides, "actor_rollout_ref.nccl_timeout=3"], config_name="tiny_cpu")
-    worker = HybridWorker(cfg, rank, 2, rendezvous, "cpu", 1, 1)
+    cfg = load([*overrides, "actor_rollout_ref.nccl_timeout=3", "trainer.cpu_workers=2"], config_name="tiny_cpu")
+    worker = HybridWorker(worker_plan(cfg, 1, 1, 0, cuda_available=False), rank, rendezvous)
     if rank == 1:
         results["ready"] = True
         time.sleep(90)  # never joins: a worker frozen or busy elsewhere
@@ -399,9 +386,10 @@ def test_a_collective_a_worker_never_joins_fails_after_nccl_timeout(tiny_model_d
 NAMES = """
 import sys, psutil
 from vlmrl.config import load
+from vlmrl.config.plan import worker_plan
 from vlmrl.workers.launch_local import ProcessWorkerGroup
 cfg = load(sys.argv[1:], config_name="tiny_cpu")
-group = ProcessWorkerGroup(cfg, 1, 1)
+group = ProcessWorkerGroup(cfg, worker_plan(cfg, 1, 1, 0))
 try:
     print("CMDLINE", psutil.Process(group.procs[0].pid).cmdline()[0], flush=True)
 finally:
@@ -409,12 +397,6 @@ finally:
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="launch_local._worker_main updates os.environ before setproctitle; when that rewrites the first "
-    "environment variable (OMP_NUM_THREADS in 'OMP_NUM_THREADS=1 python -m vlmrl.train'), setproctitle cannot find "
-    "the argv area and the worker keeps the title 'python -B -c from multiprocessing.spawn import spawn_main ...'",
-)
 def test_local_worker_processes_are_named_by_rank(tiny_model_dir: str, synth, tmp_path) -> None:
     """vlmrl/workers/launch_local.py: the worker processes are "each named vlmrl-worker-<rank>" (what ``ps`` shows,
     and how the end-to-end tests find a worker to kill or freeze), also when the run is launched as

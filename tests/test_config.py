@@ -260,7 +260,7 @@ def test_verls_multi_turn_keys_compose_and_wrong_values_are_named(tmp_path: Path
 def test_dynamic_batch_sizes_follow_verls_defaults_and_budgets_must_hold_a_sample(tmp_path: Path) -> None:
     """verl's seq-balance keys: the log-prob forwards follow the actor's switch and budget unless set; a budget that
     cannot hold max_prompt_length + max_response_length tokens is refused at compose time."""
-    from vlmrl.config.checks import token_budgets
+    from vlmrl.config.plan import token_budgets
 
     line = geo3k_launch_line(tmp_path)  # 1024 + 2048 tokens per sample
     dyn = "actor_rollout_ref.actor.use_dynamic_bsz=True"

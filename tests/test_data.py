@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from vlmrl.preprocess import jsonl, synthetic
 
 from vlmrl.config import DataConfig
 from vlmrl.data import BatchSampler, DataError, RLDataset, build_messages, split_placeholders
 from vlmrl.models import qwen_vl
+from vlmrl.preprocess import jsonl, synthetic
 
 INSTRUCTION = (
     r"You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "

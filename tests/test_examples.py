@@ -296,9 +296,9 @@ def test_grounding_line_format_preprocess_and_reward_fit_together(tmp_path: Path
     """The documented JSONL line → the printed preprocess command (run for real) → a record the configured
     ``grounding`` reward scores: a right box in the asked-for format earns 1, the same box without it 0."""
     from PIL import Image
-    from vlmrl.preprocess import jsonl
 
     from vlmrl.batch import RewardSample
+    from vlmrl.preprocess import jsonl
     from vlmrl.reward.composite import build_scorer, make_spec
 
     (tmp_path / "images").mkdir()

@@ -62,7 +62,9 @@ def test_cuda_training_checkpoint_and_resume(tiny_model_dir, colour_data, tmp_pa
 def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_data, tmp_path):
     """The policy keeps fp32 master weights sharded as DTensors on the GPU and computes in bf16; the HF rollout's
     log-probs match a training forward of the same tokens within bf16 precision."""
+    from vlmrl.batch import TrainShard
     from vlmrl.config import load
+    from vlmrl.config.plan import worker_plan
     from vlmrl.data import RLDataset
     from vlmrl.models.forward import response_logprobs
     from vlmrl.models.inputs import build_inputs, process_images, to_device
@@ -74,7 +76,7 @@ def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_da
          "actor_rollout_ref.rollout.n=4", "data.max_response_length=8"],
         config_name="tiny_cpu",
     )  # fmt: skip
-    w = HybridWorker(cfg, 0, 1, f"file://{tmp_path / 'rendezvous'}", "cuda", 4, 1)
+    w = HybridWorker(worker_plan(cfg, 4, 1, 0, cuda_available=True), 0, f"file://{tmp_path / 'rendezvous'}")
     try:
         p = next(iter(w.policy.model.parameters()))
         assert p.device.type == "cuda" and p.dtype == torch.float32 and hasattr(p, "full_tensor")
@@ -87,7 +89,9 @@ def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_da
         eng = x.rollout_logprobs.to(lp.device)
         gap = ((lp.float() - eng).abs() * x.response_mask.to(lp.device)).sum() / x.response_mask.sum()
         assert gap < 0.05, f"HF rollout vs training forward log-prob gap {gap:.4f}"
-        metrics = w.train([1.0, -1.0, 0.5, -0.5] * 2, 8)
+        shard = TrainShard(stored=[(rid, g) for _, rid, g in rb.origins], sent=None,
+                           advantages=[1.0, -1.0, 0.5, -0.5] * 2, mini_batch_samples=8)  # fmt: skip
+        metrics = w.update(shard)
         assert metrics["perf/max_memory_allocated_gb"] > 0 and metrics["actor/grad_norm"] > 0
     finally:
         w.shutdown()

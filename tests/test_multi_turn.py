@@ -292,9 +292,9 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
     tool: most trajectories call ``image_zoom`` and get its result (2 assistant turns), the tool's text comes back in
     the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
     from runs import ENV, metrics, run_to_end
-    from vlmrl.preprocess import synthetic
 
     from vlmrl.models.tiny import TOOL_DEMO, ensure_tiny_model
+    from vlmrl.preprocess import synthetic
 
     repo = Path(__file__).resolve().parents[1]
     data = tmp_path / "data"

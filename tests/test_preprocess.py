@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+
 from vlmrl.preprocess import common, geo3k, jsonl, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]

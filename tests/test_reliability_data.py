@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from vlmrl.preprocess import common, jsonl
 
 from vlmrl.config import DataConfig
 from vlmrl.data import DataError, RLDataset
 from vlmrl.models import qwen_vl
+from vlmrl.preprocess import common, jsonl
 
 # ------------------------------------------------------------------------------------------------------- images
 

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from vlmrl.preprocess import common, jsonl, pipeline
 
 from vlmrl.config import ConfigError, DataConfig, load
 from vlmrl.data import DataError, RLDataset
+from vlmrl.preprocess import common, jsonl, pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,6 @@ def test_an_image_that_passes_preprocessing_never_fails_in_the_dataset(tmp_path:
 
 def test_a_validation_set_that_filters_to_nothing_stops_at_start(tiny_model_dir: str, tmp_path: Path) -> None:
     from vlmrl.preprocess.synthetic import main as synthetic
-
     from vlmrl.trainer.grpo import Trainer
 
     synthetic(["--output-dir", str(tmp_path), "--families", "colour", "--image-size", "56", "--train-size", "16",
@@ -179,7 +178,7 @@ def test_a_validation_set_that_filters_to_nothing_stops_at_start(tiny_model_dir:
                 f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
                 "trainer.launcher=inline"], config_name="tiny_cpu")  # fmt: skip
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=r"data.val_files: no usable validation record .*4 rows .* -> 0 prompts"):
+    with pytest.raises(ConfigError, match=r"data.val_files: no prompt survives the overlong filter .*4 rows .* -> 0"):
         Trainer(cfg)
     assert time.monotonic() - t0 < 30 and not (tmp_path / "run" / "metrics.jsonl").exists()
 

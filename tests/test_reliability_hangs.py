@@ -126,7 +126,7 @@ HANG_FROM_STEP_2 = """
 import os, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    log = os.environ["VLMRL_TEST_CALLS"]
+    log = LOG
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.write(fd, b"%.6f\\n" % time.time())
     os.close(fd)
@@ -140,21 +140,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.mark.slow
 def test_a_run_whose_reward_starts_hanging_stops_within_three_timeouts_keeping_the_checkpoint(
-    tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: str, tmp_path: Path
 ) -> None:
     """Training with a reward that hangs on every call from step 2 on: the run stops with the reward's name, the
     timeout and the checkpoint of step 1, within 3 x reward.timeout_s of the first hanging call."""
-    from vlmrl.preprocess.synthetic import main as synthetic
-
     from vlmrl.config import load
+    from vlmrl.preprocess.synthetic import main as synthetic
     from vlmrl.trainer.grpo import RunStopped, fit
 
     synthetic(["--output-dir", str(tmp_path / "data"), "--families", "colour", "--image-size", "56",
                "--train-size", "16", "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
-    reward = tmp_path / "hang.py"
-    reward.write_text(HANG_FROM_STEP_2)
     calls = tmp_path / "calls.log"
-    monkeypatch.setenv("VLMRL_TEST_CALLS", str(calls))
+    reward = tmp_path / "hang.py"
+    reward.write_text(f"LOG = {str(calls)!r}\n" + HANG_FROM_STEP_2)
     out = tmp_path / "run"
     cfg = load(
         [f"data.train_files={tmp_path / 'data/train.parquet'}", "data.val_files=null",

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 from utils import write_mp4
-from vlmrl.preprocess import jsonl
 
 from vlmrl import dry_run
 from vlmrl.config import DataConfig, load
 from vlmrl.data import DataError, RLDataset
 from vlmrl.data.video import VideoRules, build_video, parse_entry
 from vlmrl.models import qwen_vl
+from vlmrl.preprocess import jsonl
 
 HD = (1920, 1080)
 """Source frame size of the high-resolution clip (6 MB a frame as RGB)."""
@@ -331,12 +331,13 @@ def test_the_dry_run_describes_video_image_and_text_only_columns(
     assert f"{videos}: videos column 'videos' (data.video_key): 3 video(s); no image column" in out, out
     assert "text-only" not in out and "max videos/prompt 2" in out
     still = {"bytes": None, "path": "still.png"}
-    both = write_rows(media / "both.parquet", [{"q": "<image><video>Q?", "images": [still], "videos": ["clip.mp4"]}])
-    assert dry_run.run(cfg_of(tiny_model_dir, both, tmp_path), [], []) == dry_run.EXIT_OK
+    row = {"q": "<image><video>Q?", "images": [still], "videos": ["clip.mp4"]}
+    both = write_rows(media / "both.parquet", [row] * 2)
+    assert dry_run.run(cfg_of(tiny_model_dir, both, tmp_path), [], []) == dry_run.EXIT_OK  # 2 prompts: a batch
     out = capsys.readouterr().out
-    assert "videos column 'videos' (data.video_key): 1 video(s); images column 'images' (data.image_key)" in out
+    assert "videos column 'videos' (data.video_key): 2 video(s); images column 'images' (data.image_key)" in out
     assert "text-only" not in out
-    text = write_rows(media / "text.parquet", [{"q": "What is red?"}])
+    text = write_rows(media / "text.parquet", [{"q": "What is red?"}] * 2)
     assert dry_run.run(cfg_of(tiny_model_dir, text, tmp_path), [], []) == dry_run.EXIT_OK
     out = capsys.readouterr().out
     assert "no column 'images' (data.image_key) nor 'videos' (data.video_key): text-only prompts" in out

@@ -10,10 +10,10 @@ import time
 
 import pytest
 from PIL import Image, ImageDraw
-from vlmrl.rewards import accuracy, iou, length, recipes, similarity, synthetic, visual
-from vlmrl.rewards import format as fmt
 
 from vlmrl.batch import RewardSample
+from vlmrl.rewards import accuracy, iou, length, recipes, similarity, synthetic, visual
+from vlmrl.rewards import format as fmt
 
 HUGE = "x" * 1_000_000
 COLOUR_CHOICES = ["red", "green", "blue", "yellow"]

@@ -34,7 +34,6 @@ class Payload:
 def run(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 2-step run (one in-process worker) with a checkpoint at step 2."""
     from vlmrl.preprocess.synthetic import main as synthetic
-
     from vlmrl.trainer.grpo import fit
 
     tmp = tmp_path_factory.mktemp("ckpt")

@@ -195,10 +195,7 @@ def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
     "busy",
     [
         "update",
-        pytest.param("reward", marks=pytest.mark.xfail(strict=True, reason=(
-            "reward worker processes busy in a call outlive a kill -9 of the driver until the call returns (pebble's "
-            "workers, forked from the forkserver, get no parent-death signal), and keep the forkserver and the "
-            "resource tracker alive with them (they hold its 'alive' pipe)"))),
+        "reward",
     ],
 )  # fmt: skip
 def test_every_worker_process_ends_with_the_driver(tiny_model_dir, colour_data, tmp_path, busy):

@@ -82,7 +82,8 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
              "data.return_full_prompt", "reward_model.overlong_buffer.enable", "trainer.balance_batch",
              "actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.model.use_liger",
              "algorithm.kl_penalty", "algorithm.lam", "npu_profile.options",
-             "reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+             "reward.custom_reward_function.reward_kwargs",
+             "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
              "trainer.use_ray"}  # vlmrl's own older key (now trainer.launcher)  # fmt: skip
     import fnmatch
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from PIL import Image
 from utils import clip, write_mp4
-from vlmrl.preprocess import common, jsonl
 
 from vlmrl.config import DataConfig
 from vlmrl.data import DataError, RLDataset
 from vlmrl.models import qwen_vl
+from vlmrl.preprocess import common, jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

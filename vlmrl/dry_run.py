@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
-from vlmrl.config.checks import batch_problems, check_environment, planned_device, planned_world
+from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
+from vlmrl.config.plan import planned_device, planned_world
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 2
@@ -89,6 +90,7 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
     from vlmrl.data.parquet import normalize_files
 
     out: dict[str, Any] = {}
+    videos, summary = 0, {"train": "", "val": ""}
     processor = None
     if folder is not None:
         try:
@@ -141,14 +143,16 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
                     f"max images/prompt {r['max_images_per_prompt']}"
                     + (f", max videos/prompt {r['max_videos_per_prompt']}" if r["max_videos_per_prompt"] else "")
                 )
-                if kept == 0:
-                    rep.problems.append(f"data.{split}_files: no prompt survives the overlong filter "
-                                        f"(data.max_prompt_length={cfg.data.max_prompt_length})")  # fmt: skip
+                videos = max(videos, int(r["max_videos_per_prompt"]))
+                summary[split] = ds.format_report().splitlines()[0]
             except Exception as e:  # noqa: BLE001 - DataError names file and row
                 rep.problems.append(f"data.{split}_files: {type(e).__name__}: {e}")
         elif ok:
             rep.plan.append(f"data.{split}: {rows} rows (the overlong filter is counted once the model is available)")
         out[split] = (kept, sources)
+    train, val = out.get("train", (None, None))[0], out.get("val", (None, None))[0]
+    if train is not None:  # what only the data can tell, as the trainer checks it
+        rep.problems += data_problems(cfg, DataFacts(train, val, videos, summary["train"], summary["val"]))
     return out
 
 
@@ -259,7 +263,7 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
         rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
-    from vlmrl.workers.group import launcher_of, ray_address
+    from vlmrl.config.plan import launcher_of, ray_address
 
     launcher = launcher_of(cfg)
     if launcher == "ray":
@@ -306,8 +310,6 @@ def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     elif kept is not None:
         per_epoch = kept // bs
         steps = f"{per_epoch * tr.total_epochs} ({tr.total_epochs} epoch(s) x {per_epoch} steps of {bs} prompts)"
-        if per_epoch == 0:
-            rep.problems.append(f"data.train_batch_size={bs} exceeds the {kept} usable training prompts")
     else:
         steps = f"{tr.total_epochs} epoch(s) (steps counted once the data is checked)"
     mini = arr.actor.ppo_mini_batch_size

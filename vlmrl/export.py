@@ -53,6 +53,8 @@ def export_checkpoint(
     mcfg = cfg.actor_rollout_ref.model
     path, trust = model_path or str(mcfg.path), bool(trust_remote_code)
     where = f"--model {path}" if model_path else f"{src}/config.yaml actor_rollout_ref.model.path={path}"
+    if not Path(path).expanduser().is_dir() and (Path(path).is_absolute() or path.startswith((".", "~"))):
+        raise FileNotFoundError(f"the base model folder {path} ({where}) does not exist: give it with --model BASE")
     model = load_model(path, "cpu", trust, where=where)
     if int(mcfg.get("lora_rank", 0) or 0) > 0:
         from vlmrl.workers.lora import apply_lora

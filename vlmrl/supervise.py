@@ -29,7 +29,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from typing import Any
+
+from vlmrl.procs import FORKSERVER_PARENT, die_with_parent
 
 SHORT_TIMEOUT_FLOOR_S = 1.0
 """The shortest timeout a call gets once its batch has used one full timeout per slot."""
@@ -38,15 +41,10 @@ SHORT_TIMEOUT_FACTOR = 10.0
 HANG_CALLS_PER_SLOT = 2
 """A batch whose first ``num_workers x`` this many finished calls all timed out stops: the function hangs."""
 
-PRELOAD = (
-    "vlmrl.supervise",
-    "vlmrl.batch",
-    "vlmrl.reward.runner",
-    "vlmrl.tools.runner",
-    "qwen_vl_utils.vision_process",
-)
+PRELOAD = ("vlmrl._forkserver_guard", "vlmrl.supervise", "vlmrl.batch", "vlmrl.reward.runner", "vlmrl.tools.runner")
 """What the forkserver imports once for every pool of the process (a process has one forkserver, started by its first
-pool): a worker forked from it starts in milliseconds, where importing torch and qwen-vl-utils anew takes seconds."""
+pool, which may add its own: the tool pool adds torch and qwen-vl-utils, seconds to import): a worker forked from it
+starts in milliseconds. The guard makes the forkserver end with the process that started it."""
 
 TIMEOUT = "timeout"
 DIED = "died"
@@ -119,6 +117,7 @@ def _init_worker(initializer: Callable[..., Any] | None, args: tuple, sys_path: 
     is the parallelism), then the caller's own initializer."""
     import signal
 
+    die_with_parent()  # the forkserver; which dies with the process that started the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for p in sys_path:
         if p not in sys.path:
@@ -186,6 +185,8 @@ class SupervisedPool:
         self.slowest_ok_s: float | None = None
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
+        os.environ[FORKSERVER_PARENT] = str(os.getpid())
+        forkserver.ensure_running()  # from this thread: a parent-death signal follows the thread that forked
         self.pool = ProcessPool(
             max_workers=self.num_workers,
             initializer=_init_worker,

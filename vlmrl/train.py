@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from vlmrl.startup import StartupError
+
 CONFIG_ERROR_EXIT = 2
 """Exit status of a run refused for its configuration."""
 STARTUP_ERROR_EXIT = 2
@@ -32,55 +34,6 @@ def _config_error(message: str) -> NoReturn:
 
 STARTUP_LOG = "startup_error.log"
 """The file (in ``trainer.default_local_dir``) that holds the tracebacks of a run that could not start."""
-
-DRIVER_STEPS: tuple[tuple[str, str, str], ...] = (
-    ("_find_resume", "could not find the checkpoint to resume from",
-     "check trainer.resume_mode and trainer.resume_from_path, or start over with trainer.resume_mode=disable"),
-    ("_load_checkpoint", "could not resume from the checkpoint in {out}",
-     "check it, or start over with trainer.resume_mode=disable"),
-    ("vlmrl/workers/", "the workers did not start", ""),
-    ("vlmrl/tools/", "could not load the tools of {tools}",
-     "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"),
-    ("vlmrl/data/", "could not read the data",
-     "check data.train_files and data.val_files (trainer.dry_run=True checks every record)"),
-    ("vlmrl/reward/", "could not start the reward", "check reward.function / custom_reward_function.*"),
-    ("vlmrl/trainer/tracking", "could not start the loggers", "check trainer.logger"),
-    ("mkdir", "could not create trainer.default_local_dir={out}", "check trainer.default_local_dir"),
-    ("transformers/", "could not load the model's processor from {path}", "check actor_rollout_ref.model.path"),
-)  # fmt: skip
-"""What failed while the trainer started, by where the failing call went (as ``vlmrl.workers.group.WORKER_STEPS``:
-a path fragment or a function name of a frame below ``Trainer.__init__``, the first rule that matches wins)."""
-
-
-def _starting(e: BaseException) -> Any:
-    """The frame of ``Trainer.__init__`` that ``e`` left (the run was starting), or None (it was training)."""
-    from vlmrl.trainer.grpo import Trainer
-
-    tb = e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is Trainer.__init__.__code__:
-            return tb.tb_frame
-        tb = tb.tb_next
-    return None
-
-
-def startup_summary(e: BaseException, cfg: Any) -> tuple[str, str]:
-    """(one line: what failed, its cause and what to check; the failing worker's traceback or "") for an exception
-    raised while the trainer of ``cfg`` was starting."""
-    from vlmrl.trainer.grpo import Trainer
-    from vlmrl.workers.group import StartupFailure, WorkerError, error_text, frames_below, one_line, step_of
-
-    failure = getattr(e, "failure", None)
-    if isinstance(failure, StartupFailure):
-        what, cause, hint, details = failure.what, failure.cause, failure.hint, failure.details
-    else:
-        step = step_of(frames_below(e, Trainer.__init__.__code__), DRIVER_STEPS)
-        what, hint = step or ("the trainer could not start", "")
-        arr = cfg.actor_rollout_ref
-        what = what.format(path=arr.model.path, tools=arr.rollout.multi_turn.tool_config_path,
-                           out=cfg.trainer.default_local_dir)  # fmt: skip
-        cause, details = (one_line(str(e)) if isinstance(e, WorkerError) else error_text(e)), ""
-    return f"{what}: {cause}" + (f"; {hint}" if hint else ""), details
 
 
 def _write_log(folder: str, text: str) -> str:
@@ -101,34 +54,22 @@ def _write_log(folder: str, text: str) -> str:
         return path
 
 
-def _startup_error(e: BaseException, cfg: Any) -> NoReturn:
-    """A run that could not start: end what it had started, write the tracebacks to a log file, and print one line
-    naming what failed, the cause, what to check and the log (exit status 2)."""
-    import contextlib
+def _startup_error(e: StartupError, cfg: Any) -> NoReturn:
+    """A run that could not start (``vlmrl.startup``): the tracebacks to a log file, one line naming what failed,
+    the cause, what to check and the log (exit status 2). The trainer ended what it had started."""
     import datetime
-    import io
     import traceback
 
-    summary, details = startup_summary(e, cfg)
-    frame = _starting(e)
-    trainer = frame.f_locals.get("self") if frame is not None else None  # what Trainer.__init__ had built
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):  # what closing prints goes to the log
-        for part, close in (("group", "shutdown"), ("rewards", "close"), ("tracker", "close")):
-            obj = getattr(trainer, part, None)
-            try:
-                if obj is not None:
-                    getattr(obj, close)(**({"grace_s": 1.0} if close == "shutdown" else {}))
-            except Exception as err:  # noqa: BLE001 - cleaning up after a failure must not hide it
-                print(f"closing {part}: {type(err).__name__}: {err}")
+    failure = e.failure
+    driver = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    whose = "The worker's" if failure.what.startswith("worker ") else "The failing step's"
     text = (
-        f"vlmrl: the run could not start ({datetime.datetime.now().isoformat(timespec='seconds')})\n{summary}\n\n"
-        f"The driver's traceback:\n{''.join(traceback.format_exception(type(e), e, e.__traceback__))}"
-        + (f"\nThe worker's traceback:\n{details}" if details else "")
-        + (f"\nWhile ending what had started:\n{said.getvalue()}" if said.getvalue() else "")
-    )
+        f"vlmrl: the run could not start ({datetime.datetime.now().isoformat(timespec='seconds')})\n{failure.line()}"
+        f"\n\nThe driver's traceback:\n{driver}" + (f"\n{whose} traceback:\n{failure.details}" if failure.details
+                                                    else "")
+    )  # fmt: skip
     log = _write_log(str(cfg.trainer.default_local_dir), text)
-    print(f"vlmrl: start-up failed: {summary} (traceback: {log})", file=sys.stderr, flush=True)
+    print(f"vlmrl: start-up failed: {failure.line()} (traceback: {log})", file=sys.stderr, flush=True)
     sys.exit(STARTUP_ERROR_EXIT)
 
 
@@ -142,15 +83,13 @@ def _train(cfg: Any) -> None:
     except OSError:
         pass
     try:
-        last = fit(cfg)
+        last = fit(cfg, checked=True)
     except ConfigError as e:
         _config_error(str(e))
     except RunStopped as e:
         print(f"vlmrl: run stopped at {e}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except Exception as e:
-        if _starting(e) is None:
-            raise  # a failure while training that RunStopped does not cover: the traceback, as before
+    except StartupError as e:
         _startup_error(e, cfg)
     keys = [k for k in ("reward/mean", "val/reward/mean", "timing/step_s") if k in last]
     print("[vlmrl] done: " + ", ".join(f"{k}={last[k]:.4f}" for k in keys), flush=True)
@@ -165,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     if cmd.help:
         print(USAGE)
         return
-    composed = compose(cmd)
+    composed = compose(cmd, machine=not cmd.print_config)
     for note in composed.notices:
         print(f"[vlmrl] note: {note}", file=sys.stderr, flush=True)
     if composed.dry_run:

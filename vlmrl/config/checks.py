@@ -1,9 +1,11 @@
 """The config gate: every check a run passes before anything expensive starts, each problem with its fix.
 
 ``check_values`` looks at the config alone (run by ``build``, so a composed config is a checked one);
-``check_environment`` looks at the machine the run would start on (files, model folder, output folder);
-``batch_problems`` at how the batches split over the workers it would start there (``planned_world``: CPU workers or
-GPUs) and their engines. Each returns every problem, not only the first; ``check_config`` raises them together.
+``check_environment`` looks at the machine the run would start on (files, model folder, output folder, tools, Ray's
+authentication); ``batch_problems`` at how the batches split over the workers it would start there (``planned_world``:
+CPU workers or GPUs) and their engines (``machine_problems``: both, run by ``command.compose`` for ``python -m
+vlmrl.train``); ``data_problems`` at what only the data can tell (run by the trainer and the dry run). Each returns
+every problem, not only the first; ``check_config`` raises the machine's together.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmrl.config.schema import ActorRolloutRefConfig, VLMRLConfig
+from vlmrl.config.network import prometheus_problems, ray_auth_problem
+from vlmrl.config.plan import launcher_of, per_node, planned_device, planned_world, token_budgets
+from vlmrl.config.schema import RewardConfig, VLMRLConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 """Advantage estimators that compare the samples of one prompt (they need rollout.n >= 2)."""
@@ -23,25 +28,6 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
     if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 1:
         problems.append(f"{key}={value!r}: must be a whole number >= 1{fix}.")
-
-
-def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]]:
-    """For the update (``update``), the old-log-prob (``actor``) and the reference (``ref``) forwards: (budget key,
-    dynamic batch sizes on, token budget), with verl's defaults resolved (the log-prob settings follow the actor's
-    when unset)."""
-    a = arr.actor
-    out = {
-        "update": ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
-    }
-    for which, name, c in (("actor", "rollout", arr.rollout), ("ref", "ref", arr.ref)):
-        on = a.use_dynamic_bsz if c.log_prob_use_dynamic_bsz is None else bool(c.log_prob_use_dynamic_bsz)
-        budget = (
-            a.ppo_max_token_len_per_gpu
-            if c.log_prob_max_token_len_per_gpu is None
-            else c.log_prob_max_token_len_per_gpu
-        )
-        out[which] = (f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu", on, budget)
-    return out
 
 
 def check_values(cfg: VLMRLConfig) -> list[str]:
@@ -102,7 +88,6 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     for key, value in (
         ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
         ("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
-        ("reward.fallback_score", cfg.reward.fallback_score),
     ):
         if not math.isfinite(value):
             p.append(f"{key}={value}: must be finite.")
@@ -141,8 +126,6 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f" prompts per batch (also with algorithm.filter_groups; max_num_gen_batches bounds the extra batches); "
             f"unset it or set it to {data.train_batch_size}."
         )
-    from vlmrl.rollout.vllm import cache_kept_on
-
     cache_problem = cache_kept_on(dict((ro.engine_kwargs or {}).get("vllm") or {}))
     if cache_problem:
         p.append(cache_problem + ".")
@@ -152,63 +135,54 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.rollout.engine_kwargs: {sorted(other_engines)} are settings of other rollout engines; "
             "vlmrl runs vLLM (engine_kwargs.vllm.*) or transformers (rollout.name=hf)."
         )
-    if not 0.0 < cfg.reward.max_failed_ratio <= 1.0:
-        p.append(f"reward.max_failed_ratio={cfg.reward.max_failed_ratio}: must be in (0, 1].")
-    if cfg.reward.num_workers < 0:
-        p.append(f"reward.num_workers={cfg.reward.num_workers}: must be >= 0.")
-    elif cfg.reward.num_workers == 0 and cfg.reward.timeout_s > 0:
-        from vlmrl.reward.manager import INLINE_TIMEOUT
-
-        p.append(INLINE_TIMEOUT + ".")
-    elif cfg.reward.num_workers > 0 and not cfg.reward.timeout_s > 0:
-        p.append(f"reward.timeout_s={cfg.reward.timeout_s}: reward worker processes need a timeout > 0.")
+    p += reward_problems(cfg.reward)
     if tr.val_only and not data.val_files:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
-    prom = tr.prometheus
     if "prometheus" in list(tr.logger or []):
-        from vlmrl.trainer.prometheus import is_loopback, read_token_file
-
-        if prom.token_file:
-            try:
-                read_token_file(prom.token_file)
-            except ValueError as e:
-                p.append(f"{e}.")
-        if not is_loopback(prom.host) and not prom.token_file:
-            p.append(
-                f"trainer.prometheus.host={prom.host} accepts connections from other machines: set "
-                "trainer.prometheus.token_file (a file holding a secret; scrapers send it as a bearer token), or keep "
-                "the default 127.0.0.1."
-            )
-        if not 0 <= prom.port <= 65535:
-            p.append(f"trainer.prometheus.port={prom.port}: a port number (0 = any free port).")
+        p += prometheus_problems(tr.prometheus.host, tr.prometheus.port, tr.prometheus.token_file)
     return p
 
 
-def planned_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
-    """Hybrid workers the run asks for: 1 inline, else nnodes x (n_gpus_per_node on GPU, cpu_workers on CPU)."""
-    if cfg.trainer.launcher == "inline":
-        return 1
-    return cfg.trainer.nnodes * per_node(cfg, cuda_available)
+INLINE_TIMEOUT = (
+    "reward.num_workers=0 scores in the driver's own thread, where nothing can stop a call that blocks (a sleep, a "
+    "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
+    "processes, where reward.timeout_s is enforced by ending the worker)."
+)
 
 
-def per_node(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
-    """Workers on each machine: n_gpus_per_node on GPU, cpu_workers on CPU."""
-    gpu = planned_device(cfg, cuda_available) == "cuda"
-    return cfg.trainer.n_gpus_per_node if gpu else cfg.trainer.cpu_workers
+def cache_kept_on(user: dict[str, Any]) -> str | None:
+    """Why engine kwargs that would turn the multimodal preprocessor cache back on are refused (None if they do not):
+    across RL steps it grows host memory without bound (EasyR1 #159, vLLM #12973)."""
+    on = (user.get("disable_mm_preprocessor_cache") is False) or (user.get("mm_processor_cache_gb") or 0) > 0
+    if not on:
+        return None
+    return (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm: vlmrl keeps vLLM's multimodal preprocessor cache off (it grows "
+        "host memory without bound across RL steps: EasyR1 #159, vLLM #12973); drop disable_mm_preprocessor_cache="
+        "False / mm_processor_cache_gb > 0"
+    )
 
 
-def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
-    """The device the run asks for: ``trainer.device``, with auto resolved by whether this machine has CUDA."""
-    dev = cfg.trainer.device
-    if dev == "auto":
-        if cuda_available is None:
-            import torch
-
-            cuda_available = torch.cuda.is_available()
-        dev = "cuda" if cuda_available else "cpu"
-    return dev
+def reward_problems(r: RewardConfig) -> list[str]:
+    """Problems of ``reward.*`` values (the config gate runs it; so does ``RewardManager`` for one built from a
+    ``RewardConfig`` directly)."""
+    p = []
+    if not 0.0 < r.max_failed_ratio <= 1.0:
+        p.append(f"reward.max_failed_ratio={r.max_failed_ratio}: must be in (0, 1] (1.0 = stop only when every sample "
+                 "failed).")  # fmt: skip
+    if r.on_error not in ("fallback", "raise"):
+        p.append(f"reward.on_error={r.on_error!r}: use fallback | raise.")
+    if r.num_workers < 0:
+        p.append(f"reward.num_workers={r.num_workers}: must be >= 0.")
+    elif r.num_workers == 0 and r.timeout_s > 0:
+        p.append(INLINE_TIMEOUT)
+    elif r.num_workers > 0 and not r.timeout_s > 0:
+        p.append(f"reward.timeout_s={r.timeout_s}: reward worker processes need a timeout > 0.")
+    if not math.isfinite(r.fallback_score):
+        p.append(f"reward.fallback_score={r.fallback_score}: must be finite.")
+    return p
 
 
 def batch_problems(cfg: VLMRLConfig) -> list[str]:
@@ -245,12 +219,6 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
             what = "n_gpus_per_node" if planned_device(cfg) == "cuda" else "cpu_workers"
             p.append(f"{key} must divide trainer.{what}={per_node(cfg)}: an engine's workers share one node.")
     return p
-
-
-def tp_size(cfg: VLMRLConfig) -> int:
-    """Workers that share one rollout engine (``rollout.tensor_model_parallel_size`` with vLLM; 1 with HF)."""
-    ro = cfg.actor_rollout_ref.rollout
-    return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
 
 
 def video_problems(cfg: VLMRLConfig) -> list[str]:
@@ -344,13 +312,10 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
                     "(make it with a preprocess/ script, e.g. python preprocess/synthetic.py --output-dir DIR)."
                 )
     mt = arr.rollout.multi_turn
-    if mt.enable and mt.tool_config_path:
-        from vlmrl.tools.config import ToolConfigError, build_tools
-
-        try:
-            build_tools(mt.tool_config_path)
-        except (ToolConfigError, FileNotFoundError, ValueError, AttributeError, ImportError) as e:
-            p.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {e}")
+    if mt.enable and mt.tool_config_path and not os.path.isfile(os.path.expanduser(mt.tool_config_path)):
+        p.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path!r} is not a file.")
+    if launcher_of(cfg) == "ray" and (auth := ray_auth_problem()):
+        p.append(auth + ".")
     out = Path(tr.default_local_dir)
     probe = out if out.exists() else next((q for q in out.parents if q.exists()), Path("."))
     if not probe.is_dir():
@@ -360,8 +325,55 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
     return p
 
 
+@dataclass
+class DataFacts:
+    """What the data says that the config's values cannot: read by the trainer from its datasets and by the dry
+    run from its scan (None: not known, e.g. a dry run without the model's processor)."""
+
+    train_prompts: int | None
+    """Usable training prompts (after the overlong filter)."""
+    val_prompts: int | None
+    """Usable validation prompts; None without ``data.val_files``."""
+    videos: int
+    """The most videos a prompt holds."""
+    train_summary: str = ""
+    """What was read and dropped (the first line of ``RLDataset.format_report``)."""
+    val_summary: str = ""
+
+
+def data_problems(cfg: VLMRLConfig, facts: DataFacts) -> list[str]:
+    """Problems only the data can tell: no usable training or validation prompt, fewer training prompts than a
+    batch, video prompts with multi-turn tools (their tools work on images)."""
+    p = []
+    bs, longest = cfg.data.train_batch_size, cfg.data.max_prompt_length
+    for split, n, summary in (("train", facts.train_prompts, facts.train_summary),
+                              ("val", facts.val_prompts, facts.val_summary)):  # fmt: skip
+        if n == 0:
+            why = f" ({summary})" if summary else ""
+            unset = ", or set data.val_files=null" if split == "val" else ""
+            fix = f"fix the files (or data.max_prompt_length / data.max_pixels){unset}"
+            p.append(f"data.{split}_files: no prompt survives the overlong filter (data.max_prompt_length={longest}) "
+                     f"and the record checks{why}; {fix}.")  # fmt: skip
+    if facts.train_prompts and facts.train_prompts < bs:
+        p.append(f"data.train_batch_size={bs} exceeds the {facts.train_prompts} usable training prompts"
+                 + (f" ({facts.train_summary})" if facts.train_summary else "") + ".")  # fmt: skip
+    if facts.videos and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        p.append(
+            "actor_rollout_ref.rollout.multi_turn.enable=True with video prompts: multi-turn tool rollouts take image "
+            "prompts only; train on the videos single-turn or drop them from the data."
+        )
+    return p
+
+
+def machine_problems(cfg: VLMRLConfig) -> list[str]:
+    """Problems of the machine the run would start on (``check_environment``) and of how its batches split over the
+    workers it would start there (``batch_problems``). Run on values ``check_values`` accepted."""
+    return check_environment(cfg) + batch_problems(cfg)
+
+
 def check_config(cfg: VLMRLConfig) -> None:
-    """Raise ConfigError listing every problem of the values and of the environment."""
+    """Raise ConfigError listing every problem of a typed config built or changed in code: its values, then (when
+    they are sane) the machine's. ``command.compose`` runs the same checks on a command line."""
     from vlmrl.config import ConfigError
 
     problems = check_values(cfg)

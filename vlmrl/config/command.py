@@ -170,10 +170,13 @@ def _hydra_compose(cmd: Command, overrides: list[str]) -> tuple[DictConfig | Non
         return None, [f"the config cannot be composed: {text}"]
 
 
-def compose(argv: list[str] | Command) -> Composed:
+def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
     """The typed, checked config of a command line (or a parsed ``Command``), with every problem found: config
-    files, overrides (``vlmrl.config.translate``), composition, types and values (``build``)."""
+    files, overrides (``vlmrl.config.translate``), composition, types and values (``build``) and, with ``machine``
+    (``python -m vlmrl.train``), the machine it would start on (``checks.machine_problems``; a dry run checks it
+    itself, with the GPU plan too)."""
     from vlmrl.config import build, translate
+    from vlmrl.config.checks import machine_problems
 
     cmd = argv if isinstance(argv, Command) else parse(list(argv))
     file_overrides, file_problems = _config_files(cmd)
@@ -188,6 +191,8 @@ def compose(argv: list[str] | Command) -> Composed:
         cfg, value_problems = build(raw)
         problems += value_problems
         dry = bool(raw.get("trainer", {}).get("dry_run", dry))
+        if machine and not dry and cfg is not None and not value_problems:  # (the dry run runs them itself)
+            problems += machine_problems(cfg)
     return Composed(cfg, raw, problems, notices, dry)
 
 

@@ -484,7 +484,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.load_format": ("auto", "safetensors", "pt"),
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
-    "reward.on_error": ("fallback", "raise"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.launcher": ("auto", "local", "ray", "inline"),

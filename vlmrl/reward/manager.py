@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vlmrl.config.checks import reward_problems
 from vlmrl.reward.composite import Dispatch, build_scorer, make_spec
 from vlmrl.reward.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
 from vlmrl.reward.runner import InlineRunner, ProcessRunner, timeout_text
@@ -20,13 +21,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("vlmrl.reward")
 
 _EXCERPT = 200
-
-
-INLINE_TIMEOUT = (
-    "reward.num_workers=0 scores in the driver's own thread, where nothing can stop a call that blocks (a sleep, a "
-    "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
-    "processes, where reward.timeout_s is enforced by ending the worker)"
-)
 
 
 class RewardError(RuntimeError):
@@ -105,24 +99,14 @@ class RewardManager:
     """
 
     def __init__(self, reward_cfg: RewardConfig, custom_cfg: CustomRewardFunctionConfig | None = None) -> None:
+        problems = reward_problems(reward_cfg)  # the config gate's check, for a manager built outside it
+        if problems:
+            raise RewardConfigError("\n".join(problems))
         self.num_workers = int(reward_cfg.num_workers or 0)
         self.timeout_s = float(reward_cfg.timeout_s or 0.0)
         self.on_error = str(reward_cfg.on_error)
         self.fallback_score = float(reward_cfg.fallback_score)
         self.max_failed_ratio = float(reward_cfg.max_failed_ratio)
-        if not 0.0 < self.max_failed_ratio <= 1.0:
-            raise RewardConfigError(
-                f"reward.max_failed_ratio must be in (0, 1] (1.0 = stop only when every sample failed), "
-                f"got {self.max_failed_ratio}"
-            )
-        if self.on_error not in ("fallback", "raise"):
-            raise RewardConfigError(f"reward.on_error must be 'fallback' or 'raise', got '{self.on_error}'")
-        if self.num_workers < 0:
-            raise RewardConfigError(f"reward.num_workers must be >= 0, got {self.num_workers}")
-        if self.num_workers == 0 and self.timeout_s > 0:
-            raise RewardConfigError(INLINE_TIMEOUT)
-        if not math.isfinite(self.fallback_score):
-            raise RewardConfigError(f"reward.fallback_score must be finite, got {self.fallback_score}")
         self.spec = make_spec(reward_cfg, custom_cfg)
         self.scorer: Dispatch = build_scorer(self.spec)
         self._inline: InlineRunner | None = None

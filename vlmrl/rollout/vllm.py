@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.config.checks import cache_kept_on
 from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.rollout.cpu_reload import direct_reload, unsupported_reason
@@ -63,19 +64,6 @@ def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}: not an argument of vLLM.{hint}")
         out[key] = value
     return out
-
-
-def cache_kept_on(user: dict[str, Any]) -> str | None:
-    """Why engine kwargs that would turn the multimodal preprocessor cache back on are refused (None if they do not):
-    across RL steps it grows host memory without bound (EasyR1 #159, vLLM #12973)."""
-    on = (user.get("disable_mm_preprocessor_cache") is False) or (user.get("mm_processor_cache_gb") or 0) > 0
-    if not on:
-        return None
-    return (
-        "actor_rollout_ref.rollout.engine_kwargs.vllm: vlmrl keeps vLLM's multimodal preprocessor cache off (it grows "
-        "host memory without bound across RL steps: EasyR1 #159, vLLM #12973); drop disable_mm_preprocessor_cache="
-        "False / mm_processor_cache_gb > 0"
-    )
 
 
 def default_cache_off() -> dict[str, Any]:

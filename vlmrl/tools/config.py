@@ -49,7 +49,7 @@ def resolve_class(class_name: str, where: str) -> type:
         except (FileNotFoundError, ValueError, AttributeError) as e:
             raise ToolConfigError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - the file's own code failed (a syntax error, a missing import)
-            raise ToolConfigError(f"{where}: cannot load {class_name!r}: {type(e).__name__}: {e}") from None
+            raise ToolConfigError(f"{where}: cannot load {class_name!r}: {type(e).__name__}: {e}") from e
     module, _, attr = class_name.rpartition(".") if name is None else (target, "", name)
     if not module:
         known = ", ".join(sorted(BUILTIN))
@@ -60,7 +60,7 @@ def resolve_class(class_name: str, where: str) -> type:
     except (ImportError, AttributeError) as e:
         raise ToolConfigError(f"{where}: cannot import {class_name!r}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the module's own code failed
-        raise ToolConfigError(f"{where}: cannot import {class_name!r}: {type(e).__name__}: {e}") from None
+        raise ToolConfigError(f"{where}: cannot import {class_name!r}: {type(e).__name__}: {e}") from e
     return cls
 
 

@@ -172,7 +172,7 @@ class ToolRunner:
             setting = "actor_rollout_ref.rollout.multi_turn.tool_timeout_s"
             self.pool = SupervisedPool(
                 what, setting, num_workers, timeout_s, initializer=_build_tools, initargs=(str(tool_config_path),),
-                preload=["vlmrl.tools.builtin"],
+                preload=["vlmrl.tools.builtin", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process"],
             )  # fmt: skip
             self.pool.warm()  # now, not at the first call: the built-ins' imports take seconds
 

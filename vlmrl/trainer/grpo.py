@@ -7,6 +7,7 @@ sample prompts → rollout (n per prompt, on every worker) → rewards (driver) 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -15,25 +16,35 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tqdm import tqdm
+from transformers import AutoProcessor
 
 from vlmrl import rng
 from vlmrl.algos import filter_groups
 from vlmrl.algos.core import compute_advantages
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
-from vlmrl.config.checks import check_config, tp_size
+from vlmrl.config.checks import DataFacts, check_config, data_problems
+from vlmrl.config.plan import tp_size, worker_plan
+from vlmrl.data import BatchSampler, RLDataset
+from vlmrl.report import health_summary, load_run
+from vlmrl.reward import RewardError, RewardManager
+from vlmrl.startup import stage
+from vlmrl.supervise import HangError
 from vlmrl.timing import Timer
+from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
+from vlmrl.trainer.gallery import write_gallery
 from vlmrl.trainer.step import StepData, assemble, plan_shards, split_even, step_metrics
+from vlmrl.trainer.tracking import Tracker, plot_curve
+from vlmrl.workers.group import WorkerError, make_worker_group
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Keep the lines of a metrics.jsonl up to ``last_step`` (a resumed run rewrites the steps after its checkpoint)."""
-    import json
-
     if not path.exists():
         return
     keep = []
@@ -55,98 +66,96 @@ class Trainer:
     """Holds the run's pieces; ``fit()`` is the loop."""
 
     def __init__(self, cfg: VLMRLConfig) -> None:
-        check_config(cfg)  # before any heavy import: a bad config fails in a second
-        from transformers import AutoProcessor
-
-        from vlmrl.data import BatchSampler, RLDataset
-        from vlmrl.reward import RewardManager
-        from vlmrl.trainer.tracking import Tracker
-
+        """Start the run: each step a ``vlmrl.startup.stage`` (a failure says what and what to check); what started
+        before a failure is ended. ``cfg`` is a composed config (``vlmrl.config.command.compose`` checked it)."""
         self.cfg = cfg
-        arr = cfg.actor_rollout_ref
-        self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
-        self.tokenizer = self.processor.tokenizer
-        from vlmrl.tools.config import config_tool_schemas
+        self.step = 0
+        self._warned_flat = False
+        try:
+            self._start()
+        except BaseException:
+            self.close(grace_s=1.0, quiet=True)
+            raise
 
-        tools = config_tool_schemas(cfg)
-        self.train_ds = RLDataset(cfg.data.train_files, self.processor, cfg.data, split="train", tools=tools)
-        self.val_ds = (
-            RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val", tools=tools)
-            if cfg.data.val_files
-            else None
-        )
-        bs = cfg.data.train_batch_size
-        if len(self.train_ds) < bs:
-            raise ConfigError(
-                f"data.train_batch_size={bs} exceeds the {len(self.train_ds)} usable training records "
-                f"({self.train_ds.format_report().splitlines()[0]})"
-            )
-        if self.val_ds is not None and len(self.val_ds) == 0:  # before start-up, not after the last training step
-            raise ConfigError(
-                f"data.val_files: no usable validation record ({self.val_ds.format_report().splitlines()[0]}); fix "
-                "the files (or data.max_prompt_length / data.max_pixels), or set data.val_files=null"
-            )
-        self.sampler = BatchSampler(len(self.train_ds), bs, cfg.data.shuffle, cfg.data.seed, drop_last=True)
-        steps_per_epoch = len(self.sampler)
-        self.total_steps = cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
-        self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
-        self.out_dir = Path(cfg.trainer.default_local_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.resume_from = self._find_resume()
-        self.resume_state = ckpt.read_trainer_state(self.resume_from) if self.resume_from else None
+    def _start(self) -> None:
+        cfg, arr, tr = self.cfg, self.cfg.actor_rollout_ref, self.cfg.trainer
+        path, tools_file = arr.model.path, arr.rollout.multi_turn.tool_config_path
+        with stage(f"could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
+            self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
+            self.tokenizer = self.processor.tokenizer
+        with stage(f"could not load the tools of {tools_file}",
+                   "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"):  # fmt: skip
+            tools = config_tool_schemas(cfg)
+        with stage("could not read the data", "check data.train_files and data.val_files (trainer.dry_run=True "
+                   "checks every record)"):  # fmt: skip
+            self.train_ds = RLDataset(cfg.data.train_files, self.processor, cfg.data, split="train", tools=tools)
+            self.val_ds = RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val", tools=tools) if (
+                cfg.data.val_files) else None  # fmt: skip
+        problems = data_problems(cfg, self._data_facts())
+        if problems:  # before the workers start, not after the last training step
+            raise ConfigError("\n".join(problems))
+        self.sampler = BatchSampler(len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
+                                    drop_last=True)  # fmt: skip
+        self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
+        with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
+            self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
+        self.out_dir = Path(tr.default_local_dir)
+        with stage(f"could not create trainer.default_local_dir={tr.default_local_dir}", "check it"):
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        with stage("could not find the checkpoint to resume from", "check trainer.resume_mode and "
+                   "trainer.resume_from_path, or start over with trainer.resume_mode=disable"):  # fmt: skip
+            self.resume_from = self._find_resume()
+            self.resume_state = ckpt.read_trainer_state(self.resume_from) if self.resume_from else None
         if self.resume_state is not None:  # the log continues where the checkpoint was taken
             truncate_metrics(self.out_dir / "metrics.jsonl", int(self.resume_state["step"]))
-        from omegaconf import OmegaConf
+        with stage("could not start the loggers", "check trainer.logger"):
+            self.tracker = Tracker(tr.logger, self.out_dir, tr.project_name, tr.experiment_name,
+                                   OmegaConf.to_container(OmegaConf.structured(cfg)), fresh=self.resume_state is None,
+                                   prometheus=tr.prometheus)  # fmt: skip
+        self._start_workers()
+        if self.resume_from is not None:
+            with stage(f"could not resume from the checkpoint {self.resume_from}",
+                       "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
+                self._load_checkpoint(self.resume_from)
 
-        self.tracker = Tracker(
-            cfg.trainer.logger,
-            self.out_dir,
-            cfg.trainer.project_name,
-            cfg.trainer.experiment_name,
-            OmegaConf.to_container(OmegaConf.structured(cfg)),
-            fresh=self.resume_state is None,
-            prometheus=cfg.trainer.prometheus,
+    def _data_facts(self) -> DataFacts:
+        """What the datasets say that the config cannot (``config.checks.data_problems`` reads it)."""
+        val = self.val_ds
+        return DataFacts(
+            train_prompts=len(self.train_ds),
+            val_prompts=len(val) if val is not None else None,
+            videos=max(self.train_ds.max_videos_per_prompt, val.max_videos_per_prompt if val is not None else 0),
+            train_summary=self.train_ds.format_report().splitlines()[0],
+            val_summary=val.format_report().splitlines()[0] if val is not None else "",
         )
-        limit = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
-        videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
-        if videos and arr.rollout.multi_turn.enable:
-            raise ConfigError(
-                "actor_rollout_ref.rollout.multi_turn.enable=True with video prompts: multi-turn tool rollouts take "
-                "image prompts only; train on the videos single-turn or drop them from the data"
-            )
-        from vlmrl.workers.group import make_worker_group
 
+    def _start_workers(self) -> None:
+        """The worker group (``config.plan.worker_plan`` is what every worker is told), and the start-up line."""
+        cfg, arr = self.cfg, self.cfg.actor_rollout_ref
+        images = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
+        videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
         sw = Timer.start()
-        self.group = make_worker_group(cfg, self.total_steps, limit, videos)
-        self.world = self.group.world
-        self.tp = tp_size(cfg)
+        with stage("the workers did not start"):
+            self.group = make_worker_group(cfg, worker_plan(cfg, self.total_steps, images, videos))
+        self.world, self.tp = self.group.world, tp_size(cfg)
         self.mini_samples = arr.actor.ppo_mini_batch_size * arr.rollout.n // self.world
         """Samples of one mini-batch on one worker."""
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
-        engines = (
-            f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
-            if arr.rollout.name == "vllm"
-            else "HF rollout on the policy"
-        )
+        engines = (f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
+                   if arr.rollout.name == "vllm" else "HF rollout on the policy")  # fmt: skip
         print(
             f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {sw.elapsed:.1f} s "
             f"(rank@node: {nodes}); {engines}; {len(self.train_ds)} training prompts, {self.total_steps} steps",
             flush=True,
         )
-        self.step = 0
-        self._warned_flat = False
-        if self.resume_from is not None:
-            self._load_checkpoint(self.resume_from)
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def _find_resume(self) -> Path | None:
         tr = self.cfg.trainer
         if tr.resume_mode == "disable":
             return None
-        if tr.resume_mode == "resume_path":
-            if not tr.resume_from_path:
-                raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>")
-            path = Path(tr.resume_from_path)
+        if tr.resume_mode == "resume_path":  # (the config gate requires resume_from_path with it)
+            path = Path(tr.resume_from_path or "")
             if not ckpt.is_complete(path):
                 raise ConfigError(
                     f"trainer.resume_from_path={str(path)!r} is not a complete checkpoint "
@@ -172,10 +181,6 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step atomically (see ``vlmrl.trainer.checkpoint``)."""
-        from omegaconf import OmegaConf
-
-        from vlmrl.workers.group import WorkerError
-
         sw = Timer.start()
         tmp = ckpt.tmp_dir(self.out_dir, self.step)
         try:
@@ -277,10 +282,14 @@ class Trainer:
             timer = Timer()
             with timer("step"):
                 step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ dynamic sampling)
+                with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
+                    self.group.sleep_engines()
                 with timer("advantages"):
                     adv = self.advantages(step)
-                with timer("train"):  # old/ref log-probs, the update and the weight push, on every worker
-                    updated = self.group.train(plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp))
+                with timer("train"):  # old/ref log-probs and the update, each worker on exactly its shard
+                    updated = self.group.update(plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp))
+                with timer("push"):  # the new weights into the engines, which wake for the next rollout
+                    self.group.push_weights()
             metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling
             self._warn_if_flat(metrics)
             if tr.rollout_data_dir:
@@ -361,8 +370,6 @@ class Trainer:
             sources += [s.data_source for s in samples]
         out = {"val/reward/mean": float(np.mean(scores)), "timing/validate_s": sw.elapsed}
         if shown:
-            from vlmrl.trainer.gallery import write_gallery
-
             path = self.out_dir / "val_gallery" / f"step_{self.step:06d}.html"
             write_gallery(
                 path, self.step, shown, scores[: len(shown)], shown_components, limit=limit,
@@ -378,8 +385,6 @@ class Trainer:
     ) -> None:
         """One JSON line per sample (prompt, response, answer, score and components, advantage when training) into
         ``folder/step_N.jsonl`` (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``)."""
-        import json
-
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
         with open(d / f"step_{self.step:06d}.jsonl", "a" if append else "w", encoding="utf-8") as f:
@@ -397,21 +402,22 @@ class Trainer:
                     row["advantage"] = float(adv[i])
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-    def close(self, grace_s: float = 10.0) -> None:
+    def close(self, grace_s: float = 10.0, quiet: bool = False) -> None:
         """Stop workers (ended after ``grace_s`` if they do not stop), close trackers and the reward pool, draw the
-        curve."""
-        self.tracker.close()
-        self.rewards.close()
-        self.group.shutdown(grace_s)
-        if self.tracker.jsonl_path.exists():
-            from vlmrl.report import health_summary, load_run
-            from vlmrl.trainer.tracking import plot_curve
-
-            try:
-                plot_curve(self.tracker.jsonl_path, self.out_dir / "reward_curve.png")
-                print("[vlmrl] " + health_summary(load_run(self.out_dir).rows).replace("\n", "\n[vlmrl] "), flush=True)
-            except Exception as e:  # noqa: BLE001 - a plot must never fail a finished run
-                print(f"[vlmrl] could not draw the reward curve or check the run's health: {e}", flush=True)
+        curve. ``quiet``: after a failed start (only what started is ended; nothing is drawn)."""
+        tracker, rewards, group = (getattr(self, k, None) for k in ("tracker", "rewards", "group"))
+        for part in (tracker, rewards):
+            if part is not None:
+                part.close()
+        if group is not None:
+            group.shutdown(grace_s)
+        if quiet or tracker is None or not tracker.jsonl_path.exists():
+            return
+        try:
+            plot_curve(tracker.jsonl_path, self.out_dir / "reward_curve.png")
+            print("[vlmrl] " + health_summary(load_run(self.out_dir).rows).replace("\n", "\n[vlmrl] "), flush=True)
+        except Exception as e:  # noqa: BLE001 - a plot must never fail a finished run
+            print(f"[vlmrl] could not draw the reward curve or check the run's health: {e}", flush=True)
 
 
 class RunStopped(RuntimeError):
@@ -419,13 +425,13 @@ class RunStopped(RuntimeError):
     written); the message names the step, the cause and the last complete checkpoint."""
 
 
-def fit(cfg: VLMRLConfig) -> dict[str, float]:
-    """Build everything, train, clean up. A failure during training raises ``RunStopped`` naming the step and the
-    checkpoint to resume from."""
-    from vlmrl.reward import RewardError
-    from vlmrl.supervise import HangError
-    from vlmrl.workers.group import WorkerError
-
+def fit(cfg: VLMRLConfig, checked: bool = False) -> dict[str, float]:
+    """Build everything, train, clean up. ``checked``: ``cfg`` comes from ``vlmrl.config.command.compose`` with the
+    machine's checks (``python -m vlmrl.train``); else ``check_config`` runs first, so a bad config is refused before
+    anything loads. A failure during training raises ``RunStopped`` naming the step and the checkpoint to resume
+    from; one while starting, ``vlmrl.startup.StartupError``."""
+    if not checked:
+        check_config(cfg)
     trainer = Trainer(cfg)
     failed = True
     try:

@@ -15,24 +15,20 @@ is checked as soon as the request's headers are read, before anything else is do
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import math
-import os
 import re
 import socket
 import socketserver
-import stat
 import sys
 import threading
 import time
 from typing import Any
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
+from vlmrl.config import ConfigError
+from vlmrl.config.network import prometheus_problems, read_token_file
+
 _NAME = re.compile(r"[^a-zA-Z0-9_]")
-MIN_TOKEN_CHARS = 16
-"""The shortest secret a token file may hold."""
-MAX_TOKEN_FILE_BYTES = 4096
-_PRINTABLE = re.compile(r"[\x20-\x7e]+")
 
 
 def metric_name(key: str) -> str:
@@ -48,61 +44,6 @@ def _finite(v: Any) -> bool:
         return math.isfinite(v)
     except OverflowError:
         return False
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def read_token_file(path: str) -> str:
-    """The secret in ``trainer.prometheus.token_file``, or ``ConfigError`` saying what to fix: the file must be a
-    regular file (not a FIFO or a device: nothing blocks), writable by its owner only (``chmod 600``: nobody else can
-    swap the secret), of at most ``MAX_TOKEN_FILE_BYTES``, holding at least ``MIN_TOKEN_CHARS`` printable ASCII
-    characters (surrounding whitespace is dropped). The compose-time check can call it too."""
-    from vlmrl.config import ConfigError
-
-    what = f"trainer.prometheus.token_file: {path}"
-    fd = -1
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{what} is not a regular file (a FIFO, a device or a folder): point it at a file "
-                              "holding the secret")  # fmt: skip
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ConfigError(f"{what} can be written by other users (mode {stat.filemode(st.st_mode)}), who could "
-                              f"replace the secret: chmod 600 {path}")  # fmt: skip
-        if st.st_size > MAX_TOKEN_FILE_BYTES:
-            raise ConfigError(f"{what} is {st.st_size} bytes: a token file holds one secret (at most "
-                              f"{MAX_TOKEN_FILE_BYTES} bytes)")  # fmt: skip
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
-            raise ConfigError(f"{what} is not a regular file")
-        raw = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"trainer.prometheus.token_file: cannot read {path}: {e}") from e
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    token = raw.decode("utf-8", errors="replace").strip()
-    if not token:
-        raise ConfigError(f"{what} is empty")
-    if not _PRINTABLE.fullmatch(token):
-        raise ConfigError(
-            f"{what} holds characters a scraper cannot send in a header (control characters, non-ASCII, several "
-            "lines): write the secret on one line, e.g. openssl rand -hex 32"
-        )
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ConfigError(
-            f"{what} holds a {len(token)}-character secret, too short to resist guessing: use at least "
-            f"{MIN_TOKEN_CHARS} characters, e.g. openssl rand -hex 32 > {path}; chmod 600 {path}"
-        )
-    return token
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
@@ -216,19 +157,12 @@ class PrometheusExporter:
     ) -> None:
         from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
 
-        from vlmrl.config import ConfigError
-
         if not request_timeout_s > 0 or max_connections < 1:
             raise ValueError(f"request_timeout_s={request_timeout_s} and max_connections={max_connections}: need > 0")
-        self._token: str | None = None
-        if token_file:
-            self._token = read_token_file(token_file)
-        elif not is_loopback(host):
-            raise ConfigError(
-                f"trainer.prometheus.host={host} accepts connections from other machines: set "
-                "trainer.prometheus.token_file (a file holding a secret; scrapers send it as a bearer token), or keep "
-                "the default 127.0.0.1"
-            )
+        problems = prometheus_problems(host, port, token_file)  # the config's own check, kept here as a guard
+        if problems:
+            raise ConfigError(" ".join(problems))
+        self._token = read_token_file(token_file) if token_file else None
         self._Gauge = Gauge
         self.registry = CollectorRegistry()
         self._labels = {"project": project, "experiment": experiment}

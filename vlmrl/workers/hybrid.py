@@ -1,12 +1,15 @@
 """The hybrid worker: FSDP2 policy + reference + rollout engine in ONE process on the same device.
 
-One step, as the driver calls it:
-1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake); on GPU it then sleeps. With
-   ``rollout.tensor_model_parallel_size`` k > 1, k consecutive ranks share one engine (each holds 1/k of it) and all
-   k get the same prompts and return the same samples.
-2. ``train(shard)``: old/ref log-probs and the update on exactly the samples the shard names (groups this worker
-   generated, kept here under their rollout id; groups from elsewhere sent with it), then the new weights go into the
-   engine one tensor at a time (on GPU: wake weights, push, wake KV cache). Nothing is kept between steps.
+It is told a :class:`vlmrl.config.plan.WorkerPlan` (its part of the config and what the driver derived) and does what
+the driver's ``fit()`` calls, stage by stage:
+
+1. ``generate(prompts)``: the engine samples n responses per prompt (engine awake). A training rollout is kept here
+   (``RolloutStore``) until the update. With ``rollout.tensor_model_parallel_size`` k > 1, k consecutive ranks share
+   one engine (each holds 1/k of it) and all k get the same prompts and return the same samples.
+2. ``sleep_engine()``: on GPU the engine frees its KV cache and offloads its weights for the update (CPU: nothing).
+3. ``update(shard)``: old/ref log-probs and the update on exactly the samples the shard names (groups this worker
+   generated, taken from the store; groups from elsewhere sent with it). The store is emptied.
+4. ``push_weights()``: the new weights into the engine one tensor at a time (GPU: wake weights, push, wake KV cache).
 """
 
 from __future__ import annotations
@@ -14,23 +17,25 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import time
+import socket
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
 from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
-from vlmrl.config import VLMRLConfig
-from vlmrl.config.checks import tp_size
+from vlmrl.config.plan import WorkerPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
+from vlmrl.startup import stage
+from vlmrl.timing import Timer
 from vlmrl.workers.policy import PolicyWorker
 
 
 def check_device(device: str) -> str:
-    """The device the driver resolved (``config.checks.planned_device``), checked against this worker's view."""
+    """The device the driver resolved (``config.plan.planned_device``), checked against this worker's view."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"a worker's device is resolved by the driver to cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -38,132 +43,157 @@ def check_device(device: str) -> str:
     return device
 
 
+class RolloutStore:
+    """Training rollouts a worker keeps between ``generate`` and ``update``, under ids it hands out."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[list[PromptSample], RolloutBatch]] = {}
+        self._next = 0
+
+    def put(self, prompts: list[PromptSample], rollout: RolloutBatch) -> int:
+        """Keep a rollout; returns its id."""
+        rid, self._next = self._next, self._next + 1
+        self._kept[rid] = (prompts, rollout)
+        return rid
+
+    def take(self, refs: list[tuple[int, int]], rank: int) -> tuple[list[PromptSample], list[RolloutBatch]]:
+        """The prompts and one-group batches of ``refs`` ((rollout id, group) pairs); everything kept is dropped."""
+        kept, self._kept = self._kept, {}
+        prompts, parts = [], []
+        for rid, g in refs:
+            if rid not in kept:
+                raise RuntimeError(f"worker {rank}: rollout {rid} is not (or no longer) kept here")
+            p, rb = kept[rid]
+            prompts.append(p[g])
+            parts.append(rb.select_groups([g]))
+        return prompts, parts
+
+
 class HybridWorker:
     """Policy, reference and engine of one rank. Driven by a worker group (a local process, a Ray actor, or the
     driver's own process) or directly in tests."""
 
-    def __init__(
-        self,
-        cfg: VLMRLConfig,
-        rank: int,
-        world: int,
-        init_method: str,
-        device: str,
-        total_steps: int,
-        limit_images: int,
-        limit_videos: int = 0,
-    ) -> None:
+    def __init__(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
         """``init_method``: the process group's rendezvous (``file://`` on one machine: nothing listens on the
-        network; ``tcp://host:port`` across machines). ``device``: cpu or cuda, resolved once by the driver."""
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
-        self.cfg = cfg
-        self.rank = rank
-        self.world = world
-        self.device = check_device(device)
+        network; ``tcp://host:port`` across machines). Each start-up step is a ``vlmrl.startup.stage``: a failure
+        says what failed and what to check."""
+        sw = Timer.start()
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world), LOCAL_RANK="0")
+        arr, path = plan.arr, plan.arr.model.path
+        self.plan, self.rank, self.world, self.tp = plan, rank, plan.world, plan.tp
+        self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
+        self.device = check_device(plan.device)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
-            dist.init_process_group(
-                "nccl" if self.device == "cuda" else "gloo",
-                init_method=init_method,
-                rank=rank,
-                world_size=world,
-                timeout=datetime.timedelta(seconds=cfg.actor_rollout_ref.nccl_timeout),
-            )
-        from transformers import AutoProcessor
-
-        arr = cfg.actor_rollout_ref
-        t0 = time.perf_counter()
-        self.processor = AutoProcessor.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
-        self.tokenizer = self.processor.tokenizer
-        bounds = qwen_vl.pixel_bounds(self.processor.image_processor, cfg.data.min_pixels, cfg.data.max_pixels)
-        qwen_vl.apply_pixel_bounds(self.processor.image_processor, *bounds)
-        vp = self.processor.video_processor
-        video_bounds = qwen_vl.pixel_bounds(vp, cfg.data.video_min_pixels, cfg.data.video_max_pixels)
-        qwen_vl.apply_pixel_bounds(vp, *video_bounds)  # the frames the dataset resized pass through unchanged
-        self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        max_len = arr.rollout.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)
-        self.engine: Any
-        mt = arr.rollout.multi_turn
-        image_limit = (arr.rollout.limit_images or limit_images) + (mt.max_tool_images if mt.enable else 0)
-        video_limit = arr.rollout.limit_videos if arr.rollout.limit_videos is not None else limit_videos
-        self.tp = tp_size(cfg)
-        self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
+            with stage(f"worker {rank} could not join the workers' process group",
+                       "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
+                       "clusters)"):  # fmt: skip
+                dist.init_process_group(
+                    "nccl" if self.device == "cuda" else "gloo", init_method=init_method, rank=rank,
+                    world_size=plan.world, timeout=datetime.timedelta(seconds=arr.nccl_timeout),
+                )  # fmt: skip
+        with stage(
+            f"worker {rank} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"
+        ):
+            self._load_processor(plan)
+        self.engine: Any = None
         if arr.rollout.name == "vllm":
-            from vlmrl.rollout.vllm import VLLMRollout
-
-            self.engine = VLLMRollout(
-                arr.model.path,
-                rollout_cfg=arr.rollout,
-                max_model_len=max_len,
-                limit_images=image_limit,
-                limit_videos=video_limit,
-                device=self.device,
-                seed=arr.rollout.seed + self.engine_group,  # the same within an engine's group: same samples
-                distributed=True,  # inside the trainer's process group: one engine per tensor-parallel group
-                tensor_parallel_size=self.tp,
-                trust_remote_code=arr.model.trust_remote_code,
-                pixel_bounds=bounds,
-                video_pixel_bounds=video_bounds,
-            )
+            with stage(f"worker {rank} could not start the vLLM engine for {path}",
+                       "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, "
+                       "engine_kwargs.vllm) against the model and this machine, or use "
+                       "actor_rollout_ref.rollout.name=hf"):  # fmt: skip
+                self.engine = self._vllm_engine(plan)
         # vLLM reseeds the process at start: seed after it. vLLM samples from this process's torch generator, so the
         # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its
         # own tokens and the engine's forward mixes them): one seed per engine group, checked before each rollout
-        torch.manual_seed(cfg.trainer.seed + self.engine_group)
-        self.policy = PolicyWorker(
-            arr,
-            device=self.device,
-            total_steps=total_steps,
-            vision_ids=self.vision_ids,
-            seed=cfg.trainer.seed,
-            max_response_length=cfg.data.max_response_length,
-        )
+        torch.manual_seed(plan.seed + self.engine_group)
+        with stage(f"worker {rank} could not load the model from {path}",
+                   "check actor_rollout_ref.model.path (a complete Qwen2.5-VL folder or hub id: config.json and every "
+                   "*.safetensors file it lists)"):  # fmt: skip
+            self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
+                                       vision_ids=self.vision_ids, seed=plan.seed,
+                                       max_response_length=plan.max_response_length)  # fmt: skip
         if arr.rollout.name == "hf":
             from vlmrl.rollout.hf import HFRollout
 
             self.engine = HFRollout(self.policy.model, self.processor)
-        elif arr.rollout.name != "vllm":
-            raise ValueError(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: use vllm | hf")
-        self.train_spec, self.val_spec = sampling_specs(arr.rollout, cfg.data.max_response_length)
+        self.train_spec, self.val_spec = sampling_specs(arr.rollout, plan.max_response_length)
         self.agent = None
+        mt = arr.rollout.multi_turn
         if mt.enable:
-            from vlmrl.rollout.multi_turn import MultiTurnAgent
-            from vlmrl.tools.runner import ToolRunner
+            hint = "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"
+            with stage(f"worker {rank} could not load the tools of {mt.tool_config_path}", hint):
+                self.agent = self._agent(plan)
+        self.rollouts = RolloutStore()
+        self.startup_s = sw.elapsed
 
-            factor = qwen_vl.patch_factor(self.processor.image_processor)
-            tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s)
-            self.agent = MultiTurnAgent(
-                self.engine, tools, mt, self.tokenizer, (factor, *bounds), cfg.data.max_response_length,
-                max_images=image_limit,
-            )  # fmt: skip
-        self.startup_s = time.perf_counter() - t0
-        self._rollouts: dict[int, tuple[list[PromptSample], RolloutBatch]] = {}
-        self._next_rollout = 0
+    def _load_processor(self, plan: WorkerPlan) -> None:
+        from transformers import AutoProcessor
+
+        model = plan.arr.model
+        self.processor = AutoProcessor.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        self.tokenizer = self.processor.tokenizer
+        self.image_bounds = qwen_vl.pixel_bounds(self.processor.image_processor, *plan.image_bounds)
+        qwen_vl.apply_pixel_bounds(self.processor.image_processor, *self.image_bounds)
+        vp = self.processor.video_processor
+        self.video_bounds = qwen_vl.pixel_bounds(vp, *plan.video_bounds)
+        qwen_vl.apply_pixel_bounds(vp, *self.video_bounds)  # the frames the dataset resized pass through unchanged
+        self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _vllm_engine(self, plan: WorkerPlan) -> Any:
+        from vlmrl.rollout.vllm import VLLMRollout
+
+        arr = plan.arr
+        return VLLMRollout(
+            arr.model.path,
+            rollout_cfg=arr.rollout,
+            max_model_len=plan.max_model_len,
+            limit_images=plan.limit_images,
+            limit_videos=plan.limit_videos,
+            device=self.device,
+            seed=arr.rollout.seed + self.engine_group,  # the same within an engine's group: same samples
+            distributed=True,  # inside the trainer's process group: one engine per tensor-parallel group
+            tensor_parallel_size=self.tp,
+            trust_remote_code=arr.model.trust_remote_code,
+            pixel_bounds=self.image_bounds,
+            video_pixel_bounds=self.video_bounds,
+        )
+
+    def _agent(self, plan: WorkerPlan) -> Any:
+        from vlmrl.rollout.multi_turn import MultiTurnAgent
+        from vlmrl.tools.runner import ToolRunner
+
+        mt = plan.arr.rollout.multi_turn
+        factor = qwen_vl.patch_factor(self.processor.image_processor)
+        tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s)
+        return MultiTurnAgent(self.engine, tools, mt, self.tokenizer, (factor, *self.image_bounds),
+                              plan.max_response_length, max_images=plan.limit_images)  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------- rollout
     def generate(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
         """Sample responses for this rank's prompts (the same on every rank of a tensor-parallel group). A training
-        rollout is kept here under an id, recorded in the returned batch's ``origins`` with this rank's engine group,
-        until the next ``train`` (which names what it uses, then drops them all)."""
+        rollout is kept in the store, its groups named in the returned batch's ``origins`` with this rank's engine
+        group, until the next ``update`` (which names what it uses, then drops them all)."""
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
         if self.tp > 1:
             self._check_engine_group_in_step()
-        self.engine.wake()  # a no-op unless a second rollout of the same step follows a sleep (filter_groups)
         rb = (self.agent or self.engine).generate(prompts, spec)
         if not validate:
-            rid = self._next_rollout
-            self._next_rollout += 1
+            rid = self.rollouts.put(prompts, rb)
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
-            self._rollouts[rid] = (prompts, rb)
-            t0 = time.perf_counter()
-            self.engine.sleep()
-            rb.timing["sleep_s"] = time.perf_counter() - t0
         return rb
+
+    def sleep_engine(self) -> float:
+        """The engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
+        sw = Timer.start()
+        self.engine.sleep()
+        return sw.elapsed
 
     def _check_engine_group_in_step(self) -> None:
         """All ranks: raise (on every rank of the group) when the ranks of this rank's tensor-parallel engine hold
@@ -183,37 +213,27 @@ class HybridWorker:
                 "rollout (something drew random numbers on one rank only); they would sample different tokens"
             )
 
-    # ------------------------------------------------------------------------------------------------- train
-    def train(self, shard: TrainShard) -> dict[str, float]:
+    # ------------------------------------------------------------------------------------------------ update
+    def update(self, shard: TrainShard) -> dict[str, float]:
         """Update the policy on exactly the samples ``shard`` names (this worker's stored groups, then the groups sent
-        with it), then push the new weights into the engine. The stored rollouts are dropped either way."""
-        stored, self._rollouts = self._rollouts, {}
-        prompts: list[PromptSample] = []
-        parts: list[RolloutBatch] = []
-        for rid, g in shard.stored:
-            if rid not in stored:
-                raise RuntimeError(f"worker {self.rank}: rollout {rid} is not (or no longer) kept here")
-            p, rb = stored[rid]
-            prompts.append(p[g])
-            parts.append(rb.select_groups([g]))
+        with it). The stored rollouts are dropped either way."""
+        prompts, parts = self.rollouts.take(shard.stored, self.rank)
         if shard.sent is not None:
             prompts += shard.sent[0]
             parts.append(shard.sent[1])
         if not parts:
             raise RuntimeError(f"worker {self.rank}: an update with no samples")
         rb = RolloutBatch.concat(parts)
-        t0 = time.perf_counter()
-        x = build_inputs(
-            prompts, rb, process_images(self.processor, prompts), self.pad_id,
-            process_response_images(self.processor, rb),
-        )  # fmt: skip
-        t_prep = time.perf_counter() - t0
+        timer = Timer()
+        with timer("input_prep"):
+            x = build_inputs(
+                prompts, rb, process_images(self.processor, prompts), self.pad_id,
+                process_response_images(self.processor, rb),
+            )  # fmt: skip
         adv = torch.tensor(shard.advantages, dtype=torch.float32)
         if adv.shape[0] != x.batch_size:
             raise ValueError(f"worker {self.rank}: {adv.shape[0]} advantages for {x.batch_size} samples")
-        metrics = self.policy.update(x, adv, shard.mini_batch_samples)
-        metrics["timing/input_prep_s"] = t_prep
-        metrics["timing/push_s"] = self.push_weights()
+        metrics = self.policy.update(x, adv, shard.mini_batch_samples) | timer.metrics()
         if self.device == "cuda":  # verl's names; peak since the previous step
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
@@ -222,40 +242,38 @@ class HybridWorker:
         return metrics
 
     def push_weights(self) -> float:
-        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after)."""
-        t0 = time.perf_counter()
-        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after); seconds."""
+        sw = Timer.start()
+        if self.plan.arr.rollout.name == "hf":
             return 0.0  # the HF rollout generates with the policy module itself
         self.engine.wake(tags=["weights"])
         self.engine.update_weights(self.policy.engine_weights())
         self.engine.wake(tags=["kv_cache"])
         if self.device == "cuda":
             torch.cuda.empty_cache()
-        return time.perf_counter() - t0
+        return sw.elapsed
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, folder: str) -> float:
         """Policy + optimizer shards, scheduler and RNG states into ``folder``/actor; returns seconds taken."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         actor = os.path.join(folder, "actor")
         os.makedirs(actor, exist_ok=True)
         self.policy.save(actor)
         if dist.is_initialized():
             dist.barrier()
-        return time.perf_counter() - t0
+        return sw.elapsed
 
     def load_checkpoint(self, folder: str) -> float:
         """Restore a checkpoint and push its weights into the engine; returns seconds taken."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         self.policy.load(os.path.join(folder, "actor"))
         self.push_weights()
-        return time.perf_counter() - t0
+        return sw.elapsed
 
     # ------------------------------------------------------------------------------------------------- misc
     def info(self) -> dict[str, Any]:
         """Where this worker runs."""
-        import socket
-
         return {
             "rank": self.rank, "device": self.device, "pid": os.getpid(), "node": socket.gethostname(),
             "startup_s": self.startup_s,
@@ -263,8 +281,6 @@ class HybridWorker:
 
     def rss_bytes(self) -> int:
         """Resident memory of this process."""
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
 
     def shutdown(self) -> None:

@@ -13,7 +13,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -21,43 +20,31 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
-from vlmrl.workers.group import StartupFailure, WorkerError, WorkerGroup, error_text, startup_failure, worker_env
+from vlmrl.config.plan import WorkerPlan
+from vlmrl.procs import die_with_parent
+from vlmrl.startup import StartupFailure, failure_of
+from vlmrl.timing import Timer
+from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel sends SIGKILL to this process when the driver exits (even on a kill -9)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
-def _worker_main(conn: Connection, rank: int, world: int, init_method: str, device: str, cfg: VLMRLConfig,
-                 total_steps: int, limit_images: int, limit_videos: int, env: dict[str, str]) -> None:  # fmt: skip
+def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan, env: dict[str, str]) -> None:
     """A worker process: build the HybridWorker, then run the driver's calls until told to stop."""
-    _die_with_parent()
-    os.environ.update(env)
-    try:
+    try:  # before the environment changes: setproctitle finds the argv area after the first environment variable
         import setproctitle
 
         setproctitle.setproctitle(f"vlmrl-worker-{rank}")
     except ImportError:
         pass
+    die_with_parent()
+    os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the workers
     try:
         from vlmrl.workers.hybrid import HybridWorker
 
-        worker = HybridWorker(cfg, rank, world, init_method, device, total_steps, limit_images, limit_videos)
+        worker = HybridWorker(plan, rank, init_method)
         conn.send(("ok", worker.info()))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which stops the run
-        try:
-            failure = startup_failure(e, cfg, rank)
-        except BaseException:  # noqa: BLE001 - the report itself failed (HybridWorker does not import): plain text
-            failure = StartupFailure(f"worker {rank} could not start", error_text(e), details=_describe(e, 200))
-        conn.send(("error", failure))
+        conn.send(("error", failure_of(e, f"worker {rank} could not start")))
         return
     while True:
         try:
@@ -96,20 +83,13 @@ class ProcessWorkerGroup(WorkerGroup):
     """One worker process per CPU worker (``trainer.cpu_workers``) or per GPU of this machine
     (``trainer.n_gpus_per_node``, ``CUDA_VISIBLE_DEVICES`` set per worker)."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
-        from vlmrl.config.checks import planned_device, planned_world
-
-        self.device = planned_device(cfg)
-        self.world = planned_world(cfg)
+    def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan) -> None:
+        """Start ``plan.world`` worker processes on this machine (``trainer.worker_timeout_s`` bounds each call)."""
+        self.device, self.world = plan.device, plan.world
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
         if self.device == "cuda":
             import torch
 
-            if cfg.trainer.nnodes > 1:
-                raise WorkerError(
-                    f"trainer.nnodes={cfg.trainer.nnodes}: several machines need a Ray cluster; start one (README, "
-                    "GPUs and clusters) and set trainer.ray_address"
-                )
             have = torch.cuda.device_count()
             if have < self.world:
                 raise WorkerError(
@@ -122,7 +102,7 @@ class ProcessWorkerGroup(WorkerGroup):
         self.procs: list[Any] = []
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(self.world)]
-        t0 = time.perf_counter()
+        sw = Timer.start()
         for rank in range(self.world):
             # collectives' sockets on loopback: gloo (CPU) and NCCL's bootstrap (GPU)
             env = {**worker_env(self.device), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
@@ -130,11 +110,8 @@ class ProcessWorkerGroup(WorkerGroup):
                 env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
                 env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
             parent, child = ctx.Pipe(duplex=True)
-            limits = (limit_images, limit_videos)
             proc = ctx.Process(
-                target=_worker_main,
-                args=(child, rank, self.world, init_method, self.device, cfg, total_steps, *limits, env),
-                name=f"vlmrl-worker-{rank}",
+                target=_worker_main, args=(child, rank, init_method, plan, env), name=f"vlmrl-worker-{rank}"
             )
             proc.start()
             child.close()
@@ -145,7 +122,7 @@ class ProcessWorkerGroup(WorkerGroup):
         except BaseException:
             self.shutdown(grace_s=1.0)
             raise
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = sw.elapsed
 
     def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
         """``method(*args[i])`` on worker i; results in rank order. A worker that raises, dies or does not answer
@@ -231,26 +208,23 @@ class InlineWorkerGroup(WorkerGroup):
     """One hybrid worker in the driver's own process (``trainer.launcher=inline``): one device, no second process
     (debugging with breakpoints, a single GPU)."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
-        from vlmrl.config.checks import planned_device
+    def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan) -> None:
+        """Build the one worker here."""
         from vlmrl.workers.hybrid import HybridWorker
 
-        self.device = planned_device(cfg)
-        self.world = 1
+        self.device, self.world = plan.device, 1
         for k, v in worker_env(self.device).items():
             os.environ.setdefault(k, v)
         self._dir = tempfile.mkdtemp(prefix="vlmrl-rendezvous-")
-        t0 = time.perf_counter()
+        sw = Timer.start()
         try:
-            self.worker = HybridWorker(
-                cfg, 0, 1, f"file://{self._dir}/store", self.device, total_steps, limit_images, limit_videos
-            )
+            self.worker = HybridWorker(plan, 0, f"file://{self._dir}/store")
         except Exception as e:
             shutil.rmtree(self._dir, ignore_errors=True)
-            failure = startup_failure(e, cfg, 0)
+            failure = failure_of(e, "worker 0 could not start")
             raise WorkerError(f"worker 0 failed during startup: {failure.cause}", failure=failure) from e
         self.infos = [self.worker.info()]
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = sw.elapsed
 
     def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
         """``method(*args[0])`` on the worker; a failure raises ``WorkerError`` naming the stage."""

@@ -11,6 +11,7 @@ the token is what keeps others out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -18,8 +19,11 @@ import time
 from typing import Any
 
 from vlmrl.config import VLMRLConfig
-from vlmrl.config.checks import per_node, planned_device
-from vlmrl.workers.group import StartupFailure, WorkerError, WorkerGroup, ray_address, startup_failure, worker_env
+from vlmrl.config.network import ray_auth_problem
+from vlmrl.config.plan import WorkerPlan, per_node, planned_device, ray_address
+from vlmrl.startup import StartupFailure, failure_of
+from vlmrl.timing import Timer
+from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
 
 
 class StartupFailed(Exception):
@@ -40,12 +44,12 @@ def _ray_worker_class() -> type:
     from vlmrl.workers.hybrid import HybridWorker
 
     class _RayHybridWorker(HybridWorker):
-        def __init__(self, cfg: VLMRLConfig, rank: int, *args: Any) -> None:
+        def __init__(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
             self._failure: StartupFailure | None = None
             try:
-                super().__init__(cfg, rank, *args)
+                super().__init__(plan, rank, init_method)
             except Exception as e:  # noqa: BLE001 - reported by info(), which the driver calls first
-                self._failure = startup_failure(e, cfg, rank)
+                self._failure = failure_of(e, f"worker {rank} could not start")
 
         def info(self) -> dict[str, Any]:
             if self._failure is not None:
@@ -91,20 +95,10 @@ def new_token_file() -> str:
     return path
 
 
-def auth_problem() -> str | None:
-    """Why this environment may not run Ray (``RAY_AUTH_MODE=disabled``), or None; the dry run can say it too."""
-    if os.environ.get("RAY_AUTH_MODE") == "disabled":
-        return (
-            "RAY_AUTH_MODE=disabled: vlmrl does not run Ray without authentication (anyone who reaches the cluster's "
-            "ports could run code as you). Unset it: Ray then uses token authentication (README, GPUs and clusters)"
-        )
-    return None
-
-
 def auth_env(cfg: VLMRLConfig) -> None:
     """Set Ray's authentication environment before ``ray`` is imported (Ray reads it at import): token mode, and
     for a cluster started here a fresh token unless the user gave one. ``RAY_AUTH_MODE=disabled`` is refused."""
-    problem = auth_problem()
+    problem = ray_auth_problem()
     if problem:
         raise WorkerError(problem)
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -152,31 +146,35 @@ def _fits(nodes: list[dict[str, float]], bundle: dict[str, int], per: int) -> in
 class RayWorkerGroup(WorkerGroup):
     """Hybrid workers as Ray actors; results come back in rank order."""
 
-    def __init__(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int = 0) -> None:
+    def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan) -> None:
+        """Join or start the cluster, reserve the slots, start the workers; the device is the cluster's (GPU when it
+        has GPUs and ``trainer.device`` allows), which the plan the workers get says."""
         auth_env(cfg)
         import ray
 
         init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", cfg.trainer.cpu_workers)
-        self.device = planned_device(cfg, cuda_available=ray.cluster_resources().get("GPU", 0) > 0)  # the cluster's
+        cuda = ray.cluster_resources().get("GPU", 0) > 0
+        self.device = planned_device(cfg, cuda_available=cuda)
+        self.world = cfg.trainer.nnodes * per_node(cfg, cuda)
+        plan = dataclasses.replace(plan, device=self.device, world=self.world)
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
         self.workers: list[Any] = []
         self.pgs: list[Any] = []
-        t0 = time.perf_counter()
+        sw = Timer.start()
         try:
-            self._start(cfg, total_steps, limit_images, limit_videos)
+            self._start(cfg, plan)
         except BaseException:
             self.shutdown(grace_s=1.0)  # the slots and the workers that did start
             raise
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = sw.elapsed
 
-    def _start(self, cfg: VLMRLConfig, total_steps: int, limit_images: int, limit_videos: int) -> None:
+    def _start(self, cfg: VLMRLConfig, plan: WorkerPlan) -> None:
         """Reserve a placement group per node, start the workers in it and wait until every one is ready."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        nodes, per = cfg.trainer.nnodes, per_node(cfg, self.device == "cuda")
-        self.world = nodes * per
+        nodes, per = cfg.trainer.nnodes, self.world // cfg.trainer.nnodes
         bundle = {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
         have = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         shown = ", ".join(f"{r.get('CPU', 0):g} CPU + {r.get('GPU', 0):g} GPU" for r in have) or "none"
@@ -208,7 +206,7 @@ class RayWorkerGroup(WorkerGroup):
         remote = ray.remote(_ray_worker_class())
         self.workers = [
             remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy(i), max_concurrency=1).remote(
-                cfg, i, self.world, f"tcp://{addr}:{port}", self.device, total_steps, limit_images, limit_videos
+                plan, i, f"tcp://{addr}:{port}"
             )
             for i in range(self.world)
         ]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
 from vlmrl.config import ActorRolloutRefConfig
-from vlmrl.config.checks import token_budgets
+from vlmrl.config.plan import token_budgets
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import ModelInputs, to_device
