@@ -101,6 +101,7 @@ def bench_preprocess_ours(src: Path, out: Path, num_proc: int) -> float:
 def bench_preprocess_verl(src: Path, out: Path, num_proc: int) -> float:
     """verl's examples/data_preprocess/geo3k.py, step for step (load, map with indices, to_parquet)."""
     import datasets
+
     from vlmrl.preprocess.common import INSTRUCTION_FOLLOWING
 
     t = time.perf_counter()
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vlmrl.config import DataConfig
     from vlmrl.models import qwen_vl
-    from vlmrl.models.tiny import ensure_tiny_model
+    from vlmrl.testing.tiny import ensure_tiny_model
 
     processor = AutoProcessor.from_pretrained(ensure_tiny_model(seed=0))
     with tempfile.TemporaryDirectory(prefix="vlmrl-bench-data-") as tmp:

@@ -43,7 +43,7 @@ def build_model(out: Path) -> tuple[Path, int]:
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlmrl.models.tiny import QWEN25_VL_3B, build_processor, build_tokenizer, generation_config, model_config
+    from vlmrl.testing.tiny import QWEN25_VL_3B, build_processor, build_tokenizer, generation_config, model_config
 
     if (out / "config.json").exists():
         cfg = json.loads((out / "vlmrl_bench.json").read_text())

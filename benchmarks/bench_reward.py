@@ -48,7 +48,7 @@ def samples(n: int, per_prompt: int = 8) -> list:
 
 def measure(function: str, workers: int, batch: list, repeats: int) -> dict[str, float]:
     from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-    from vlmrl.reward import RewardManager
+    from vlmrl.scoring import RewardManager
 
     cfg = RewardConfig(function=function, num_workers=workers, timeout_s=30.0 if workers else 0.0)  # type: ignore[call-arg]
     t0 = time.perf_counter()

@@ -144,7 +144,7 @@ def bench_env(threads: int = 1) -> dict[str, str]:
 def tiny_model(seed: int = 0, **spec: Any) -> Path:
     """The cached tiny Qwen2.5-VL (built once under ``$VLMRL_CACHE``); ``spec`` overrides TinySpec fields."""
     os.environ.setdefault("VLMRL_CACHE", str(ROOT / ".cache" / "vlmrl"))
-    from vlmrl.models.tiny import TinySpec, ensure_tiny_model
+    from vlmrl.testing.tiny import TinySpec, ensure_tiny_model
 
     return ensure_tiny_model(seed=seed, spec=TinySpec(**spec))
 

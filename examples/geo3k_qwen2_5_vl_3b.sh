@@ -23,8 +23,8 @@
 #
 # Smoke mode, SMOKE=1: the whole pipeline at tiny scale on any machine (the test suite runs it). It swaps only what a
 # laptop cannot hold: the model (the tiny random Qwen2.5-VL), the data (a stand-in in Geometry3K's own hub layout,
-# made by python -m vlmrl.smoke geo3k, then preprocessed by preprocess/geo3k.py as the real data is), the device and
-# workers (2 CPU workers), wandb's network (WANDB_MODE=offline) and the scale (python -m vlmrl.smoke overrides: 2
+# made by python -m vlmrl.testing.smoke geo3k, then preprocessed by preprocess/geo3k.py as the real data is), the device and
+# workers (2 CPU workers), wandb's network (WANDB_MODE=offline) and the scale (python -m vlmrl.testing.smoke overrides: 2
 # steps of 4 prompts, 48-token responses). Every other flag below runs as set: gradient checkpointing, the KL loss
 # with its reference and the reference's parameter offload, validation before and after training, the checkpoint,
 # the cache flag, CUDA graphs off/on as set (enforce_eager=False).
@@ -50,9 +50,9 @@ run() {  # run a command, or print it (shell-quoted, one line) with VLMRL_DRY_RU
 
 smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then
-  GEO3K=$("$PYTHON" -m vlmrl.smoke geo3k --output "$DATA/source")
-  MODEL=$("$PYTHON" -m vlmrl.smoke model)
-  scale=$("$PYTHON" -m vlmrl.smoke overrides)
+  GEO3K=$("$PYTHON" -m vlmrl.testing.smoke geo3k --output "$DATA/source")
+  MODEL=$("$PYTHON" -m vlmrl.testing.smoke model)
+  scale=$("$PYTHON" -m vlmrl.testing.smoke overrides)
   mapfile -t smoke <<< "$scale"
   export WANDB_MODE=offline
   rm -f "$DATA/train.parquet" "$DATA/test.parquet"  # preprocess the stand-in every time

@@ -29,9 +29,9 @@
 #
 # Smoke mode, SMOKE=1: the whole pipeline at tiny scale on any machine (the test suite runs it). It swaps only what a
 # laptop cannot hold: the model (the tiny random Qwen2.5-VL), the data (JSONL lines in the format above with their
-# images, made by python -m vlmrl.smoke grounding into DATA/source unless DATA_JSONL is given, then preprocessed by
+# images, made by python -m vlmrl.testing.smoke grounding into DATA/source unless DATA_JSONL is given, then preprocessed by
 # preprocess/jsonl.py as real lines are), the device and workers (2 CPU workers), wandb's network
-# (WANDB_MODE=offline) and the scale (python -m vlmrl.smoke overrides). Every other flag below runs as set.
+# (WANDB_MODE=offline) and the scale (python -m vlmrl.testing.smoke overrides). Every other flag below runs as set.
 #   SMOKE=1 DATA=/tmp/grounding-smoke bash examples/grounding.sh trainer.default_local_dir=/tmp/grounding-run
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,11 +41,11 @@ smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then
   DATA=${DATA:?SMOKE=1: set DATA to a scratch folder for the stand-in data and its parquet}
   if [[ -z ${DATA_JSONL:-} ]]; then
-    jsonls=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke grounding --output "$DATA/source")
+    jsonls=$(cd "$ROOT" && "$PYTHON" -m vlmrl.testing.smoke grounding --output "$DATA/source")
     read -r DATA_JSONL VAL_JSONL <<< "$jsonls"
   fi
-  MODEL=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke model)
-  scale=$(cd "$ROOT" && "$PYTHON" -m vlmrl.smoke overrides)
+  MODEL=$(cd "$ROOT" && "$PYTHON" -m vlmrl.testing.smoke model)
+  scale=$(cd "$ROOT" && "$PYTHON" -m vlmrl.testing.smoke overrides)
   mapfile -t smoke <<< "$scale"
   export WANDB_MODE=offline
   rm -f "$DATA/train.parquet" "$DATA/test.parquet"

@@ -15,7 +15,7 @@ export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 OUT=${OUT:-$ROOT/runs/quickstart}
 mkdir -p "$OUT"
 
-MODEL=$("$PY" -c "from vlmrl.models.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
+MODEL=$("$PY" -c "from vlmrl.testing.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
 echo "[quickstart] tiny model: $MODEL"
 sizes=(--train-size 4096 --test-size 96)
 smoke=()

@@ -3,9 +3,9 @@
 # zoom family: a small coloured square in an 896-pixel image strewn with dots) is shown to the model at 112 x 112
 # pixels, where the square is three pixels among the dots; only the zoomed view (image_zoom cuts the 896-pixel
 # original) shows its colour. Steps:
-#   1. the tiny model with Qwen2.5's <tool_call> tokens (vlmrl.models.tiny.TOOL_DEMO)
+#   1. the tiny model with Qwen2.5's <tool_call> tokens (vlmrl.testing.tiny.TOOL_DEMO)
 #   2. the data: preprocess/synthetic.py --families zoom
-#   3. a warm start (python -m vlmrl.warm_start): imitation of a scripted policy that calls image_zoom on the centre
+#   3. a warm start (python -m vlmrl.testing.warm_start): imitation of a scripted policy that calls image_zoom on the centre
 #      half of the time and answers a random colour (examples/tool_zoom/teacher.py): the format, not the task
 #   4. GRPO with the vLLM rollout and multi-turn tools (configs/tool_zoom_cpu.yaml), on 2 worker processes
 #   5. the reward curve (PNG) and the run report (report.html; its validation gallery shows each turn and the
@@ -23,7 +23,7 @@ export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 OUT=${OUT:-$ROOT/runs/tool_zoom}
 mkdir -p "$OUT"
 
-MODEL=$("$PY" -c "from vlmrl.models.tiny import ensure_tiny_model, TOOL_DEMO; print(ensure_tiny_model(0, TOOL_DEMO))")
+MODEL=$("$PY" -c "from vlmrl.testing.tiny import ensure_tiny_model, TOOL_DEMO; print(ensure_tiny_model(0, TOOL_DEMO))")
 echo "[tool_zoom] tiny model: $MODEL"
 sizes=(--train-size 1024 --test-size 96)
 warm=(--steps 300)
@@ -36,7 +36,7 @@ fi
 "$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families zoom --image-size 896 "${sizes[@]}" --seed 0 \
   --num-proc 2
 
-"$PY" -m vlmrl.warm_start --model "$MODEL" --output "$OUT/warm_start" --data "$OUT/data/train.parquet" \
+"$PY" -m vlmrl.testing.warm_start --model "$MODEL" --output "$OUT/warm_start" --data "$OUT/data/train.parquet" \
   --teacher examples/tool_zoom/teacher.py:write_turn --tools examples/tool_config/zoom.yaml --lr 2e-3 \
   --max-response-length 128 "${warm[@]}"
 

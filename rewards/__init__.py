@@ -12,5 +12,5 @@ Plain functions taking one :class:`vlmrl.batch.RewardSample` (vlmrl's signature)
 - ``recipes``: geo3k (0.9 accuracy + 0.1 format), grounding, text_visual (0.7 similarity + 0.3 visual)
 - ``synthetic``: the quick-start task's reward
 
-Their registry names (``reward.function=NAME``) are listed by ``vlmrl.reward.registered_names()``.
+Their registry names (``reward.function=NAME``) are listed by ``vlmrl.scoring.registered_names()``.
 """

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from fractions import Fraction
 from typing import Any
 
+from vlmrl.grading import MAX_ANSWER_CHARS, grade_math, normalize_plain
 from vlmrl.rewards.format import answer_span, extract_boxed, strip_think
 
-MAX_ANSWER_CHARS = 1000
-"""Longest answer text graded (longer ones score 0: no real answer is that long, and sympy on it is slow)."""
+__all__ = ["MAX_ANSWER_CHARS", "accuracy_reward", "choice_reward", "grade_math", "math_reward", "number_reward"]
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -35,38 +34,6 @@ def _truth_text(ground_truth: Any) -> str:
     if isinstance(ground_truth, list | tuple) and ground_truth:
         ground_truth = ground_truth[0]
     return str(ground_truth).strip()
-
-
-def _mv_timeout() -> int | None:
-    # math-verify times out with SIGALRM, which exists only in the main thread; elsewhere the caller's timeout rules
-    return 5 if threading.current_thread() is threading.main_thread() else None
-
-
-def _normalize_plain(text: str) -> str:
-    text = text.strip().strip("$").strip()
-    text = re.sub(r"\\text\{([^{}]*)\}", r"\1", text)
-    text = text.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace(" ", "")
-    return text.rstrip(".").lower()
-
-
-def grade_math(answer: str, truth: str) -> bool:
-    """Whether ``answer`` equals ``truth`` mathematically (math-verify: LaTeX or plain expressions, 0.5 == 1/2)."""
-    if not answer or not truth or len(answer) > MAX_ANSWER_CHARS:
-        return False
-    if _normalize_plain(answer) == _normalize_plain(truth):
-        return True
-    from math_verify import parse, verify
-
-    timeout = _mv_timeout()
-    gold = parse("\\boxed{" + truth + "}", parsing_timeout=timeout)
-    if not gold:
-        gold = parse(truth, parsing_timeout=timeout)
-    pred = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)
-    if not pred:
-        pred = parse(answer, parsing_timeout=timeout)
-    if not gold or not pred:
-        return False
-    return bool(verify(gold, pred, timeout_seconds=timeout))
 
 
 def _final_answer(response: str, use_boxed: bool) -> str:
@@ -191,7 +158,7 @@ def accuracy_reward(sample: Any, *, mode: str = "auto", rel_tol: float = 1e-4) -
     if mode == "math":
         return 1.0 if grade_math(answer, truth) else 0.0
     if mode == "exact":
-        return 1.0 if _normalize_plain(strip_think(answer)) == _normalize_plain(truth) else 0.0
+        return 1.0 if normalize_plain(strip_think(answer)) == normalize_plain(truth) else 0.0
     raise ValueError(f"unknown accuracy mode '{mode}' (auto | math | choice | number | exact)")
 
 

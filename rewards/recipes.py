@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from vlmrl.reward.composite import Composite, build_composite
+from vlmrl.scoring.composite import Composite, build_composite
 
 
 def geo3k_components(format_score: float = 0.1, gate: bool = False) -> list[dict[str, Any]]:

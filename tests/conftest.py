@@ -29,7 +29,7 @@ def shared_forkserver():
 
     from vlmrl.supervise import PRELOAD
 
-    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.tools.builtin", "vlmrl.models.qwen_vl",
+    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.tools.runner", "vlmrl.models.qwen_vl",
                                                          "qwen_vl_utils.vision_process"])  # fmt: skip
     forkserver.ensure_running()
     yield
@@ -38,7 +38,7 @@ def shared_forkserver():
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """Path of the cached tiny Qwen2.5-VL (seed 0), built on first use."""
-    from vlmrl.models.tiny import ensure_tiny_model
+    from vlmrl.testing.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model(seed=0))
 

@@ -412,3 +412,27 @@ def test_local_worker_processes_are_named_by_rank(tiny_model_dir: str, synth, tm
     line = [x for x in proc.stdout.splitlines() if x.startswith("CMDLINE ")]
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert line[0] == "CMDLINE vlmrl-worker-0", line[0]
+
+
+def test_dataloader_num_workers_builds_a_batch_on_that_many_threads(tiny_model_dir: str, synth, tmp_path) -> None:
+    """``data.dataloader_num_workers`` (the schema: threads that decode and resize a batch's images) reaches the
+    dataset: a training step and a validation build their prompts on that many threads (the key was read by nothing
+    before), with the same prompts as in the calling thread."""
+    from vlmrl.trainer.grpo import Trainer
+
+    cfg = load([f"data.train_files={synth / 'train.parquet'}", f"data.val_files={synth / 'test.parquet'}",
+                f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
+                "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+                "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=true",
+                "trainer.total_training_steps=1", "data.dataloader_num_workers=3"], config_name="tiny_cpu")  # fmt: skip
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit()
+        pools = (trainer.train_ds._pool, trainer.val_ds._pool)
+        assert all(p is not None and p._max_workers == 3 for p in pools)
+        threaded = trainer.train_ds.get_batch([0, 1, 2], 3)
+        plain = trainer.train_ds.get_batch([0, 1, 2], 0)
+        assert [p.prompt_ids for p in threaded] == [p.prompt_ids for p in plain]
+    finally:
+        trainer.close(grace_s=1.0, quiet=True)

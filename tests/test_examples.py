@@ -299,7 +299,7 @@ def test_grounding_line_format_preprocess_and_reward_fit_together(tmp_path: Path
 
     from vlmrl.batch import RewardSample
     from vlmrl.preprocess import jsonl
-    from vlmrl.reward.composite import build_scorer, make_spec
+    from vlmrl.scoring.composite import build_scorer, make_spec
 
     (tmp_path / "images").mkdir()
     Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "images" / "0001.png")

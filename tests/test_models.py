@@ -14,9 +14,9 @@ from vlmrl.batch import RolloutBatch
 from vlmrl.models import forward, qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, process_images
-from vlmrl.models.tiny import TinySpec, build_tiny_model
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
+from vlmrl.testing.tiny import TinySpec, build_tiny_model
 
 
 def _sha(path) -> str:

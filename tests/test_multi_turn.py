@@ -293,8 +293,8 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
     the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
     from runs import ENV, metrics, run_to_end
 
-    from vlmrl.models.tiny import TOOL_DEMO, ensure_tiny_model
     from vlmrl.preprocess import synthetic
+    from vlmrl.testing.tiny import TOOL_DEMO, ensure_tiny_model
 
     repo = Path(__file__).resolve().parents[1]
     data = tmp_path / "data"
@@ -303,7 +303,7 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
     (tmp_path / "teacher.py").write_text(ALWAYS_ZOOM)
     warm = tmp_path / "warm"
     proc = subprocess.run(
-        [sys.executable, "-m", "vlmrl.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
+        [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
          str(warm), "--data", str(data / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
          "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"), "--steps", "80", "--lr", "5e-3",
          "--batch-size", "8", "--max-response-length", "128"],

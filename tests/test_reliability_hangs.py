@@ -13,8 +13,8 @@ from utils import ScriptedEngine, make_agent, make_prompt, solid
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-from vlmrl.reward import RewardError, RewardManager
 from vlmrl.rollout.base import SamplingSpec
+from vlmrl.scoring import RewardError, RewardManager
 from vlmrl.supervise import SHORT_TIMEOUT_FLOOR_S, HangError
 from vlmrl.tools.runner import ToolRunner
 

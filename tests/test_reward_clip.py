@@ -8,7 +8,7 @@ from PIL import Image
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-from vlmrl.reward import RewardManager
+from vlmrl.scoring import RewardManager
 
 
 @pytest.fixture(scope="module")

@@ -455,7 +455,7 @@ def test_a_recipe_is_its_component_list_in_a_config(recipe, components, samples)
     """``reward.function=<recipe>`` and ``reward.components=<recipe>_components()`` score every sample the same,
     components included: the recipe is nothing but that composite."""
     from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-    from vlmrl.reward import RewardManager
+    from vlmrl.scoring import RewardManager
 
     batch = [S(r, gt, image_scales=[(0.5, 0.5)], extra_info={"objects": OBJECTS}) for r, gt in samples]
     with RewardManager(RewardConfig(function=recipe, num_workers=0, timeout_s=0), CustomRewardFunctionConfig()) as rm:

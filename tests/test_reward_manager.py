@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-from vlmrl.reward import RewardConfigError, RewardError, RewardManager, make_reward_fn, registered_names
+from vlmrl.scoring import RewardConfigError, RewardError, RewardManager, make_reward_fn, registered_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -275,7 +275,7 @@ def test_composite_config_errors() -> None:
 def test_errors_are_isolated_counted_and_logged_once(zoo: str, caplog: pytest.LogCaptureFixture) -> None:
     bad = ["nan", "inf", "str", "none", "nodict", "raise"]
     samples = [S("ok")] + [S(r, ds=f"src{i}") for i, r in enumerate(bad)] + [S("fine")]
-    with manager(zoo, "vl", fallback_score=-1.0) as rm, caplog.at_level(logging.WARNING, logger="vlmrl.reward"):
+    with manager(zoo, "vl", fallback_score=-1.0) as rm, caplog.at_level(logging.WARNING, logger="vlmrl.scoring"):
         out = rm.score(samples)
         assert out.scores == [2.0] + [-1.0] * len(bad) + [4.0]
         assert out.errors == [

@@ -16,8 +16,8 @@ from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, DataConfig, RewardConfig
 from vlmrl.data.dataset import RLDataset
 from vlmrl.data.records import DataError
-from vlmrl.reward import RewardManager
-from vlmrl.reward.loading import RewardConfigError
+from vlmrl.scoring import RewardManager
+from vlmrl.scoring.loading import RewardConfigError
 
 EVIL = """
 import pathlib

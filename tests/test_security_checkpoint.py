@@ -169,7 +169,7 @@ def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny
 def test_export_takes_trust_remote_code_from_its_command_line_only(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import vlmrl.workers.policy as policy
+    import vlmrl.export as policy  # the load_model export calls
     from vlmrl.export import main as export
 
     ckpt = copy_of(run, tmp_path)

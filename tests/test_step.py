@@ -9,7 +9,7 @@ import pytest
 
 from vlmrl.algos.filter_groups import choose_groups, enough, varying_groups
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
-from vlmrl.reward.manager import RewardOutput
+from vlmrl.scoring.manager import RewardOutput
 from vlmrl.trainer.step import StepData, assemble, plan_shards
 
 

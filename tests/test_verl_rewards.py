@@ -12,7 +12,7 @@ import pytest
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-from vlmrl.reward import RewardManager
+from vlmrl.scoring import RewardManager
 
 
 def verl_reward_dir() -> Path:

@@ -64,7 +64,7 @@ def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     verl's scripts import ``verl.utils.hdfs_io`` only to copy to HDFS (not asked for here); the verl package itself
     needs its whole dependency set to import, so that one module is stubbed and the scripts' own code runs as it
     is."""
-    from vlmrl.smoke import geo3k_source
+    from vlmrl.testing.smoke import geo3k_source
 
     home = tmp_path_factory.mktemp("home")
     src = geo3k_source(home / "geometry3k", train=600, test=20)
@@ -151,11 +151,11 @@ def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_mod
     "script", ["run_qwen2_5_vl-7b.sh", "run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_seq_balance.sh", MULTI_TURN]
 )
 def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
-    """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.smoke's scale-down appended, as a
+    """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.testing.smoke's scale-down appended, as a
     verl user appends overrides), validation before and after, the checkpoint at the last step. Their
     ``tensor_model_parallel_size=2`` makes the two workers share one vLLM engine; the seq-balance script's
     ``use_dynamic_bsz`` sizes micro-batches by its 6144-token budget; the multi-turn one runs its agent loop (vLLM)."""
-    from vlmrl.smoke import OVERRIDES
+    from vlmrl.testing.smoke import OVERRIDES
 
     out = tmp_path / "run"
     engine = ["actor_rollout_ref.rollout.name=vllm"] if script == MULTI_TURN else []

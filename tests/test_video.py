@@ -229,7 +229,7 @@ def test_a_video_less_micro_batch_runs_the_dummy_pass_with_the_same_loss(tiny_pr
 
 def test_rewards_receive_the_frames_and_timestamps_the_model_saw(tiny_processor, tmp_path):
     from vlmrl.config import RewardConfig
-    from vlmrl.reward import RewardManager
+    from vlmrl.scoring import RewardManager
 
     p = video_prompt(tiny_processor, "Which colour comes second?", [clip(5, (56, 56), 40)], fps=2.5)
     rb = RolloutBatch([p.prompt_ids] * 2, [[10], [11]], [[0.0], [0.0]], ["stop"] * 2, n=2)

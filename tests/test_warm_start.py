@@ -1,5 +1,5 @@
-"""The warm start (``vlmrl.warm_start``): imitation of a scripted teacher through the real agent loop and tools, and
-the tiny model made for tool demos (Qwen2.5's ``<tool_call>`` tokens)."""
+"""The warm start (``vlmrl.testing.warm_start``): imitation of a scripted teacher through the real agent loop and
+tools, and the tiny model made for tool demos (Qwen2.5's ``<tool_call>`` tokens)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from vlmrl.models.tiny import TOOL_DEMO, TinySpec, ensure_tiny_model
+from vlmrl.testing.tiny import TOOL_DEMO, TinySpec, ensure_tiny_model
 from vlmrl.tools import hermes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def write_turn(turn, conversation, sample, rng):
 
 
 def test_warm_start_teaches_the_teachers_turns_through_the_real_tools(tool_model_dir: str, tmp_path: Path) -> None:
-    """``python -m vlmrl.warm_start``: the teacher's calls run through the agent loop (its second turn reads the
+    """``python -m vlmrl.testing.warm_start``: the teacher's calls run through the agent loop (its second turn reads the
     tool's result), the loss on the teacher's tokens falls, and the written folder is a model whose greedy first
     turn is now the teacher's call."""
     from vlmrl.preprocess import synthetic
@@ -64,7 +64,7 @@ def test_warm_start_teaches_the_teachers_turns_through_the_real_tools(tool_model
     (tmp_path / "teacher.py").write_text(TEACHER)
     out = tmp_path / "warm"
     proc = subprocess.run(
-        [sys.executable, "-m", "vlmrl.warm_start", "--model", tool_model_dir, "--output", str(out),
+        [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", tool_model_dir, "--output", str(out),
          "--data", str(tmp_path / "data" / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
          "--tools", str(REPO / "examples" / "tool_config" / "zoom.yaml"), "--steps", "40", "--lr", "3e-3",
          "--batch-size", "8", "--max-response-length", "128"],
@@ -93,7 +93,7 @@ def test_warm_start_teaches_the_teachers_turns_through_the_real_tools(tool_model
 
 def test_a_teacher_that_returns_no_text_is_named(tool_model_dir: str) -> None:
     from vlmrl.rollout.base import SamplingSpec, TurnRequest
-    from vlmrl.warm_start import TeacherEngine
+    from vlmrl.testing.warm_start import TeacherEngine
 
     tok = AutoProcessor.from_pretrained(tool_model_dir).tokenizer
     engine = TeacherEngine(lambda turn, conv, sample, rng: 42, tok)

@@ -24,7 +24,12 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
-from vlmrl.config.plan import planned_device, planned_world
+from vlmrl.config.plan import launcher_of, planned_device, planned_world, ray_address
+from vlmrl.data.dataset import REWARD_KEY, RLDataset
+from vlmrl.data.parquet import normalize_files
+from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
+from vlmrl.scoring import RewardManager
+from vlmrl.tools.config import build_tools, config_tool_schemas
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 2
@@ -41,8 +46,6 @@ class Report:
 
 def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
     """Check the model; return a local folder holding it (for the processor), or None."""
-    from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
-
     path = cfg.actor_rollout_ref.model.path
     if os.path.isdir(path):
         folder = path
@@ -86,9 +89,6 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
     """Check the data files; return {split: (kept prompts or None, data sources)}."""
     import pyarrow.parquet as pq
 
-    from vlmrl.data.dataset import REWARD_KEY
-    from vlmrl.data.parquet import normalize_files
-
     out: dict[str, Any] = {}
     videos, summary = 0, {"train": "", "val": ""}
     processor = None
@@ -127,11 +127,7 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
                 sources |= {str(s) for s in pf.read(columns=["data_source"]).column(0).to_pylist()}
         kept = None
         if ok and processor is not None:
-            from vlmrl.data.dataset import RLDataset
-
             try:
-                from vlmrl.tools.config import config_tool_schemas
-
                 ds = RLDataset(files, processor, cfg.data, split=split, verbose=False, tools=config_tool_schemas(cfg))
                 kept = len(ds)
                 r = ds.report
@@ -189,8 +185,6 @@ def _media_note(pf: Any, names: list[str], image_key: str, video_key: str) -> st
 
 
 def _reward(cfg: VLMRLConfig, sources: set[str], rep: Report) -> None:
-    from vlmrl.reward import RewardManager
-
     try:
         with RewardManager(cfg.reward, cfg.custom_reward_function) as rm:
             rep.plan.append(f"reward: {rm.scorer.describe()}")
@@ -230,7 +224,6 @@ def _multi_turn(cfg: VLMRLConfig, rep: Report) -> None:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return
-    from vlmrl.tools.config import build_tools
 
     try:
         names = ", ".join(build_tools(mt.tool_config_path))
@@ -263,7 +256,6 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
         rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
-    from vlmrl.config.plan import launcher_of, ray_address
 
     launcher = launcher_of(cfg)
     if launcher == "ray":

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import torch
 
+from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
+from vlmrl.trainer import checkpoint as ckpt
+from vlmrl.workers.policy import load_model
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -36,10 +40,6 @@ def export_checkpoint(
     the checkpoint's config names."""
     from omegaconf import OmegaConf
     from transformers import AutoProcessor
-
-    from vlmrl.safe_load import safe_dcp_load
-    from vlmrl.trainer import checkpoint as ckpt
-    from vlmrl.workers.policy import load_model
 
     src = Path(checkpoint)
     if not ckpt.is_complete(src):
@@ -85,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    from vlmrl.safe_load import UnsafeCheckpointError
 
     try:
         out = export_checkpoint(

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from vlmrl.config.errors import ConfigError
+
 MAX_CAUSE = 500
 """Characters of an error message kept in a one-line summary."""
 
@@ -75,8 +77,6 @@ def failure_of(e: BaseException, what: str, hint: str = "") -> StartupFailure:
 @contextmanager
 def stage(what: str, hint: str = "") -> Iterator[None]:
     """Run one step of a start: an exception leaving it becomes a :class:`StartupError` (see the module docstring)."""
-    from vlmrl.config import ConfigError
-
     try:
         yield
     except (StartupError, ConfigError):

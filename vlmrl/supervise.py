@@ -41,10 +41,10 @@ SHORT_TIMEOUT_FACTOR = 10.0
 HANG_CALLS_PER_SLOT = 2
 """A batch whose first ``num_workers x`` this many finished calls all timed out stops: the function hangs."""
 
-PRELOAD = ("vlmrl._forkserver_guard", "vlmrl.supervise", "vlmrl.batch", "vlmrl.reward.runner", "vlmrl.tools.runner")
+PRELOAD = ("vlmrl._forkserver_guard", "vlmrl.supervise", "vlmrl.batch", "vlmrl.scoring.runner")
 """What the forkserver imports once for every pool of the process (a process has one forkserver, started by its first
-pool, which may add its own: the tool pool adds torch and qwen-vl-utils, seconds to import): a worker forked from it
-starts in milliseconds. The guard makes the forkserver end with the process that started it."""
+pool, which may add its own: the tool pool adds the tools, torch and qwen-vl-utils, seconds to import): a worker
+forked from it starts in milliseconds. The guard makes the forkserver end with the process that started it."""
 
 TIMEOUT = "timeout"
 DIED = "died"

@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from vlmrl.config import ConfigError
+from vlmrl.config.command import USAGE, compose, parse
 from vlmrl.startup import StartupError
 
 CONFIG_ERROR_EXIT = 2
@@ -75,7 +77,6 @@ def _startup_error(e: StartupError, cfg: Any) -> NoReturn:
 
 def _train(cfg: Any) -> None:
     """Train on a checked config; start-up failures and stopped runs end the process with one line."""
-    from vlmrl.config import ConfigError
     from vlmrl.trainer.grpo import RunStopped, fit
 
     try:
@@ -97,8 +98,6 @@ def _train(cfg: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Compose the command line into a checked config, then print it, dry-run it or train."""
-    from vlmrl.config.command import USAGE, compose, parse
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cmd = parse(sys.argv[1:] if argv is None else argv)
     if cmd.help:

@@ -1,4 +1,4 @@
-"""The scripted policy of the zoom demo's warm start (``python -m vlmrl.warm_start --teacher
+"""The scripted policy of the zoom demo's warm start (``python -m vlmrl.testing.warm_start --teacher
 examples/tool_zoom/teacher.py:write_turn``), a cold start like those real tool-use RL runs begin with: how an
 ``image_zoom`` call is written (on the centre of the image, where the question points), and, after a zoom, the
 square's colour (the record's answer, which the zoomed view shows). It calls the tool on one first turn in four and

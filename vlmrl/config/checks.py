@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
 from vlmrl.config.plan import launcher_of, per_node, planned_device, planned_world, token_budgets
 from vlmrl.config.schema import RewardConfig, VLMRLConfig
@@ -283,7 +284,7 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
     if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or os.sep in path and path.count("/") != 1):
         p.append(
             f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen2.5-VL folder "
-            "(python -m vlmrl.models.tiny --output DIR builds a tiny one) or a hub id such as "
+            "(python -m vlmrl.testing.tiny --output DIR builds a tiny one) or a hub id such as "
             "Qwen/Qwen2.5-VL-3B-Instruct."
         )
     elif os.path.isdir(path):
@@ -374,8 +375,6 @@ def machine_problems(cfg: VLMRLConfig) -> list[str]:
 def check_config(cfg: VLMRLConfig) -> None:
     """Raise ConfigError listing every problem of a typed config built or changed in code: its values, then (when
     they are sane) the machine's. ``command.compose`` runs the same checks on a command line."""
-    from vlmrl.config import ConfigError
-
     problems = check_values(cfg)
     problems += check_environment(cfg) + (batch_problems(cfg) if not problems else [])  # arithmetic on sane numbers
     if problems:

@@ -18,10 +18,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from vlmrl import configs_dir
+from vlmrl.config.checks import check_values, machine_problems
+from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
-from vlmrl.config.schema import VLMRLConfig
+from vlmrl.config.keys import translate
+from vlmrl.config.schema import CHOICES, LOGGERS, VLMRLConfig
+from vlmrl.config.verl import VALUE_REASONS, parse_value
 from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
 
 USAGE = """usage: python -m vlmrl.train [--config-name NAME] [--config-path DIR] [--config-dir DIR] [--cfg job]
@@ -110,8 +115,6 @@ def _config_files(cmd: Command) -> tuple[list[str], list[str]]:
     verl's own configs."""
     import yaml
 
-    from vlmrl import configs_dir
-
     folders = [_folder(cmd.config_path)] if cmd.config_path else []
     folders += [_folder(d) for d in cmd.config_dirs]
     name, stem = cmd.config_name, cmd.config_name.removesuffix(".yaml")
@@ -149,9 +152,6 @@ def _hydra_compose(cmd: Command, overrides: list[str]) -> tuple[DictConfig | Non
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from vlmrl import configs_dir
-    from vlmrl.config import register
-
     register()
     name = cmd.config_name.removesuffix(".yaml")
     search = [_folder(d) for d in cmd.config_dirs] + [str(configs_dir())]
@@ -175,9 +175,6 @@ def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
     files, overrides (``vlmrl.config.translate``), composition, types and values (``build``) and, with ``machine``
     (``python -m vlmrl.train``), the machine it would start on (``checks.machine_problems``; a dry run checks it
     itself, with the GPU plan too)."""
-    from vlmrl.config import build, translate
-    from vlmrl.config.checks import machine_problems
-
     cmd = argv if isinstance(argv, Command) else parse(list(argv))
     file_overrides, file_problems = _config_files(cmd)
     t = translate(file_overrides + cmd.overrides)
@@ -199,8 +196,6 @@ def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
 def _wants_dry_run(overrides: list[str]) -> bool:
     """Whether the overrides ask for ``trainer.dry_run=True`` (read before composing: a dry run lists the problems
     that stop the composition too)."""
-    from vlmrl.config.verl import parse_value
-
     for ov in overrides:
         if ov.lstrip("+").split("=", 1)[0] == "trainer.dry_run":
             try:
@@ -208,3 +203,64 @@ def _wants_dry_run(overrides: list[str]) -> bool:
             except Exception:  # noqa: BLE001 - a bad value is reported by the config check
                 return False
     return False
+
+
+def register() -> None:
+    """Register the schema with Hydra's ConfigStore as ``vlmrl_schema``."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="vlmrl_schema", node=VLMRLConfig)
+
+
+# mandatory keys (MISSING in the schema) and how to set them
+_REQUIRED_HINTS: dict[str, str] = {
+    "actor_rollout_ref.model.path": "point it at a Qwen2.5-VL folder or hub id, "
+    "e.g. actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-3B-Instruct",
+    "data.train_files": "give a parquet file or a list of them (preprocess/ writes them), "
+    "e.g. data.train_files=$HOME/data/geo3k/train.parquet",
+}
+
+
+def _choice_problems(cfg: VLMRLConfig) -> list[str]:
+    problems = []
+    for key, allowed in CHOICES.items():
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value not in allowed:
+            why = VALUE_REASONS.get((key, value))
+            ok = " | ".join(allowed)
+            problems.append(f"{key}={value!r}: {why + '; ' if why else ''}use {ok}.")
+    return problems
+
+
+def _normalize_logger(cfg: VLMRLConfig) -> list[str]:
+    value = cfg.trainer.logger
+    names = [value] if isinstance(value, str) else list(value or [])
+    bad = [n for n in names if n not in LOGGERS]
+    cfg.trainer.logger = [str(n) for n in names]
+    if bad:
+        return [f"trainer.logger: {bad} not available; use any of {', '.join(LOGGERS)}."]
+    return []
+
+
+def build(cfg: DictConfig) -> tuple[VLMRLConfig | None, list[str]]:
+    """Resolve interpolations, type the config and run every check of values (``checks.check_values``); returns the
+    typed config (None when a mandatory key is unset) and every problem found."""
+    merged = OmegaConf.merge(OmegaConf.structured(VLMRLConfig), cfg)
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        what = "".join(f"\n  {k}: {_REQUIRED_HINTS.get(k, f'set it, e.g. {k}=...')}" for k in missing)
+        return None, [f"Required setting(s) not given:{what}"]
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, VLMRLConfig)
+    return obj, _choice_problems(obj) + _normalize_logger(obj) + check_values(obj)
+
+
+def load(overrides: list[str] | None = None, config_name: str = "grpo") -> VLMRLConfig:
+    """The typed, checked config of ``configs/<config_name>.yaml`` with ``overrides``, composed as the command line
+    composes it (``vlmrl.config.command``); ConfigError listing every problem."""
+    composed = compose(Command(config_name=config_name, overrides=list(overrides or [])))
+    if composed.problems or composed.cfg is None:
+        raise ConfigError("\n".join(composed.problems))
+    return composed.cfg

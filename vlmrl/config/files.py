@@ -13,6 +13,8 @@ import os
 import re
 from typing import Any
 
+from vlmrl import configs_dir
+
 NO_EFFECT = (
     "Hydra's own config has no effect in vlmrl (it composes its config with Hydra's compose API, which runs no "
     "callbacks, launchers or job settings): remove it"
@@ -72,7 +74,6 @@ def _hydra_parts(file: str) -> list[str]:
 def hydra_config_problems(folders: list[str]) -> list[str]:
     """YAML files of the ``--config-path`` / ``--config-dir`` folders (other than vlmrl's configs) that set Hydra's
     own config (``_hydra_parts``), each named with the part; a folder too large to check is refused too."""
-    from vlmrl import configs_dir
 
     ours = os.path.realpath(configs_dir())
     problems: list[str] = []

@@ -9,6 +9,8 @@ import os
 import re
 import stat
 
+from vlmrl.config.errors import ConfigError
+
 MIN_TOKEN_CHARS = 16
 """The shortest secret a token file may hold."""
 MAX_TOKEN_FILE_BYTES = 4096
@@ -30,8 +32,6 @@ def read_token_file(path: str) -> str:
     regular file (not a FIFO or a device: nothing blocks), writable by its owner only (``chmod 600``: nobody else can
     swap the secret), of at most ``MAX_TOKEN_FILE_BYTES``, holding at least ``MIN_TOKEN_CHARS`` printable ASCII
     characters (surrounding whitespace is dropped). The compose-time check can call it too."""
-    from vlmrl.config import ConfigError
-
     what = f"trainer.prometheus.token_file: {path}"
     fd = -1
     try:
@@ -73,8 +73,6 @@ def read_token_file(path: str) -> str:
 def prometheus_problems(host: str, port: int, token_file: str | None) -> list[str]:
     """Problems of ``trainer.prometheus``: a non-loopback host without a token file, a token file
     :func:`read_token_file` refuses, a port that is no port."""
-    from vlmrl.config import ConfigError
-
     p = []
     if token_file:
         try:

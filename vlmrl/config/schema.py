@@ -355,7 +355,7 @@ class CustomRewardFunctionConfig:
 class RewardConfig:
     function: str | None = None
     """Reward by registry name (``synthetic``, ``geo3k``, ``accuracy``, ``format``, ``iou``, ``similarity``...; see
-    ``vlmrl.reward.registered_names()``), ``path/to/file.py:fn`` or ``package.module:fn``; used when
+    ``vlmrl.scoring.registered_names()``), ``path/to/file.py:fn`` or ``package.module:fn``; used when
     custom_reward_function.path and components are unset. All unset: built-in dispatch by data_source (geo3k,
     hiyouga/geometry3k -> geo3k; synthetic/* -> synthetic)."""
     components: list[Any] = field(default_factory=list)

@@ -37,6 +37,7 @@ from vlmrl.data.records import (
 from vlmrl.data.template import ChatRenderer
 from vlmrl.data.video import VideoEntry, VideoRules, build_video, video_tokens
 from vlmrl.models import qwen_vl
+from vlmrl.tools import hermes
 
 TRUNCATION_MODES = CHOICES["data.truncation"]
 """``data.truncation`` values: what happens to an overlong text-only prompt that is not filtered."""
@@ -299,8 +300,6 @@ class RLDataset:
         text = self._text_cache.get(key)
         if text is None:
             if self.tools and not self.renderer.takes_tools:  # the template cannot list them: hermes, by hand
-                from vlmrl.tools import hermes
-
                 messages = list(messages)
                 first = messages[0] if messages else {}
                 if first.get("role") == "system" and isinstance(first.get("content"), str):

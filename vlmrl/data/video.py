@@ -30,8 +30,9 @@ from typing import Any
 
 from PIL import Image
 
+from vlmrl.batch import Video
 from vlmrl.data.records import DataError, confined_path, decode_image, image_size
-from vlmrl.models.qwen_vl import FrameSampling, sample_frame_indices
+from vlmrl.models.qwen_vl import FrameSampling, num_video_tokens, resize_frames, sample_frame_indices, video_frame_size
 
 MAX_VIDEO_FILE_BYTES = 2 * 2**30
 """A video file larger than this is refused (2 GiB)."""
@@ -440,8 +441,6 @@ class VideoRules:
 def video_tokens(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> int:
     """``<|video_pad|>`` tokens of a video entry, from headers only; ``ValueError`` (from ``resized_size``) when its
     frames cannot be resized within the bounds."""
-    from vlmrl.models.qwen_vl import num_video_tokens
-
     n, w, h = video_shape(entry, base_dir, rules.sampling)
     lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
     return num_video_tokens(n, w, h, rules.factor, lo, hi, total)
@@ -450,9 +449,6 @@ def video_tokens(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRul
 def build_video(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> Any:
     """The ``batch.Video`` of an entry: frames decoded, resized to one size with qwen-vl-utils' rules and padded to
     pairs; timestamps and sampled fps kept."""
-    from vlmrl.batch import Video
-    from vlmrl.models.qwen_vl import resize_frames, video_frame_size
-
     lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
 
     def fit(w: int, h: int, n: int) -> tuple[int, int]:

@@ -13,12 +13,15 @@ STEP_STAGES = (
     "timing/data_s",
     "timing/rollout_s",
     "timing/reward_s",
+    "timing/sleep_s",
+    "timing/advantages_s",
     "timing/input_prep_s",
     "timing/old_ref_logprob_s",
     "timing/update_s",
     "timing/push_s",
 )
-"""The parts of ``timing/step_s``; what is left is shown as "other" (driver, RPC, advantage computation)."""
+"""The parts of ``timing/step_s`` (the driver's stages of ``fit()`` and, inside its update call, the workers'
+input preparation, log-probs and update); what is left is shown as "other" (the driver, the calls to the workers)."""
 
 
 @dataclass(frozen=True)

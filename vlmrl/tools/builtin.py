@@ -8,6 +8,8 @@ import math
 import operator
 from typing import Any
 
+from vlmrl.grading import grade_math
+from vlmrl.models.qwen_vl import resized_size
 from vlmrl.tools.base import BaseTool, ToolResponse
 
 # ----------------------------------------------------------------------------------------------------- zoom
@@ -87,8 +89,6 @@ class ImageZoomTool(BaseTool):
         crop = source.crop(self.crop_box((x1 * sx, y1 * sy, x2 * sx, y2 * sy), source.width, source.height))
         bounds = state.get("image_bounds")
         if bounds is not None:  # enlarge to the model's pixel budget (then the agent loop's resize is the identity)
-            from vlmrl.models.qwen_vl import resized_size
-
             factor, lo, hi = bounds
             scale = math.sqrt(hi / float(crop.width * crop.height))
             w, h = resized_size(max(1, round(crop.width * scale)), max(1, round(crop.height * scale)), factor, lo, hi)
@@ -144,8 +144,6 @@ class Geo3kCheckTool(BaseTool):
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """1.0 when the submitted answer equals the ground truth (math-verify), else 0.0."""
-        from vlmrl.rewards.accuracy import grade_math
-
         state = self.instance(instance_id)
         truth = state.get("ground_truth")
         if truth is None:

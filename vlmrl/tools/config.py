@@ -18,6 +18,7 @@ from typing import Any
 
 from vlmrl.tools.base import BaseTool
 from vlmrl.tools.builtin import BUILTIN, VERL_CLASSES
+from vlmrl.userfiles import is_file_target, load_callable, split_spec
 
 _NOT_HERE = {
     "verl.tools.mcp_search_tool.MCPSearchTool": "MCP servers",
@@ -34,8 +35,6 @@ class ToolConfigError(ValueError):
 
 def resolve_class(class_name: str, where: str) -> type:
     """The class a ``class_name`` names."""
-    from vlmrl.userfiles import is_file_target, load_callable, split_spec
-
     if class_name in BUILTIN:
         return BUILTIN[class_name]
     if class_name in VERL_CLASSES:

@@ -26,8 +26,10 @@ from typing import Any
 
 from PIL import Image
 
+from vlmrl.models.qwen_vl import resized_size
 from vlmrl.supervise import DIED, TIMEOUT, SupervisedPool
 from vlmrl.tools.base import BaseTool
+from vlmrl.tools.config import ToolConfigError, build_tools
 
 MAX_MESSAGE = 2000
 """Characters of an error message kept (a tool that raises with 20 MB of text costs nothing more)."""
@@ -138,11 +140,7 @@ def _build_tools(path: str) -> None:
     """Worker start-up (before any call's timeout starts): the tools, built once, and what the built-ins import
     when called (``vlmrl.models.qwen_vl``'s image sizes: torch and qwen-vl-utils, seconds to import)."""
     global _TOOLS, _BUILD_ERROR
-    from vlmrl.models.qwen_vl import resized_size
-    from vlmrl.tools.config import build_tools
-
-    resized_size(28, 28, 28, 784, 3136)
-
+    resized_size(28, 28, 28, 784, 3136)  # qwen-vl-utils' first call (a forkserver without it imports it here)
     try:
         _TOOLS = build_tools(path)
     except BaseException as e:  # noqa: BLE001 - reported with the first call
@@ -162,8 +160,6 @@ class ToolRunner:
     def __init__(self, tool_config_path: str | None, num_workers: int, timeout_s: float) -> None:
         """Builds the tools here (so a bad config fails at start-up) and, with ``num_workers >= 1``, in each worker.
         No path: no tools (every call is an unknown tool)."""
-        from vlmrl.tools.config import build_tools
-
         self.tools = build_tools(tool_config_path) if tool_config_path else {}
         self.timeout_s = float(timeout_s)
         self.pool: SupervisedPool | None = None
@@ -172,7 +168,7 @@ class ToolRunner:
             setting = "actor_rollout_ref.rollout.multi_turn.tool_timeout_s"
             self.pool = SupervisedPool(
                 what, setting, num_workers, timeout_s, initializer=_build_tools, initargs=(str(tool_config_path),),
-                preload=["vlmrl.tools.builtin", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process"],
+                preload=["vlmrl.tools.runner", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process"],
             )  # fmt: skip
             self.pool.warm()  # now, not at the first call: the built-ins' imports take seconds
 
@@ -196,8 +192,6 @@ class ToolRunner:
             elif res.error is not None:  # arguments or a result that could not cross processes
                 out.append(ToolOutcome(error="exception", message=_short(res.message), seconds=res.seconds))
             elif res.value.error == "build_error":
-                from vlmrl.tools.config import ToolConfigError
-
                 raise ToolConfigError(f"a tool worker could not build the tools: {res.value.message}")
             else:
                 out.append(res.value)

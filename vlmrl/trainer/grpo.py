@@ -1,7 +1,8 @@
-"""The GRPO training loop: one ``fit()`` a reader can follow top to bottom.
+"""The GRPO training loop: one ``fit()`` a reader can follow top to bottom, each stage of a step one call.
 
-sample prompts → rollout (n per prompt, on every worker) → rewards (driver) → advantages (driver)
-  → old/ref log-probs + update + weight push (every worker) → metrics → validation / checkpoint
+sample prompts → rollout (n per prompt, on every worker) → rewards (driver) [→ more batches: dynamic sampling]
+  → engines sleep → advantages (driver) → old/ref log-probs + update (every worker, its shard) → weight push (every
+  worker's engine, awake again) → metrics → validation / checkpoint
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from vlmrl.config.checks import DataFacts, check_config, data_problems
 from vlmrl.config.plan import tp_size, worker_plan
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
-from vlmrl.reward import RewardError, RewardManager
+from vlmrl.scoring import RewardError, RewardManager
 from vlmrl.startup import stage
 from vlmrl.supervise import HangError
 from vlmrl.timing import Timer
@@ -234,7 +235,7 @@ class Trainer:
 
         def one_batch() -> StepData:
             with timer("data"):
-                prompts = self.train_ds.get_batch(next(batches))
+                prompts = self.train_ds.get_batch(next(batches), cfg.data.dataloader_num_workers)
             with timer("rollout"):
                 rb = self.rollout(prompts)
             with timer("reward"):
@@ -354,7 +355,8 @@ class Trainer:
         shown_components: dict[str, list[float]] = {}
         limit = self.cfg.trainer.log_val_generations
         for start in range(0, len(self.val_ds), bs):
-            prompts = self.val_ds.get_batch(list(range(start, min(start + bs, len(self.val_ds)))))
+            indices = list(range(start, min(start + bs, len(self.val_ds))))
+            prompts = self.val_ds.get_batch(indices, self.cfg.data.dataloader_num_workers)
             rb = self.rollout(prompts, validate=True)
             samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
             scored = self.rewards.score(samples)

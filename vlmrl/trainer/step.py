@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
-from vlmrl.reward.manager import RewardOutput
 from vlmrl.rollout.multi_turn import multi_turn_metrics
+from vlmrl.scoring.manager import RewardOutput
 from vlmrl.timing import Timer
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmrl.config.schema import LOGGERS, PrometheusConfig
+from vlmrl.trainer.prometheus import PrometheusExporter
 
 
 class Tracker:
@@ -52,8 +53,6 @@ class Tracker:
             self._wandb = wandb.init(project=project, name=experiment, config=config, dir=str(self.out_dir))
         self.prometheus = None
         if "prometheus" in self.loggers:
-            from vlmrl.trainer.prometheus import PrometheusExporter
-
             pc = prometheus or PrometheusConfig()
             self.prometheus = PrometheusExporter(pc.host, pc.port, project, experiment, pc.token_file)
             print(f"[vlmrl] Prometheus metrics at {self.prometheus.url}", flush=True)

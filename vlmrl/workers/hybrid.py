@@ -29,8 +29,10 @@ from vlmrl.config.plan import WorkerPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
+from vlmrl.rollout.multi_turn import MultiTurnAgent
 from vlmrl.startup import stage
 from vlmrl.timing import Timer
+from vlmrl.tools.runner import ToolRunner
 from vlmrl.workers.policy import PolicyWorker
 
 
@@ -164,9 +166,6 @@ class HybridWorker:
         )
 
     def _agent(self, plan: WorkerPlan) -> Any:
-        from vlmrl.rollout.multi_turn import MultiTurnAgent
-        from vlmrl.tools.runner import ToolRunner
-
         mt = plan.arr.rollout.multi_turn
         factor = qwen_vl.patch_factor(self.processor.image_processor)
         tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s)

@@ -15,12 +15,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vlmrl import rng
 from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import ModelInputs, to_device
+from vlmrl.safe_load import safe_dcp_load
 from vlmrl.workers import micro_batches
 from vlmrl.workers.weights import engine_weights
 
@@ -391,8 +393,6 @@ class PolicyWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from vlmrl import rng
-
         _reshard_all(self.model)  # the sharded parameters are the ones saved (a push may have left units gathered)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
@@ -410,9 +410,6 @@ class PolicyWorker:
         import json
 
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        from vlmrl import rng
-        from vlmrl.safe_load import safe_dcp_load
 
         _reshard_all(self.model)  # loaded into the sharded parameters; the push after it gathers them again
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)

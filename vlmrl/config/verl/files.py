@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from vlmrl.config.files import NO_EFFECT, defaults_entries, names_hydra
+from vlmrl.config.verl import render
 
 VERL_CONFIGS = {"ppo_trainer": None, "ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)"}
 """verl's own top-level config names: ppo_trainer is what vlmrl's grpo config stands for; the others are refused."""
@@ -69,8 +70,6 @@ def file_problems(doc: dict[str, Any], where: str) -> list[str]:
 def read_config_file(doc: dict[str, Any], name: str, file: str) -> tuple[list[str], list[str], list[str]]:
     """A verl config file built on ``ppo_trainer`` as (overrides to put before the command line's, problems,
     notices)."""
-    from vlmrl.config.verl import render
-
     where = f"--config-name={name} ({file})"
     if bad := file_problems(doc, where):
         return [], bad, []

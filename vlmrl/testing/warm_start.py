@@ -1,6 +1,6 @@
 """Warm start: teach a model a format by imitating a scripted policy, before reinforcement learning.
 
-    python -m vlmrl.warm_start --model MODEL_DIR --output OUT_DIR --data train.parquet \
+    python -m vlmrl.testing.warm_start --model MODEL_DIR --output OUT_DIR --data train.parquet \
         --teacher teacher.py:write_turn [--tools tools.yaml] [--steps 200] [--batch-size 16] [--lr 1e-3]
 
 RL from a policy that never writes a tool call cannot learn to use a tool: nothing it samples is ever rewarded for
@@ -34,7 +34,17 @@ from typing import Any
 
 import torch
 
+from vlmrl.config.schema import DataConfig, MultiTurnConfig
+from vlmrl.data.dataset import RLDataset
+from vlmrl.models import qwen_vl
+from vlmrl.models.forward import response_logprobs
+from vlmrl.models.inputs import build_inputs, process_images, process_response_images, to_device
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
+from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics
+from vlmrl.tools.config import tool_schemas
+from vlmrl.tools.runner import ToolRunner
+from vlmrl.userfiles import load_callable
+from vlmrl.workers.policy import load_model
 
 Teacher = Callable[[int, str, Any, random.Random], str]
 """``write_turn(turn, conversation, sample, rng) -> text`` of the assistant's next turn."""
@@ -85,16 +95,6 @@ def warm_start(
     ``output`` and return the last step's figures (its loss and the first step's, the share of trajectories that
     called a tool, seconds)."""
     from transformers import AutoProcessor
-
-    from vlmrl.config.schema import DataConfig, MultiTurnConfig
-    from vlmrl.data.dataset import RLDataset
-    from vlmrl.models import qwen_vl
-    from vlmrl.models.forward import response_logprobs
-    from vlmrl.models.inputs import build_inputs, process_images, process_response_images, to_device
-    from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics
-    from vlmrl.tools.config import tool_schemas
-    from vlmrl.tools.runner import ToolRunner
-    from vlmrl.workers.policy import load_model
 
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,8 +148,6 @@ def warm_start(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring)."""
-    from vlmrl.userfiles import load_callable
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="HF folder of the model to start from")
     ap.add_argument("--output", required=True, help="folder to write the warm-started model to")
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         teacher = load_callable(a.teacher, what="--teacher")
     except (FileNotFoundError, ValueError, AttributeError, ModuleNotFoundError) as e:
-        print(f"vlmrl.warm_start: {e}", file=sys.stderr)
+        print(f"vlmrl.testing.warm_start: {e}", file=sys.stderr)
         return 2
     data = a.data if len(a.data) > 1 else a.data[0]
     warm_start(a.model, a.output, data, teacher, tool_config=a.tools, steps=a.steps, batch_size=a.batch_size,

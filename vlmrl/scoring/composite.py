@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vlmrl.reward.loading import (
+from vlmrl.scoring.loading import (
     BadResult,
     RewardConfigError,
     RewardFn,

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vlmrl.config.checks import reward_problems
-from vlmrl.reward.composite import Dispatch, build_scorer, make_spec
-from vlmrl.reward.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
-from vlmrl.reward.runner import InlineRunner, ProcessRunner, timeout_text
+from vlmrl.scoring.composite import Dispatch, build_scorer, make_spec
+from vlmrl.scoring.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
+from vlmrl.scoring.runner import InlineRunner, ProcessRunner, timeout_text
 
 if TYPE_CHECKING:
     from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 
-log = logging.getLogger("vlmrl.reward")
+log = logging.getLogger("vlmrl.scoring")
 
 _EXCERPT = 200
 

@@ -1,4 +1,4 @@
-"""vlmrl.reward: the machinery that runs reward functions (the functions themselves live in ``rewards/``).
+"""vlmrl.scoring: the machinery that runs reward functions (the functions themselves live in ``rewards/``).
 
 Loading by registry name, ``file.py:fn`` or verl's ``custom_reward_function.path/.name``; both signatures (vlmrl's
 ``fn(sample)`` and verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw)``);
@@ -10,8 +10,8 @@ timeouts and error isolation; per-component metrics. The driver does::
     rm.close()
 """
 
-from vlmrl.reward.composite import DEFAULT_DISPATCH, Component, Composite, Dispatch, build_scorer, make_spec
-from vlmrl.reward.loading import (
+from vlmrl.scoring.composite import DEFAULT_DISPATCH, Component, Composite, Dispatch, build_scorer, make_spec
+from vlmrl.scoring.loading import (
     REGISTRY,
     Outcome,
     RewardConfigError,
@@ -20,8 +20,8 @@ from vlmrl.reward.loading import (
     make_reward_fn,
     registered_names,
 )
-from vlmrl.reward.manager import RewardError, RewardManager, RewardOutput
-from vlmrl.reward.runner import RewardWorkerError
+from vlmrl.scoring.manager import RewardError, RewardManager, RewardOutput
+from vlmrl.scoring.runner import RewardWorkerError
 
 __all__ = [
     "DEFAULT_DISPATCH",

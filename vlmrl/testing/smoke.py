@@ -1,20 +1,20 @@
 """What the shipped pipelines swap in smoke mode (``SMOKE=1 bash examples/<pipeline>.sh``): only what a laptop or CI
 machine cannot hold.
 
-* the model: the tiny random Qwen2.5-VL (``python -m vlmrl.smoke model`` prints its cached folder);
+* the model: the tiny random Qwen2.5-VL (``python -m vlmrl.testing.smoke model`` prints its cached folder);
 * the data: a small stand-in in the pipeline's own input format, which then goes through the pipeline's own
   preprocess step: Geometry3K's hub layout (``DIR/data/{train,test}-00000-of-00001.parquet`` with ``images``,
   ``problem``, ``answer``) for geo3k, grounding JSONL lines with image files and boxes for grounding;
 * the device, the worker count, the scale (steps, batch sizes, response length) and wandb's network: the overrides
-  ``python -m vlmrl.smoke overrides`` prints, appended after the pipeline's own.
+  ``python -m vlmrl.testing.smoke overrides`` prints, appended after the pipeline's own.
 
 Every other flag of the pipeline runs as the GPU run sets it (gradient checkpointing, KL and the reference with its
 offload, LoRA, validation, checkpoints, vision freezing, the cache flag...).
 
-    python -m vlmrl.smoke model
-    python -m vlmrl.smoke geo3k --output DIR [--train 8 --test 4]       # prints DIR
-    python -m vlmrl.smoke grounding --output DIR [--train 8 --val 4]    # prints DIR/train.jsonl DIR/val.jsonl
-    python -m vlmrl.smoke overrides                                      # the scale-down overrides, one per line
+    python -m vlmrl.testing.smoke model
+    python -m vlmrl.testing.smoke geo3k --output DIR [--train 8 --test 4]     # prints DIR
+    python -m vlmrl.testing.smoke grounding --output DIR [--train 8 --val 4]  # prints DIR/train.jsonl DIR/val.jsonl
+    python -m vlmrl.testing.smoke overrides                                    # the scale-down overrides, one a line
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, ImageDraw
+
+from vlmrl.testing.tiny import ensure_tiny_model
 
 OVERRIDES = (
     "trainer.device=cpu",
@@ -117,7 +119,7 @@ def grounding_source(out_dir: str | Path, train: int = 8, val: int = 4, seed: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m vlmrl.smoke", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m vlmrl.testing.smoke", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     sub.add_parser("model", help="print the tiny model's folder (built on first use)")
     sub.add_parser("overrides", help="print the scale-down overrides, one per line")
@@ -131,8 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--val", type=int, default=4)
     a = ap.parse_args(argv)
     if a.what == "model":
-        from vlmrl.models.tiny import ensure_tiny_model
-
         print(ensure_tiny_model(seed=0))
     elif a.what == "overrides":
         print("\n".join(OVERRIDES))

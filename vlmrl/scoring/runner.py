@@ -15,7 +15,7 @@ function costs only the call). Nothing can stop a call there once it blocks, so 
 (``reward.timeout_s`` must be 0 with it; the config check says so).
 
 Either way a reward that raises, returns something that is not a finite number, or calls ``sys.exit`` becomes a
-counted failure with its message (``vlmrl.reward.loading.evaluate``), never an exception in the trainer.
+counted failure with its message (``vlmrl.scoring.loading.evaluate``), never an exception in the trainer.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vlmrl.reward.loading import EXCEPTION, TIMEOUT, Outcome, RewardConfigError, evaluate
+from vlmrl.scoring.composite import build_scorer
+from vlmrl.scoring.loading import EXCEPTION, TIMEOUT, Outcome, RewardConfigError, evaluate
 from vlmrl.supervise import DIED, CallResult, SupervisedPool
 from vlmrl.supervise import TIMEOUT as CALL_TIMEOUT
 
-log = logging.getLogger("vlmrl.reward")
+log = logging.getLogger("vlmrl.scoring")
 
 
 class RewardWorkerError(RuntimeError):
@@ -60,7 +61,6 @@ _BUILD_ERROR: tuple[str, bool] | None = None
 def _build_scorer(spec: dict[str, Any]) -> None:
     """Worker start-up (after vlmrl.supervise's): the scorer, built once."""
     global _SCORER, _BUILD_ERROR
-    from vlmrl.reward.composite import build_scorer
 
     try:
         _SCORER = build_scorer(spec)

@@ -1,6 +1,6 @@
 """Build a tiny random Qwen2.5-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
 
-    python -m vlmrl.models.tiny --output DIR [--seed N]
+    python -m vlmrl.testing.tiny --output DIR [--seed N]
 
 The folder is a normal HF checkpoint: ``AutoProcessor`` + ``AutoModelForImageTextToText`` and ``vllm.LLM`` load it.
 It is deterministic for a seed (same bytes of weights), a few MB, and built in seconds. Its untrained policy explores:
@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from vlmrl.tools import hermes
+from vlmrl.tools.builtin import BUILTIN
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -152,9 +155,6 @@ def _corpus(seed: int, tools: bool = False) -> list[str]:
             )
             lines.append(f'\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n')
     if tools:  # the hermes system message listing the built-in tools (a real vocabulary has its words)
-        from vlmrl.tools import hermes
-        from vlmrl.tools.builtin import BUILTIN
-
         schemas = [cls.default_schema for cls in BUILTIN.values() if cls.default_schema]
         lines += [hermes.system_prompt([s]) + "\n" for s in schemas for _ in range(100)]
     lines.append("system\nYou are a helpful assistant.\nuser\nassistant\n")
@@ -341,7 +341,7 @@ def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # no
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m vlmrl.models.tiny --output DIR [--seed N]``."""
+    """CLI: ``python -m vlmrl.testing.tiny --output DIR [--seed N]``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", required=True, help="folder to write the HF checkpoint to")
     ap.add_argument("--seed", type=int, default=0)
