@@ -27,6 +27,8 @@ from typing import Any
 
 from PIL import Image
 
+from vlmrl.data.records import PathOutside, resolve_inside
+
 IMAGE_PLACEHOLDER = "<image>"
 """The image placeholder in prompt text (verl's convention); one per image."""
 
@@ -87,6 +89,18 @@ class RecordError(Exception):
         self.detail = detail
 
 
+def inside_root(path: str, root: str | os.PathLike, kind: str) -> Path:
+    """The file a row's ``kind`` (image | video) path names inside ``root`` (``--image-dir``), or the reject:
+    ``<kind>_outside_dir``, or ``unreadable_<kind>`` (a NUL byte, a symlink loop: ``vlmrl.data.records
+    .resolve_inside``)."""
+    try:
+        return resolve_inside(path, root)
+    except PathOutside:
+        raise RecordError(f"{kind}_outside_dir", f"{path}: outside {Path(root).resolve()}") from None
+    except ValueError as e:
+        raise RecordError(f"unreadable_{kind}", str(e)) from None
+
+
 class PreprocessError(RuntimeError):
     """A preprocessing run that must stop (``--strict`` hit a bad row, an unreadable input)."""
 
@@ -125,16 +139,7 @@ def read_image(path: str | os.PathLike, rules: ImageRules) -> bytes:
 
     if rules.root is None:
         raise RecordError("unreadable_image", f"{path}: this input's rows must carry image bytes, not file paths")
-    if "\x00" in str(path):
-        raise RecordError("unreadable_image", f"{str(path)!r}: the path contains a NUL byte")
-    root = Path(rules.root).resolve()
-    p = Path(str(path)).expanduser()
-    try:
-        full = (p if p.is_absolute() else root / p).resolve()
-    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
-        raise RecordError("unreadable_image", f"{path}: cannot be resolved ({type(e).__name__}: {e})") from None
-    if not full.is_relative_to(root):
-        raise RecordError("image_outside_dir", f"{path}: outside {root}")
+    full = inside_root(str(path), rules.root, "image")
     try:
         st = os.stat(full)
     except OSError as e:

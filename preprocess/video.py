@@ -25,14 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from vlmrl.preprocess.common import (
-    MAX_IMAGE_BYTES,
-    ImageRules,
-    RecordError,
-    check_image,
-    encode_pil,
-    image_struct,
-)
 
 from vlmrl.data.video import (
     MAX_VIDEO_FILE_BYTES,
@@ -43,6 +35,15 @@ from vlmrl.data.video import (
     probe_video,
 )
 from vlmrl.models.qwen_vl import FrameSampling, sample_frame_indices, video_frame_size
+from vlmrl.preprocess.common import (
+    MAX_IMAGE_BYTES,
+    ImageRules,
+    RecordError,
+    check_image,
+    encode_pil,
+    image_struct,
+    inside_root,
+)
 
 FRAME_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 """Files of a frame folder that are frames (others are ignored)."""
@@ -128,16 +129,7 @@ def _source(rel: str, opts: VideoOptions) -> Path:
         raise RecordError("unreadable_video", f"{rel}: this input's rows cannot name video files")
     if not rel.strip():
         raise RecordError("unreadable_video", "an empty video path")
-    if "\x00" in rel:
-        raise RecordError("unreadable_video", f"{rel!r}: the path contains a NUL byte")
-    root = Path(opts.root)
-    p = Path(rel).expanduser()
-    try:
-        full = (p if p.is_absolute() else root / p).resolve()
-    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
-        raise RecordError("unreadable_video", f"{rel}: cannot be resolved ({type(e).__name__}: {e})") from None
-    if not full.is_relative_to(root):
-        raise RecordError("video_outside_dir", f"{rel}: outside {root}")
+    full = inside_root(rel, opts.root, "video")
     if not full.exists():
         raise RecordError("unreadable_video", f"{rel}: no such file or folder")
     return full

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from utils import inline_cfg, synthetic_data
 
 from vlmrl.config import load
 
@@ -98,23 +99,7 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: pytest.TempPathFactory):
     """The colour family: 56 px images, 16 train / 4 test records."""
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    out = tmp_path_factory.mktemp("synth")
-    synthetic(["--output-dir", str(out), "--families", "colour", "--image-size", "56", "--train-size", "16",
-               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
-    return out
-
-
-def inline_cfg(model: str, data, out, *extra: str):
-    """A few-second in-process run: one worker in this process, the transformers rollout, 4 prompts x 2 samples."""
-    return load(
-        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
-         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
-        config_name="tiny_cpu",
-    )  # fmt: skip
+    return synthetic_data(tmp_path_factory.mktemp("synth"))
 
 
 class LoraRun:
@@ -250,12 +235,7 @@ def test_export_without_its_base_model_says_so_and_names_the_model_flag(lora_run
 @pytest.fixture(scope="module")
 def video_data(tmp_path_factory: pytest.TempPathFactory):
     """The video colour family: 8 training records of 4 frames, one ``<video>`` each."""
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    out = tmp_path_factory.mktemp("video")
-    synthetic(["--output-dir", str(out), "--families", "video_colour", "--image-size", "56", "--train-size", "8",
-               "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
-    return out
+    return synthetic_data(tmp_path_factory.mktemp("video"), "video_colour", train=8, test=0)
 
 
 def train_cli(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from utils import synthetic_data
 
 from vlmrl import dry_run
 from vlmrl.config import load
@@ -18,12 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    out = tmp_path_factory.mktemp("synth")
-    synthetic(["--output-dir", str(out), "--families", "colour", "--image-size", "56",
-               "--train-size", "32", "--test-size", "8", "--seed", "0", "--no-progress"])  # fmt: skip
-    return out
+    return synthetic_data(tmp_path_factory.mktemp("synth"), train=32, test=8)
 
 
 def cfg_of(model: str, data: Path, tmp: Path, *extra: str):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from utils import ScriptedEngine, make_agent, make_prompt, solid
+from utils import ScriptedEngine, inline_cfg, make_agent, make_prompt, solid, synthetic_data
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
@@ -144,26 +144,15 @@ def test_a_run_whose_reward_starts_hanging_stops_within_three_timeouts_keeping_t
 ) -> None:
     """Training with a reward that hangs on every call from step 2 on: the run stops with the reward's name, the
     timeout and the checkpoint of step 1, within 3 x reward.timeout_s of the first hanging call."""
-    from vlmrl.config import load
-    from vlmrl.preprocess.synthetic import main as synthetic
     from vlmrl.trainer.grpo import RunStopped, fit
 
-    synthetic(["--output-dir", str(tmp_path / "data"), "--families", "colour", "--image-size", "56",
-               "--train-size", "16", "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
+    data = synthetic_data(tmp_path / "data")
     calls = tmp_path / "calls.log"
     reward = tmp_path / "hang.py"
     reward.write_text(f"LOG = {str(calls)!r}\n" + HANG_FROM_STEP_2)
     out = tmp_path / "run"
-    cfg = load(
-        [f"data.train_files={tmp_path / 'data/train.parquet'}", "data.val_files=null",
-         f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={out}",
-         "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
-         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-         "trainer.total_training_steps=4", "trainer.save_freq=1", f"custom_reward_function.path={reward}",
-         "reward.timeout_s=2"],
-        config_name="tiny_cpu",
-    )  # fmt: skip
+    cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
+                     f"custom_reward_function.path={reward}", "reward.timeout_s=2")  # fmt: skip
     with pytest.raises(RunStopped) as e:
         fit(cfg)
     stopped = time.time()

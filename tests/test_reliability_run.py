@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from vlmrl.config import load
+from utils import inline_cfg, synthetic_data
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,22 +40,7 @@ def constant(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    out = tmp_path_factory.mktemp("synth")
-    synthetic(["--output-dir", str(out), "--families", "colour", "--image-size", "56", "--train-size", "16",
-               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
-    return out
-
-
-def cfg_of(model: str, data: Path, out: Path, *extra: str):
-    return load(
-        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
-         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
-        config_name="tiny_cpu",
-    )  # fmt: skip
+    return synthetic_data(tmp_path_factory.mktemp("synth"))
 
 
 def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
@@ -83,7 +67,7 @@ def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
     loss = tmp_path / "nan_loss.py"
     loss.write_text(NAN_LOSS)
     out = tmp_path / "run"
-    cfg = cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
+    cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
                  f"actor_rollout_ref.actor.policy_loss={loss}:nan_on_second_step")  # fmt: skip
     with pytest.raises(RunStopped) as e:
         fit(cfg)
@@ -112,7 +96,7 @@ def test_steps_without_reward_variance_are_counted_and_warned_about_once(
     reward = tmp_path / "constant.py"
     reward.write_text(CONSTANT)
     out = tmp_path / "run"
-    fit(cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=3", f"custom_reward_function.path={reward}",
+    fit(inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=3", f"custom_reward_function.path={reward}",
                "custom_reward_function.name=constant"))  # fmt: skip
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["advantages/zero_variance_groups"] for r in rows] == [4.0, 4.0, 4.0]
@@ -185,7 +169,7 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_the_previous_one(
     monkeypatch.setattr(dcp, "save", save)
     out = tmp_path / "run"
     with pytest.raises(RunStopped) as e:
-        fit(cfg_of(tiny_model_dir, data, out, "trainer.total_training_steps=3", "trainer.save_freq=1"))
+        fit(inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=3", "trainer.save_freq=1"))
     msg = str(e.value)
     assert msg.startswith("step 2: ") and "disk full" in msg and "No space left on device" in msg
     assert str(out / "global_step_2.tmp") in msg

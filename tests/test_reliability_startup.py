@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from utils import synthetic_data
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,12 +83,7 @@ def the_log(line: str) -> str:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    out = tmp_path_factory.mktemp("synth")
-    synthetic(["--output-dir", str(out), "--families", "colour", "--image-size", "56", "--train-size", "8",
-               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
-    return out / "train.parquet"
+    return synthetic_data(tmp_path_factory.mktemp("synth"), train=8) / "train.parquet"
 
 
 # ------------------------------------------------------------------------------------------- start-up failures

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from utils import inline_cfg, synthetic_data
 
-from vlmrl.config import load
 from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
 
 
@@ -33,25 +33,13 @@ class Payload:
 @pytest.fixture(scope="module")
 def run(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 2-step run (one in-process worker) with a checkpoint at step 2."""
-    from vlmrl.preprocess.synthetic import main as synthetic
     from vlmrl.trainer.grpo import fit
 
     tmp = tmp_path_factory.mktemp("ckpt")
-    synthetic(["--output-dir", str(tmp / "data"), "--families", "colour", "--image-size", "56", "--train-size", "16",
-               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
-    fit(config(tiny_model_dir, tmp / "data", tmp / "run", "trainer.total_training_steps=2", "trainer.save_freq=2"))
+    synthetic_data(tmp / "data")
+    fit(inline_cfg(tiny_model_dir, tmp / "data", tmp / "run", "trainer.total_training_steps=2", "trainer.save_freq=2"))
     assert (tmp / "run" / "global_step_2" / "actor" / "extra_rank0.json").is_file()
     return tmp / "run"
-
-
-def config(model: str, data: Path, out: Path, *extra: str):
-    return load(
-        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
-         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
-        config_name="tiny_cpu",
-    )  # fmt: skip
 
 
 def copy_of(run: Path, tmp: Path) -> Path:
@@ -63,7 +51,7 @@ def copy_of(run: Path, tmp: Path) -> Path:
 def resume(run_dir: Path, ckpt: Path, model: str, data: Path) -> Exception:
     from vlmrl.trainer.grpo import Trainer
 
-    cfg = config(model, data, run_dir, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
+    cfg = inline_cfg(model, data, run_dir, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
                  f"trainer.resume_from_path={ckpt}")  # fmt: skip
     with pytest.raises(Exception) as e:
         Trainer(cfg).close()
@@ -135,7 +123,7 @@ def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny
     data = run.parent / "data"
 
     def finish(out: Path, *extra: str) -> tuple[int, list[dict], list[dict], dict[str, torch.Tensor]]:
-        cfg = config(tiny_model_dir, data, out, "trainer.total_training_steps=3",
+        cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=3",
                      f"trainer.rollout_data_dir={out / 'samples'}", *extra)  # fmt: skip
         t = Trainer(cfg)
         try:

@@ -166,3 +166,26 @@ def make_agent(processor, engine, runner, budget: int = 400, max_images: int = 4
     factor = qwen_vl.patch_factor(processor.image_processor)
     bounds = (factor, *qwen_vl.pixel_bounds(processor.image_processor))
     return MultiTurnAgent(engine, runner, cfg, processor.tokenizer, bounds, budget, max_images=max_images)
+
+
+def synthetic_data(out: Path, families: str = "colour", train: int = 16, test: int = 4, size: int = 56) -> Path:
+    """``preprocess/synthetic.py`` data in ``out`` (seed 0, no progress bar); returns ``out``."""
+    from vlmrl.preprocess.synthetic import main as synthetic
+
+    synthetic(["--output-dir", str(out), "--families", families, "--image-size", str(size), "--train-size",
+               str(train), "--test-size", str(test), "--seed", "0", "--no-progress"])  # fmt: skip
+    return out
+
+
+def inline_cfg(model: str, data: Path, out: Path, *extra: str):
+    """A few-second in-process run on ``data``/train.parquet: one worker in this process, the transformers rollout,
+    4 prompts x 2 samples of 4 tokens, metrics to jsonl only, no validation (``extra`` overrides come last)."""
+    from vlmrl.config import load
+
+    return load(
+        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
+         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
+        config_name="tiny_cpu",
+    )  # fmt: skip

@@ -159,21 +159,38 @@ def _source(entry: Any, base_dir: str | os.PathLike) -> tuple[bytes | None, Path
     raise DataError("image entry has neither bytes nor path")
 
 
-def confined_path(path: str, base_dir: str | os.PathLike, kind: str = "image") -> Path:
-    """The file an image (or video: ``kind``) path names, resolved against ``base_dir`` (the parquet file's folder),
-    or ``DataError``: a path a dataset stores may not leave that folder (``../``, an absolute path elsewhere, a
-    symlink out of it), hold a NUL byte or run into a symlink loop."""
-    if "\x00" in path:  # the OS cannot take it (os.stat raises ValueError): a bad path, not a bad image
-        raise DataError(f"{kind} path {path!r} contains a NUL byte")
+class PathOutside(ValueError):
+    """A path that leaves the folder it must stay in (``resolve_inside``)."""
+
+
+def resolve_inside(path: str, base_dir: str | os.PathLike) -> Path:
+    """``path`` resolved against ``base_dir`` (``file://`` and ``~`` allowed), or ValueError saying why it cannot be:
+    a NUL byte (the OS cannot take it), a symlink loop or a name too long, or ``PathOutside`` when it leaves
+    ``base_dir`` (``../``, an absolute path elsewhere, a symlink out of it). The one check training and preprocessing
+    share for every media path a row names."""
+    if "\x00" in path:
+        raise ValueError(f"{path!r}: the path contains a NUL byte")
     base = Path(base_dir).resolve()
     p = Path(path.removeprefix("file://")).expanduser()
     try:
         full = (p if p.is_absolute() else base / p).resolve()
     except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a name too long
-        raise DataError(f"{kind} path {path!r} cannot be resolved ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path!r} cannot be resolved ({type(e).__name__}: {e})") from None
     if not full.is_relative_to(base):
-        raise DataError(f"{kind} path {path!r} leaves the data folder {base} (a dataset may only name files inside it)")
+        raise PathOutside(f"{path!r} leaves {base}")
     return full
+
+
+def confined_path(path: str, base_dir: str | os.PathLike, kind: str = "image") -> Path:
+    """The file an image (or video: ``kind``) path names inside ``base_dir`` (the parquet file's folder), or
+    ``DataError`` (``resolve_inside``: a dataset may only name files inside its folder)."""
+    try:
+        return resolve_inside(path, base_dir)
+    except PathOutside:
+        raise DataError(f"{kind} path {path!r} leaves the data folder {Path(base_dir).resolve()} (a dataset may only "
+                        "name files inside it)") from None  # fmt: skip
+    except ValueError as e:
+        raise DataError(f"{kind} path {e}") from None
 
 
 def read_image_file(path: Path) -> bytes:

@@ -23,6 +23,7 @@ from vlmrl.report import data
 from vlmrl.report.data import ReportError, RunData, load_run, read_input
 from vlmrl.report.health import Finding, check_health, health_summary
 from vlmrl.report.panels import PANELS, has_data, matching, render, stage_medians
+from vlmrl.trainer.gallery import write_atomically
 
 __all__ = [
     "RunData",
@@ -205,10 +206,4 @@ def build_report(
         )
     parts.append(_gallery_html(runs))
     parts.append("</body></html>\n")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text("".join(parts), encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return write_atomically(out, "".join(parts))

@@ -153,9 +153,15 @@ def write_gallery(
             f"<table><tr><th>component</th><th>value</th></tr>{comp_rows}</table></div>"
         )
     parts.append("</body></html>\n")
+    return write_atomically(path, "".join(parts))
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: a reader (a browser, the report) sees
+    the old page or the new one, never half of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text("".join(parts), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
