@@ -238,15 +238,17 @@ def run_locked(
     on_start: Any = None,
     on_end: Any = None,
     stop_when: Any = None,
+    cwd: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``cmd`` (its own session) holding the CPU lock, output to ``log``; watch for CPU use by processes outside
-    its tree (another job ignoring the lock would skew the timing). Returns returncode, wall_s, stopped_early,
-    foreign_cpu_s and foreign_cpu_frac (share of the machine's CPU time used by others during the run)."""
+    """Run ``cmd`` (its own session, in ``cwd``, default the checkout) holding the CPU lock, output to ``log``;
+    watch for CPU use by processes outside its tree (another job ignoring the lock would skew the timing). Returns
+    returncode, wall_s, stopped_early, foreign_cpu_s, foreign_cpu_frac (share of the machine's CPU time used by
+    others during the run) and started_epoch (``time.time()`` when the process started)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with cpu_lock(what), open(log, "w") as fh:
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         proc = subprocess.Popen(
-            list(cmd), cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            list(cmd), cwd=cwd or ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
         mon = ContentionMonitor(proc.pid)
         mon.start()
@@ -276,6 +278,7 @@ def run_locked(
         "log": str(log),
         "foreign_cpu_s": foreign,
         "foreign_cpu_frac": frac,
+        "started_epoch": started,
     }
 
 
@@ -376,6 +379,103 @@ def _end(proc: subprocess.Popen) -> None:
             continue
 
 
+# ------------------------------------------------------------------------------- shell scripts, timed by part
+
+_TRACER = """# Sourced by bash through BASH_ENV (benchmarks/common.py, traced_env): the script's own commands are
+# traced, each with the time it started, into $VLMRL_TRACE; the scripts and programs it starts are not traced.
+if [[ -n ${VLMRL_TRACE:-} ]]; then
+  exec {BASH_XTRACEFD}>>"$VLMRL_TRACE"
+  unset BASH_ENV VLMRL_TRACE
+  PS4='+[$EPOCHREALTIME] '
+  set -x
+fi
+"""
+
+_TRACE_LINE = re.compile(r"^\++\[(\d+[.,]\d+)\] (.*)$")
+
+
+def traced_env(env: dict[str, str], trace: Path) -> dict[str, str]:
+    """``env`` for running a bash script as a user does while recording when each of its own commands started
+    (into ``trace``, read by ``script_phases``): bash sources ``$BASH_ENV`` before a non-interactive script, and
+    that file turns on ``set -x`` with a timestamped prompt writing to a separate file. The script is unchanged and
+    its output is not touched (bash ignores ``PS4`` from the environment when run as root, hence this route)."""
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    trace.unlink(missing_ok=True)
+    rc = trace.with_name(trace.name + ".bashenv")
+    rc.write_text(_TRACER)
+    return {**env, "BASH_ENV": str(rc), "VLMRL_TRACE": str(trace)}
+
+
+def read_trace(trace: Path) -> list[tuple[float, str]]:
+    """(start time as ``time.time()``, command) of every traced command, in order (continuation lines of a
+    multi-line command are dropped)."""
+    out = []
+    if not trace.exists():
+        return out
+    for line in trace.read_text(errors="replace").splitlines():
+        m = _TRACE_LINE.match(line)
+        if m:
+            out.append((float(m.group(1).replace(",", ".")), m.group(2)))
+    return out
+
+
+def script_phases(trace: Path, marks: Sequence[tuple[str, str]], started: float, ended: float) -> dict[str, float]:
+    """Seconds of each part of a traced script. Part ``name`` starts at the first traced command containing its
+    marker (``marks``: ``(name, substring)`` in the order the script runs them) and ends where the next part found
+    starts, the last one at ``ended``; ``start`` is the time from ``started`` (the process start) to the first
+    part. A part whose marker was not seen is absent."""
+    cmds = read_trace(trace)
+    starts: list[tuple[str, float]] = []
+    i = 0
+    for name, marker in marks:
+        for j in range(i, len(cmds)):
+            if marker in cmds[j][1]:
+                starts.append((name, cmds[j][0]))
+                i = j + 1
+                break
+    out: dict[str, float] = {}
+    if starts:
+        out["start"] = max(0.0, starts[0][1] - started)
+    for k, (name, t) in enumerate(starts):
+        end = starts[k + 1][1] if k + 1 < len(starts) else ended
+        out[name] = max(0.0, end - t)
+    return out
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """``{"median", "min", "max", "n", "values"}`` of the values that are not None (median/min/max None when
+    there are none); ``values`` keeps every run's value, None included."""
+    have = [float(v) for v in values if v is not None]
+    return {
+        "median": median(have) if have else None,
+        "min": min(have) if have else None,
+        "max": max(have) if have else None,
+        "n": len(have),
+        "values": list(values),
+    }
+
+
+def dir_bytes(path: Path) -> int:
+    """Disk space a folder takes, as ``du`` counts it (allocated blocks; a file with several hard links once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    try:
+        total += os.lstat(path).st_blocks * 512
+    except OSError:
+        pass
+    return total
+
+
 # ----------------------------------------------------------------------------------------------- memory
 
 
@@ -463,6 +563,22 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
+    return path
+
+
+def publish(name: str, section: str, result: dict[str, Any], body: str, check_dir: Path | None = None) -> Path:
+    """A benchmark's end: ``benchmarks/results/<name>.json`` and its benchmarks/README.md section, or, for a check
+    run (``check_dir``: ``--quick`` or changed arguments), ``<check_dir>/<name>.json`` and the section printed, so
+    a check never touches what the README's figures come from. Returns the path written."""
+    if check_dir is not None:
+        path = Path(check_dir) / f"{name}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(body)
+        print(f"[bench_{name}] a check run: wrote {path} only (not benchmarks/results/, not the README)")
+        return path
+    path = write_result(name, result)
+    write_readme_section(section, body)
+    print(f"[bench_{name}] wrote {path} and the '{section}' section of benchmarks/README.md", flush=True)
     return path
 
 

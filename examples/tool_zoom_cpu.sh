@@ -5,8 +5,9 @@
 # original) shows its colour. Steps:
 #   1. the tiny model with Qwen2.5's <tool_call> tokens (vlmrl.testing.tiny.TOOL_DEMO)
 #   2. the data: preprocess/synthetic.py --families zoom
-#   3. a warm start (python -m vlmrl.testing.warm_start): imitation of a scripted policy that calls image_zoom on the centre
-#      half of the time and answers a random colour (examples/tool_zoom/teacher.py): the format, not the task
+#   3. a warm start (python -m vlmrl.testing.warm_start): imitation of a scripted policy that calls image_zoom on the
+#      centre in one first turn of four, names the colour after a zoom and answers a random colour otherwise
+#      (examples/tool_zoom/teacher.py): the format, not the task
 #   4. GRPO with the vLLM rollout and multi-turn tools (configs/tool_zoom_cpu.yaml), on 2 worker processes
 #   5. the reward curve (PNG) and the run report (report.html; its validation gallery shows each turn and the
 #      zoomed images)

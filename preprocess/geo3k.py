@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from vlmrl.preprocess.common import (
     INSTRUCTION_FOLLOWING,
     ImageRules,

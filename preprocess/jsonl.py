@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from vlmrl.preprocess.common import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,

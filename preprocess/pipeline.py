@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from vlmrl.preprocess.common import (
     DEFAULT_ROW_GROUP_SIZE,
     MAX_IMAGE_BYTES,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
+
 from vlmrl.preprocess.common import (
     build_record,
     check_image,

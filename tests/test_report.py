@@ -78,6 +78,7 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"a": a, "b": b, "log": run.output(), "scraped": scraped, "sockets": sockets}
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_prometheus_publishes_the_step_metrics_live_on_loopback(runs: dict) -> None:
     scraped, rows = runs["scraped"], {r["step"]: r for r in load_run(runs["a"]).rows}
     labels, step = scraped["vlmrl_step"]
@@ -94,6 +95,7 @@ def test_prometheus_publishes_the_step_metrics_live_on_loopback(runs: dict) -> N
     assert runs["sockets"] and all(c.laddr.ip in ("127.0.0.1", "::1") for c in runs["sockets"]), runs["sockets"]
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_the_grafana_dashboard_queries_metrics_the_exporter_publishes(runs: dict) -> None:
     dash = json.loads((ROOT / "examples" / "grafana_dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
@@ -131,6 +133,7 @@ def _page(path: Path) -> _Page:
     return p
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_a_report_of_one_run_has_every_panel_inline_and_opens_without_network(runs: dict, tmp_path: Path) -> None:
     out = build_report([runs["a"]], tmp_path / "report.html")
     page = _page(out)
@@ -151,6 +154,7 @@ def test_a_report_of_one_run_has_every_panel_inline_and_opens_without_network(ru
     assert "health" in page.ids
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_the_report_renders_in_a_headless_browser_without_network(runs: dict, tmp_path: Path) -> None:
     """Chromium (scripts/test.sh installs it where apt can) renders the page with every host unresolvable: the
     panels' pixels are on screen, so nothing the page shows comes from the network."""
@@ -169,6 +173,7 @@ def test_the_report_renders_in_a_headless_browser_without_network(runs: dict, tm
     assert c0 > 300, c0
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_two_runs_overlay_on_the_same_axes_with_a_legend(runs: dict, tmp_path: Path) -> None:
     out = build_report([runs["a"], runs["b"]], tmp_path / "both.html", labels=["lr 2e-3", "lr 1e-4"], smooth=0.6)
     text = out.read_text()
@@ -193,6 +198,7 @@ def test_two_runs_overlay_on_the_same_axes_with_a_legend(runs: dict, tmp_path: P
     assert "<td>lr 1e-4</td>" in text and len(_page(out).iframes) == 2
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_a_running_jobs_partial_last_line_and_a_resumed_step(runs: dict, tmp_path: Path) -> None:
     live = tmp_path / "live"
     live.mkdir()
@@ -207,6 +213,7 @@ def test_a_running_jobs_partial_last_line_and_a_resumed_step(runs: dict, tmp_pat
     assert "<td>0\u20134</td><td>5</td>" in out.read_text()
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_the_cli_writes_the_report_and_names_a_missing_run(runs: dict, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "vlmrl.report", str(runs["a"]), str(runs["b"]), "-o", str(tmp_path / "x.html"),
            "--smooth", "0.5"]  # fmt: skip
@@ -218,6 +225,7 @@ def test_the_cli_writes_the_report_and_names_a_missing_run(runs: dict, tmp_path:
     assert proc.returncode == 2 and f"{tmp_path / 'nope'}: no metrics.jsonl" in proc.stderr
 
 
+@pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_a_finished_run_prints_its_health(runs: dict) -> None:
     assert "[vlmrl] health:" in runs["log"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
+from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.workers.policy import load_model
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint's config cannot turn it on)",
     )  # fmt: skip
     a = ap.parse_args(argv)
-    t0 = time.perf_counter()
+    sw = Timer.start()
 
     try:
         out = export_checkpoint(
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2
-    print(f"[vlmrl] exported {a.checkpoint} -> {out} ({time.perf_counter() - t0:.1f} s)")
+    print(f"[vlmrl] exported {a.checkpoint} -> {out} ({sw.elapsed:.1f} s)")
     return 0
 
 

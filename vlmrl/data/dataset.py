@@ -14,7 +14,6 @@ video columns are read one row group at a time through a small LRU, and nothing 
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +36,7 @@ from vlmrl.data.records import (
 from vlmrl.data.template import ChatRenderer
 from vlmrl.data.video import VideoEntry, VideoRules, build_video, video_tokens
 from vlmrl.models import qwen_vl
+from vlmrl.timing import Timer
 from vlmrl.tools import hermes
 
 TRUNCATION_MODES = CHOICES["data.truncation"]
@@ -71,7 +71,7 @@ class RLDataset:
         verbose: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
-        started = time.perf_counter()
+        sw = Timer.start()
         self.files = normalize_files(files)
         if not self.files:
             raise ValueError(f"no data files given for the {split} split")
@@ -122,13 +122,13 @@ class RLDataset:
             info = s.meta.schema.field("extra_info").type if "extra_info" in s.columns else pa.null()
             if not (pa.types.is_struct(info) or pa.types.is_map(info) or pa.types.is_null(info)):
                 raise DataError(f"{s.path}: column 'extra_info' is {info}, expected a struct (a dict per record)")
-        self._scan(started)
+        self._scan(sw)
         if verbose:
             print(self.format_report())
 
     # ------------------------------------------------------------------------------------------------ construction
 
-    def _scan(self, started: float) -> None:
+    def _scan(self, sw: Timer) -> None:
         """Check and measure every record; keep the ones that fit; fill ``self.report``."""
         kept_src: list[np.ndarray] = []
         kept_row: list[np.ndarray] = []
@@ -242,7 +242,7 @@ class RLDataset:
             "text_only_prompts": int(((self.num_images + self.num_videos) == 0).sum()),
             "pixel_bounds": list(self.pixel_bounds),
             "max_samples": self.max_samples,
-            "seconds": round(time.perf_counter() - started, 3),
+            "seconds": round(sw.elapsed, 3),
         }
 
     def _render_checked(

@@ -11,7 +11,6 @@ copy when the rollout shares the trainer's model.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +23,7 @@ from vlmrl.models.forward import token_logprobs
 from vlmrl.models.inputs import PromptImages, process_images
 from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
+from vlmrl.timing import Timer
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
@@ -87,7 +87,7 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` samples per prompt, grouped by prompt."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         batch = RolloutBatch([], [], [], [], n=spec.n)
         was_training = self.model.training
         self.model.eval()
@@ -96,7 +96,7 @@ class HFRollout:
                 self._generate_chunk(prompts[i : i + self.micro_batch_prompts], spec, batch)
         finally:
             self.model.train(was_training)
-        batch.timing["generate_s"] = time.perf_counter() - t0
+        batch.timing["generate_s"] = sw.elapsed
         return batch
 
     @torch.no_grad()
@@ -195,7 +195,7 @@ class HFRollout:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Copy weights into the generating model, unless it is the trainer's own module (then nothing to do)."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -204,7 +204,7 @@ class HFRollout:
                     raise KeyError(f"HF rollout model has no parameter {name!r}")
                 if p.data_ptr() != tensor.data_ptr():
                     p.copy_(tensor.to(p.dtype))
-        return time.perf_counter() - t0
+        return sw.elapsed
 
     def sleep(self) -> None:
         """Nothing to free: the HF rollout holds no separate cache between calls."""

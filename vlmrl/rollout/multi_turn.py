@@ -19,7 +19,6 @@ run. The tools' text is tokenised without special tokens (an echoed ``<|image_pa
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from PIL import Image
 from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec, TurnRequest
+from vlmrl.timing import Timer
 from vlmrl.tools import hermes
 from vlmrl.tools.runner import AGENT_KWARGS, ToolOutcome, ToolRequest, ToolRunner
 
@@ -97,10 +97,9 @@ class MultiTurnAgent:
     # ------------------------------------------------------------------------------------------------- loop
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` trajectories per prompt, grouped by prompt."""
-        t0 = time.perf_counter()
+        timer = Timer()
         states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
         active = list(states)
-        tool_s = 0.0
         per_turn = self.cfg.max_tokens_per_turn
         while active:
             requests = []
@@ -129,9 +128,8 @@ class MultiTurnAgent:
                 for k, c in enumerate(parsed):
                     if k < self.cfg.max_parallel_calls:
                         calls.append(_Call(s, c, turn))
-            t1 = time.perf_counter()
-            self._run_calls(calls)
-            tool_s += time.perf_counter() - t1
+            with timer("tool"):
+                self._run_calls(calls)
             active = self._append_tool_turns(calls)
         batch = RolloutBatch([], [], [], [], n=spec.n)
         for s in states:
@@ -142,8 +140,8 @@ class MultiTurnAgent:
             batch.finish_reasons.append(s.finish)
             s.traj.response_mask = s.mask
             batch.trajectories.append(s.traj)
-        batch.timing["generate_s"] = time.perf_counter() - t0
-        batch.timing["tool_s"] = tool_s
+        batch.timing["generate_s"] = timer.elapsed
+        batch.timing["tool_s"] = timer["tool"]
         return batch
 
     def _image_tokens(self, image: Image.Image) -> int:

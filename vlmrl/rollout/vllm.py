@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +25,7 @@ from vlmrl.config.checks import cache_kept_on
 from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.rollout.cpu_reload import direct_reload, unsupported_reason
+from vlmrl.timing import Timer
 
 # a bias no real logit survives; the engine applies it to raw logits before sampling
 _NEVER = -1.0e4
@@ -141,9 +141,9 @@ class VLLMRollout:
             raise ValueError("a tensor-parallel engine runs inside the trainer's process group (distributed=True)")
         kwargs.update(default_cache_off())
         kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
-        t0 = time.perf_counter()
+        sw = Timer.start()
         self.llm = LLM(**kwargs)
-        self.start_s = time.perf_counter() - t0
+        self.start_s = sw.elapsed
         self.tokenizer = self.llm.get_tokenizer()
         self.vision_ids = vision_token_ids(self.tokenizer)
         self.eos_ids = _eos_ids(model_path, self.tokenizer)
@@ -176,7 +176,7 @@ class VLLMRollout:
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` samples per prompt. Prompts go in as ids with ONE image pad per image and ONE video pad per
         video (the engine expands them)."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         requests = []
         for p in prompts:
             req: dict[str, Any] = {"prompt_token_ids": list(p.prompt_ids)}
@@ -201,7 +201,7 @@ class VLLMRollout:
                 batch.response_ids.append(ids)
                 batch.logprobs.append([float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])])
                 batch.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
-        batch.timing["generate_s"] = time.perf_counter() - t0
+        batch.timing["generate_s"] = sw.elapsed
         return batch
 
     def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
@@ -230,13 +230,13 @@ class VLLMRollout:
         and encoder caches so the engine behaves exactly like a fresh one started from the new weights. On CPU the
         weights go straight into the layers, which are packed again (``cpu_reload.direct_reload``: the same result as
         vLLM's ``reload_weights``, faster); elsewhere through ``reload_weights``."""
-        t0 = time.perf_counter()
+        sw = Timer.start()
         if self.direct_push_unsupported is None:
             self.llm.collective_rpc(direct_reload, args=(iter(named_tensors),))
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.reset_caches()
-        return time.perf_counter() - t0
+        return sw.elapsed
 
     def reset_caches(self) -> None:
         """Drop KV blocks and image features computed with old weights (an unfreed block would keep stale KV alive:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from vlmrl.config.checks import reward_problems
 from vlmrl.scoring.composite import Dispatch, build_scorer, make_spec
 from vlmrl.scoring.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
 from vlmrl.scoring.runner import InlineRunner, ProcessRunner, timeout_text
+from vlmrl.timing import Timer
 
 if TYPE_CHECKING:
     from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
@@ -136,7 +136,7 @@ class RewardManager:
 
         A data_source with no configured function raises RewardConfigError before any call (whatever on_error).
         """
-        t0 = time.perf_counter()
+        sw = Timer.start()
         samples = list(samples)
         self.scorer.check({s.data_source for s in samples})
         if self._pool is not None:
@@ -145,7 +145,7 @@ class RewardManager:
         else:
             assert self._inline is not None
             outcomes = self._inline.run(samples)
-        return self._assemble(samples, outcomes, time.perf_counter() - t0)
+        return self._assemble(samples, outcomes, sw.elapsed)
 
     def _assemble(self, samples: list[Any], outcomes: list[Outcome], elapsed: float) -> RewardOutput:
         n = len(samples)

@@ -27,7 +27,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images, to_device
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics
+from vlmrl.timing import Timer
 from vlmrl.tools.config import tool_schemas
 from vlmrl.tools.runner import ToolRunner
 from vlmrl.userfiles import load_callable
@@ -114,7 +114,7 @@ def warm_start(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
-    t0 = time.perf_counter()
+    sw = Timer.start()
     last: dict[str, float] = {}
     first_loss = float("nan")
     for step in range(1, steps + 1):
@@ -133,7 +133,7 @@ def warm_start(
         first_loss = loss.item() if step == 1 else first_loss
         last = {"step": step, "first_loss": first_loss, "loss": loss.item(),
                 "called_share": mtm.get("multi_turn/called_share", 0.0),
-                "tool_errors": mtm.get("multi_turn/tool_errors", 0.0), "seconds": time.perf_counter() - t0}  # fmt: skip
+                "tool_errors": mtm.get("multi_turn/tool_errors", 0.0), "seconds": sw.elapsed}  # fmt: skip
         if step % log_every == 0 or step in (1, steps):
             print(f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
                   f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)", flush=True)  # fmt: skip

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from PIL import Image
 
 from vlmrl.models.qwen_vl import resized_size
 from vlmrl.supervise import DIED, TIMEOUT, SupervisedPool
+from vlmrl.timing import Timer
 from vlmrl.tools.base import BaseTool
 from vlmrl.tools.config import ToolConfigError, build_tools
 
@@ -121,12 +121,12 @@ def check_result(result: Any) -> ToolOutcome:
 def run_call(tool: BaseTool, req: ToolRequest) -> ToolOutcome:
     """Run one call to completion in this thread (create, execute, release) and check what it gave; whatever the
     tool raises becomes an ``exception`` outcome."""
-    t0 = time.perf_counter()
+    sw = Timer.start()
     try:
         out = check_result(asyncio.run(_call(tool, req)))
     except BaseException as e:  # noqa: BLE001 - whatever a tool does (sys.exit included), the policy reads an error
         out = _failure("exception", f"{type(e).__name__}: {e}")
-    out.seconds = time.perf_counter() - t0
+    out.seconds = sw.elapsed
     return out
 
 

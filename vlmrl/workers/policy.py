@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import ModelInputs, to_device
 from vlmrl.safe_load import safe_dcp_load
+from vlmrl.timing import Timer
 from vlmrl.workers import micro_batches
 from vlmrl.workers.weights import engine_weights
 
@@ -273,25 +273,24 @@ class PolicyWorker:
         so the ratio is computed against their detached values and no separate forward is spent on them.
         """
         ac = self.actor_cfg
-        t0 = time.perf_counter()
+        timer = Timer()
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
         on_policy = ac.ppo_epochs == 1 and n_mini == 1
-        old = None if on_policy else self.logprobs(x, "actor")
-        ref = self.logprobs(x, "ref") if self.ref is not None else None
-        t_logprob = time.perf_counter() - t0
+        with timer("old_ref_logprob"):
+            old = None if on_policy else self.logprobs(x, "actor")
+            ref = self.logprobs(x, "ref") if self.ref is not None else None
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
-        self.model.train()
-        for _epoch in range(ac.ppo_epochs):
-            order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
-            for mini in order.chunk(n_mini):
-                self._mini_step(x, mini, advantages, old, ref, metrics)
-        self.scheduler.step()
+        with timer("update"):
+            self.model.train()
+            for _epoch in range(ac.ppo_epochs):
+                order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
+                for mini in order.chunk(n_mini):
+                    self._mini_step(x, mini, advantages, old, ref, metrics)
+            self.scheduler.step()
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
-        out["timing/old_ref_logprob_s"] = t_logprob
-        out["timing/update_s"] = time.perf_counter() - t0 - t_logprob
-        return out
+        return out | timer.metrics()
 
     def _global_sums(self, *values: float) -> list[float]:
         """Sums of these numbers over ranks, in one all-reduce."""

@@ -1,0 +1,254 @@
+"""The test command on a clean clone, as CI runs it: ``git clone`` of this repository at HEAD into a new folder,
+then the README's ``bash scripts/test.sh`` there (its first install included), timed by part.
+
+    python benchmarks/bench_suite.py [--runs 1]
+    python benchmarks/bench_suite.py --quick      # the clone's test.sh, the checkout's .venv, tests/test_algos.py
+
+What is measured is the committed HEAD (``git clone`` of the checkout; uncommitted changes are not in it: the result
+records the commit and whether the checkout had changes). The clone gets no environment that would change the
+command (no ``VLMRL_VENV``, ``VLMRL_CACHE``, ``PYTHONPATH`` or activated venv), so ``scripts/install.sh`` creates
+the clone's own ``.venv`` (pip's download cache stays as it is on the machine; ``--no-pip-cache`` turns it off) and
+``scripts/install_browser.sh`` installs Chromium when none is there (the result records whether one was). The
+command's own steps are traced with their start times (``common.traced_env``) to split its wall time into the
+install, the browser and pytest. pytest writes ``--junitxml``: tests, passed, failed, errors, skipped (and which
+skips name CUDA or a GPU), and pytest's own time. Afterwards: the size of the clone's ``.venv`` on disk and the
+parts of it that only a GPU uses (NVIDIA's CUDA wheels ``nvidia*``, ``cuda*``, torch's ``libtorch_cuda*`` and
+``libc10_cuda``, triton). While it runs, ``VLMRL_MEASURING_SUITE=1`` tells ``tests/test_readme_figures.py`` to
+leave out the README figures this run is measuring (those tied to ``suite.json``).
+
+The run holds the shared CPU lock (``$VLMRL_CPU_LOCK``); a run during which other processes used more than 10 % of
+the machine is repeated (``--retries``). Writes ``benchmarks/results/suite.json`` and the ``## Test suite`` section
+of ``benchmarks/README.md``; the clone is removed afterwards (``--keep`` keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SECTION = "Test suite"
+PARTS = (
+    ("install", "bash scripts/install.sh"),
+    ("browser", "bash scripts/install_browser.sh"),
+    ("pytest", "-m pytest"),
+)
+"""scripts/test.sh's parts, each starting at the first traced command containing its marker."""
+UNSET = ("VLMRL_VENV", "VLMRL_CACHE", "PYTHONPATH", "VIRTUAL_ENV", "PYTHON", "BASH_ENV", "SMOKE", "OUT",
+         "RAY_ADDRESS", "VLMRL_DRY_RUN", "PYTHONHOME")  # fmt: skip
+"""Environment variables of the calling shell the command does not inherit (they would change what it does)."""
+SUMMARY_LINE = r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected)\b.*? in [\d.]+s\b.*?)\s*=*$"
+"""pytest's last line (``-q`` drops the ``=`` around it)."""
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+GPU_ONLY = {
+    "nvidia": lambda n: n.startswith("nvidia"),
+    "cuda": lambda n: n.startswith(("cuda", "cuda_")),
+    "triton": lambda n: n.startswith("triton"),
+}
+"""site-packages entries that only a GPU uses, by group (torch's CUDA libraries are counted in ``torch_cuda``)."""
+
+
+def git(*args: str) -> str:
+    """A read-only git command in the checkout; its stdout."""
+    return subprocess.run(["git", "-C", str(common.ROOT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def venv_sizes(venv: Path) -> dict[str, Any]:
+    """Disk space of a virtual environment, and of its GPU-only parts by group."""
+    site = next(venv.glob("lib/python3*/site-packages"), None)
+    out: dict[str, Any] = {"venv_bytes": common.dir_bytes(venv)}
+    groups: dict[str, int] = {k: 0 for k in GPU_ONLY}
+    if site is not None:
+        for entry in site.iterdir():
+            for group, match in GPU_ONLY.items():
+                if match(entry.name):
+                    groups[group] += common.dir_bytes(entry) if entry.is_dir() else entry.lstat().st_blocks * 512
+        lib = site / "torch" / "lib"
+        groups["torch_cuda"] = sum(f.lstat().st_blocks * 512 for f in lib.glob("*cuda*")) if lib.is_dir() else 0
+    out["gpu_only_bytes"] = groups
+    out["gpu_only_total_bytes"] = sum(groups.values())
+    return out
+
+
+def junit(path: Path) -> dict[str, Any]:
+    """Counts from pytest's JUnit XML: tests, passed, failed, errors, skipped (and the skips naming CUDA or a GPU,
+    with every skip's test and reason), pytest's time."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    skips, failed = [], []
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        for sk in case.findall("skipped"):
+            skips.append({"test": name, "reason": sk.get("message", "")})
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(name)
+    gpu = [s for s in skips if re.search(r"CUDA|GPU", s["reason"])]
+    return {
+        "tests": total["tests"],
+        "passed": total["tests"] - total["failures"] - total["errors"] - total["skipped"],
+        "failed": total["failures"],
+        "errors": total["errors"],
+        "skipped": total["skipped"],
+        "skipped_gpu": len(gpu),
+        "skips": skips,
+        "failed_tests": failed,
+        "pytest_s": sum(float(s.get("time", 0.0)) for s in suites),
+    }
+
+
+def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
+    """Clone HEAD into a new folder, run the test command there, measure; the clone is removed unless --keep."""
+    a.work.mkdir(parents=True, exist_ok=True)
+    parent = Path(tempfile.mkdtemp(prefix=f"suite-{k}-", dir=a.work))
+    clone = parent / "vlmrl"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(common.ROOT), str(clone)], check=True)
+    cloned = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    if cloned != commit:
+        raise RuntimeError(f"the clone is at {cloned}, not HEAD {commit} (a detached HEAD? check out a branch)")
+    browser_before = next((b for b in BROWSERS if shutil.which(b)), None)
+    venv_bin = os.environ.get("VIRTUAL_ENV")
+    env = {key: v for key, v in os.environ.items() if key not in UNSET}
+    path = [d for d in env.get("PATH", "").split(os.pathsep) if d and not (venv_bin and d.startswith(venv_bin))]
+    path = [d for d in path if not d.startswith(str(common.ROOT / ".venv"))]
+    env["PATH"] = os.pathsep.join(path)
+    env["VLMRL_MEASURING_SUITE"] = "1"
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="vlmrl-bench-ray-")
+    if a.no_pip_cache:
+        env["PIP_NO_CACHE_DIR"] = "1"
+    if a.quick:  # the checkout's installed .venv: the install check returns at once
+        env["VLMRL_VENV"] = str(common.ROOT / ".venv")
+    xml = parent / "junit.xml"
+    trace = parent / "trace.txt"
+    env = common.traced_env(env, trace)
+    cmd = ["bash", "scripts/test.sh", f"--junitxml={xml}", *a.pytest_args]
+    log = a.work / f"run_{k}.log"
+    run = common.run_locked(cmd, env=env, log=log, timeout_s=a.timeout_s, what=f"test suite run {k}", cwd=clone)
+    text = log.read_text(errors="replace")
+    if not xml.exists():
+        raise RuntimeError(f"scripts/test.sh wrote no JUnit XML (exit {run['returncode']}); log {log}:\n{text[-4000:]}")
+    parts = common.script_phases(trace, PARTS, run["started_epoch"], run["started_epoch"] + run["wall_s"])
+    m = re.search(r"\[vlmrl install\] done in (\d+) s", text)
+    summary = re.findall(SUMMARY_LINE, text, re.M)
+    res: dict[str, Any] = {
+        "run": k,
+        "returncode": run["returncode"],
+        "wall_s": run["wall_s"],
+        "parts_s": parts,
+        "install_reported_s": int(m.group(1)) if m else None,
+        **junit(xml),
+        "pytest_summary": summary[-1] if summary else None,
+        "browser_before": browser_before,
+        "browser_after": next((b for b in BROWSERS if shutil.which(b)), None),
+        **venv_sizes(clone / ".venv" if not a.quick else common.ROOT / ".venv"),
+        "foreign_cpu_frac": run["foreign_cpu_frac"],
+        "log": str(log),
+    }
+    if not a.keep:
+        shutil.rmtree(parent, ignore_errors=True)
+    return res
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The benchmarks/README.md section."""
+    c = res["config"]
+    lines = [
+        f"`python benchmarks/bench_suite.py --runs {c['runs']}` ({res['date']}). `git clone` of the repository at "
+        f"{res['commit'][:10]}{' (the checkout had uncommitted changes, not measured)' if res['dirty'] else ''}, "
+        "then `bash scripts/test.sh --junitxml=...` in the clone as CI runs it: a new `.venv` (the first install), "
+        "Chromium when none is installed, the whole suite. Parts timed from the command's own steps (bash's `set "
+        "-x` with timestamps, through `BASH_ENV`); counts and pytest's time from the JUnit XML.",
+        "",
+    ]
+    header = ["run", "tests", "passed", "failed + errors", "skipped (GPU)", "command min", "install min",
+              "browser s", "pytest min", ".venv GiB", "GPU-only GiB", "CPU used by others"]  # fmt: skip
+    rows = []
+    for r in res["runs"]:
+        p = r["parts_s"]
+        rows.append([str(r["run"]), str(r["tests"]), str(r["passed"]), str(r["failed"] + r["errors"]),
+                     f"{r['skipped']} ({r['skipped_gpu']})", f"{r['wall_s'] / 60:.1f}",
+                     f"{p.get('install', 0) / 60:.1f}", f"{p.get('browser', 0):.0f}",
+                     f"{p.get('pytest', 0) / 60:.1f}", f"{r['venv_bytes'] / 2**30:.1f}",
+                     f"{r['gpu_only_total_bytes'] / 2**30:.1f}", f"{r['foreign_cpu_frac']:.0%}"])  # fmt: skip
+    lines.append(common.table(header, rows))
+    r0 = res["runs"][0]
+    g = r0["gpu_only_bytes"]
+    lines += [
+        "",
+        "GPU-only parts of the `.venv` (GiB): " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in g.items()) + ".",
+        f"Chromium before the run: {r0['browser_before'] or 'none'}; after: {r0['browser_after'] or 'none'}. "
+        f"pytest's last line: `{r0['pytest_summary']}`.",
+    ]
+    if r0["skips"]:
+        lines += ["", "Skipped: " + "; ".join(f"`{s['test']}` ({s['reason']})" for s in r0["skips"]) + "."]
+    if r0["failed_tests"]:
+        lines += ["", "Failed: " + ", ".join(f"`{t}`" for t in r0["failed_tests"]) + "."]
+    lines += ["", common.machine_line(res), "Raw numbers: `benchmarks/results/suite.json`."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Clone, run the test command ``--runs`` times, write the results and the README section."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--retries", type=int, default=1, help="repeat a run during which others used > 10%% of the CPU")
+    p.add_argument("--quick", action="store_true", help="checkout's .venv, one test file; results only under --work")
+    p.add_argument("--no-pip-cache", action="store_true", help="install without pip's download cache")
+    p.add_argument("--keep", action="store_true", help="keep the clone (and its .venv, ~8 GB)")
+    p.add_argument("--timeout-s", type=float, default=3 * 3600)
+    p.add_argument("--work", type=Path, default=common.ROOT / ".cache" / "bench" / "suite")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (changes what is measured)")
+    a = p.parse_args(argv)
+    if a.quick and not a.pytest_args:
+        a.pytest_args = ["tests/test_algos.py"]
+    commit = git("rev-parse", "HEAD").strip()
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+    if dirty:
+        print("[bench_suite] the checkout has uncommitted changes: the clone measures HEAD without them", flush=True)
+    n = 1 if a.quick else a.runs
+    runs = []
+    for k in range(1, n + 1):
+        r = common.uncontended(lambda k=k: one_run(k, a, commit), f"test suite run {k}", a.retries)
+        runs.append(r)
+        print(f"[bench_suite] run {k}: {r['tests']} tests, {r['passed']} passed, {r['failed']} failed, "
+              f"{r['errors']} errors, {r['skipped']} skipped; command {r['wall_s'] / 60:.1f} min, parts "
+              f"{ {k2: round(v) for k2, v in r['parts_s'].items()} } s; .venv {r['venv_bytes'] / 2**30:.2f} GiB",
+              flush=True)  # fmt: skip
+    keys = ("wall_s", "pytest_s", "tests", "passed", "failed", "skipped", "venv_bytes", "gpu_only_total_bytes")
+    summary = {key: common.spread([r[key] for r in runs]) for key in keys}
+    for part in PARTS:
+        summary[f"parts_s/{part[0]}"] = common.spread([r["parts_s"].get(part[0]) for r in runs])
+    res = {
+        "benchmark": "suite",
+        "date": common.now(),
+        "machine": common.machine(),
+        "versions": common.versions(),
+        "commit": commit,
+        "dirty": dirty,
+        "config": {
+            "runs": n,
+            "quick": a.quick,
+            "pytest_args": a.pytest_args,
+            "no_pip_cache": a.no_pip_cache,
+            "command": "bash scripts/test.sh --junitxml=...",
+        },
+        "runs": runs,
+        "summary": summary,
+    }
+    common.publish("suite", SECTION, res, markdown(res), a.work if a.quick or a.pytest_args else None)
+    return res
+
+
+if __name__ == "__main__":
+    main()

