@@ -9,7 +9,7 @@ the tool variant and the ``NO_TOOLS=1`` variant alternating, ``--runs`` times ea
 benchmark's own (``VLMRL_CACHE`` under ``--work``), shared by the runs: the first run builds the tool-demo tiny model.
 The script's own commands are traced with their start times (``common.traced_env``) to split its wall time into the
 install check, the model, the data, the warm start, GRPO (the training command: start-up, validations, steps) and
-the curve and report. From ``metrics.jsonl``: the median step time, the share of trajectories calling ``image_zoom``
+the curve and report. From ``metrics.jsonl``: the median step time, the share of trajectories making a tool call
 (``multi_turn/called_share``) over the first 5 and the last 10 steps, the training reward over the same windows and
 the range of its 5-step mean, the first step where the 5-step mean reaches 0.9 and the training seconds to it,
 validation at each validation step, and per 50-step range the calls that did not parse
@@ -51,9 +51,9 @@ PARTS = (
 """The script's parts, each starting at the first traced command containing its marker, in script order."""
 VARIANTS = {"tools": {}, "no_tools": {"NO_TOOLS": "1"}}
 BIN = 50
+"""Steps per range of the parse-error counts (the config's validation interval)."""
 WARM_LINE = r"\[warm_start\] step (\d+)/(\d+) loss ([\d.]+) called ([\d.]+) tool errors (\d+) \((\d+) s\)"
 """The warm start's progress line (vlmrl/testing/warm_start.py)."""
-"""Steps per range of the parse-error counts (the config's validation interval)."""
 
 
 def mean(xs: list[float]) -> float | None:

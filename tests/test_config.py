@@ -513,3 +513,29 @@ def test_dummy_engine_weights_are_refused_with_the_reason() -> None:
     assert load(BASE + ["actor_rollout_ref.rollout.load_format=safetensors"]).actor_rollout_ref.rollout.load_format == (
         "safetensors"
     )
+
+
+def test_the_command_line_refuses_unknown_options_and_a_flag_without_its_value() -> None:
+    """``--config_path=x`` (a typo) is not passed on as an override; ``--config-name`` as the last argument is named
+    as missing its value, not as a bare argument."""
+    from vlmrl.config.command import parse
+
+    (problem,) = parse(["--config_path=x", "data.train_files=x"]).problems
+    assert problem.startswith("'--config_path=x': not an option of vlmrl.train"), problem
+    (problem,) = parse(["data.train_files=x", "--config-name"]).problems
+    assert problem == "'--config-name' needs a value: --config-name=VALUE.", problem
+
+
+def test_a_config_dir_whose_name_holds_hydra_syntax_is_searched(tmp_path: Path) -> None:
+    """``--config-dir`` with ``,``, ``]``, a quote and a space in its name: it goes into Hydra's search path quoted,
+    so composition works, both for a config of vlmrl's (the folder searched) and for the folder's own file."""
+    from vlmrl.config.command import compose
+
+    folder = tmp_path / "a,b]c'd e"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text("defaults:\n  - grpo\n  - _self_\ndata:\n  max_prompt_length: 333\n")
+    need = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
+    got = compose([f"--config-dir={folder}", "--config-name=tiny_cpu", *need])
+    assert got.raw is not None and not got.problems, got.problems
+    got = compose([f"--config-dir={folder}", "--config-name=mine", *need])
+    assert got.raw is not None and got.cfg.data.max_prompt_length == 333, got.problems

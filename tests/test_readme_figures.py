@@ -359,6 +359,10 @@ ALLOWED: list[tuple[str, str]] = [
     ("sees it at 112 x 112 pixels", "the tool demo task's definition (preprocess/synthetic.py --families zoom)"),
     ("shows the square 56 pixels wide", "the tool demo task's definition (the zoom's pixel budget)"),
     ("(fewer than 2 frames)", "a reject rule"),
+    (
+        "a 1080p clip of 64 frames: memory rises by less than 20 source frames' worth, where keeping them took all 64",
+        "the clip and the bound of tests/test_reliability_media.py (CLAIMS)",
+    ),
     ("{*} at step 60, {*} at step 120**", "the video runs' validation steps (test_freq 60, 120 steps)"),
     ("python3.11-venv", "a Debian package name"),
     ("Python 3.11's `venv` module", "the Python version the install needs"),
@@ -367,7 +371,7 @@ ALLOWED: list[tuple[str, str]] = [
     ("Qwen2.5's template", "a model name"),
     # configuration (inputs of the measured runs, not measurements)
     ("on 2 worker processes for 120 steps (16 prompts x 8 samples", "the quick start's config (configs/tiny_cpu.yaml)"),
-    ("1.00 at step 60 and", "the quick start's validation steps (test_freq 60)"),
+    ("{*} at step 60 and", "the quick start's validation steps (test_freq 60)"),
     ("at step 120;", "the quick start's last step (total_training_steps 120)"),
     ("reward reaches 0.9 at step", "the threshold that defines the figure"),
     ("reaches 0.9 at **step", "the threshold that defines the figure"),
@@ -391,7 +395,10 @@ ALLOWED: list[tuple[str, str]] = [
     ("`lr` 1e-3 broke", "the setting that was tried"),
     ("at step 300 and 600", "the temporal runs' validation steps (half and all of --temporal-steps)"),
     ("({*} of 96)", "the validation set's size (bench_video.py: 96 test records)"),
-    ("gets at most 0.51 on this validation set (49 of 96", "counted from the validation set's answers (data)"),
+    (
+        "gets at most 0.51 on this validation set (49 of 96",
+        "counted from the validation set's answers (tests/test_video_data.py)",
+    ),
     ("naming a random colour, 0.33", "chance with three colours"),
     ("sit 2 positions apart", "M-RoPE's temporal positions of 2 frame pairs (arithmetic)"),
     ("{*} parameter model (vision width 32, two blocks)", "the tiny model's shape (vlmrl/testing/tiny.py)"),
@@ -450,6 +457,29 @@ def _source(path: str) -> str:
     return (ROOT / path).read_text()
 
 
+def _literal(path: str, name: str) -> Any:
+    """The literal value assigned to ``name`` at the top level of the source file ``path``."""
+    for node in ast.parse(_source(path)).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                       else None)  # fmt: skip
+        if getattr(target, "id", "") == name and node.value is not None:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} assigns no {name}")
+
+
+def _default(where: str, name: str) -> Any:
+    """The default of field or parameter ``name`` of ``module:Class`` (a dataclass field, else ``__init__``'s)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    module, cls = where.split(":")
+    obj = getattr(importlib.import_module(module), cls)
+    if dataclasses.is_dataclass(obj):
+        return {f.name: f.default for f in dataclasses.fields(obj)}[name]
+    return inspect.signature(obj.__init__).parameters[name].default
+
+
 def _teacher_share() -> float:
     tree = ast.parse(_source("examples/tool_zoom/teacher.py"))
     for node in tree.body:
@@ -499,7 +529,68 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
         "(default 1800;",
         "vlmrl's trainer.worker_timeout_s default",
-        lambda: re.search(r"worker_timeout_s: float = 1800", _source("vlmrl/config/schema.py")) is not None,
+        lambda: _default("vlmrl.config.schema:TrainerConfig", "worker_timeout_s") == 1800,
+    ),
+    (
+        "(preprocessing: 11 reasons and 8 more for videos",
+        "preprocess/common.py: REJECT_REASONS and VIDEO_REJECT_REASONS",
+        lambda: (
+            len(_literal("preprocess/common.py", "REJECT_REASONS")) == 11
+            and len(_literal("preprocess/common.py", "VIDEO_REJECT_REASONS")) == 8
+        ),
+    ),
+    (
+        "`tool_timeout_s` (30) and `tool_workers` (2)",
+        "vlmrl's multi_turn defaults",
+        lambda: (
+            _default("vlmrl.config.schema:MultiTurnConfig", "tool_timeout_s") == 30
+            and _default("vlmrl.config.schema:MultiTurnConfig", "tool_workers") == 2
+        ),
+    ),
+    (
+        "the first 2 x `num_workers`",
+        "vlmrl/supervise.py: HANG_CALLS_PER_SLOT",
+        lambda: _literal("vlmrl/supervise.py", "HANG_CALLS_PER_SLOT") == 2,
+    ),
+    (
+        "short timeout (10x the slowest call that returned, at least 1 s)",
+        "vlmrl/supervise.py: SHORT_TIMEOUT_FACTOR and SHORT_TIMEOUT_FLOOR_S",
+        lambda: (
+            _literal("vlmrl/supervise.py", "SHORT_TIMEOUT_FACTOR") == 10
+            and _literal("vlmrl/supervise.py", "SHORT_TIMEOUT_FLOOR_S") == 1
+        ),
+    ),
+    (
+        "within 5 s, and checks the token",
+        "PrometheusExporter's request_timeout_s default",
+        lambda: _default("vlmrl.trainer.prometheus:PrometheusExporter", "request_timeout_s") == 5,
+    ),
+    (
+        "hold at least 16 characters; it serves at most 16 connections",
+        "vlmrl/config/network.py: MIN_TOKEN_CHARS; PrometheusExporter's max_connections default",
+        lambda: (
+            _literal("vlmrl/config/network.py", "MIN_TOKEN_CHARS") == 16
+            and _default("vlmrl.trainer.prometheus:PrometheusExporter", "max_connections") == 16
+        ),
+    ),
+    (
+        "the quick start uses 0.03",
+        "configs/tiny_cpu.yaml: actor_rollout_ref.actor.entropy_coeff",
+        lambda: _yaml("configs/tiny_cpu.yaml")["actor_rollout_ref"]["actor"]["entropy_coeff"] == 0.03,
+    ),
+    (
+        "a 1080p clip of 64 frames: memory rises by less than 20 source frames' worth",
+        "tests/test_reliability_media.py: HD (1920, 1080), HD_FRAMES 64, BOUNDED 20",
+        lambda: (
+            _literal("tests/test_reliability_media.py", "HD") == (1920, 1080)
+            and _literal("tests/test_reliability_media.py", "HD_FRAMES") == 64
+            and _literal("tests/test_reliability_media.py", "BOUNDED") == 20
+        ),
+    ),
+    (
+        "a joined cluster gets 120 s",
+        "vlmrl/workers/launch_ray.py: the placement wait",
+        lambda: "timeout=120)" in _source("vlmrl/workers/launch_ray.py"),
     ),
 ]
 """``(README text, what holds it, check)``: bounds and settings the README quotes, tied to where they live."""

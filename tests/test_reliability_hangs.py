@@ -4,6 +4,7 @@ that holds the GIL (sympy grading ``9^{9^{9}}``); a hung tool leaves no thread b
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.scoring import RewardError, RewardManager
-from vlmrl.supervise import SHORT_TIMEOUT_FLOOR_S, HangError
+from vlmrl.supervise import SHORT_TIMEOUT_FACTOR, SHORT_TIMEOUT_FLOOR_S, TIMEOUT, CallResult, HangError, HangWatch
 from vlmrl.tools.runner import ToolRunner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +46,16 @@ class Hang(BaseTool):
     default_schema = {"type": "function", "function": {"name": "hang", "parameters": {}}}
     def execute(self, iid, params, **kw):
         time.sleep(600)
+"""
+
+WHERE = """
+import os, threading
+from vlmrl.tools.base import BaseTool, ToolResponse
+
+class Where(BaseTool):
+    default_schema = {"type": "function", "function": {"name": "where", "parameters": {}}}
+    def execute(self, iid, params, **kw):
+        return ToolResponse(text=f"{os.getpid()} {threading.get_ident()}"), 0.0, {}
 """
 
 
@@ -99,13 +110,37 @@ def test_a_reward_that_hangs_on_one_call_in_ten_costs_about_one_timeout_per_work
     assert elapsed < 3.0 + 3 * SHORT_TIMEOUT_FLOOR_S + 1.5, elapsed  # before: 12 s
 
 
-def test_a_slow_call_after_the_batch_used_its_timeouts_gets_the_short_timeout_not_less(reward_file) -> None:
-    """The short timeout is never below 1 s: a call of 1 s right after a hang still... is stopped only past 1 s,
-    and a fast batch afterwards gets full timeouts again (the budget is per batch)."""
+def test_the_short_timeout_is_ten_times_the_slowest_return_at_least_1_s_at_most_the_timeout() -> None:
+    """The rule the README states: full timeouts until each slot has had one, then 10x the slowest call that
+    returned, never under 1 s nor over the configured timeout; no call returned yet: the full timeout."""
+
+    def watch(slowest: float | None, timeout_s: float = 5.0, slots: int = 2) -> HangWatch:
+        w = HangWatch("f", "reward.timeout_s", slots, timeout_s, slowest)
+        assert w.timeout() == timeout_s  # no timeout yet in this batch
+        w.record(CallResult(error=TIMEOUT, seconds=timeout_s))
+        assert w.timeout() == timeout_s  # one slot of two has had its timeout
+        w.record(CallResult(error=TIMEOUT, seconds=timeout_s))
+        return w
+
+    assert watch(0.01).timeout() == SHORT_TIMEOUT_FLOOR_S == 1.0
+    assert watch(0.3).timeout() == pytest.approx(SHORT_TIMEOUT_FACTOR * 0.3) == pytest.approx(3.0)
+    assert watch(0.9).timeout() == 5.0  # 9 s capped at the timeout
+    assert watch(None).timeout() == 5.0  # nothing returned: nothing to scale
+    w = watch(0.01)
+    w.record(CallResult(error=None, seconds=0.2))  # a slower return in the batch raises the short timeout
+    assert w.timeout() == pytest.approx(2.0)
+
+
+def test_the_short_timeout_applies_within_a_batch_and_a_new_batch_starts_with_full_timeouts(reward_file) -> None:
+    """One worker, timeout 5 s: the first hang costs 5 s, the second the short timeout (1 s: the floor, the warm
+    call returned at once); a call of 1 s in a new batch is not stopped (its budget starts over at 5 s)."""
     with manager(reward_file, num_workers=1, timeout_s=5.0) as rm:
         rm.score([S("warm")])
+        t0 = time.perf_counter()
         out = rm.score([S("sleep"), S("ab"), S("sleep")])
+        elapsed = time.perf_counter() - t0
         assert out.errors == ["timeout", None, "timeout"]
+        assert 5.0 + SHORT_TIMEOUT_FLOOR_S <= elapsed < 5.0 + 5.0, elapsed  # two full timeouts would be 10 s
         out = rm.score([S("slow"), S("abc")])  # a new batch: 1 s is well within its 5 s
         assert out.errors == [None, None] and out.scores == [4.0, 3.0]
 
@@ -220,6 +255,25 @@ def test_a_tool_that_hangs_on_every_call_stops_the_run_and_leaves_no_thread(tiny
     assert threading.active_count() <= threads + 1  # nothing of the hung calls runs on here
 
 
+def test_a_tool_that_hangs_one_call_a_turn_stops_the_rollout_after_2_x_tool_workers_turns(
+    tiny_processor, tmp_path: Path
+) -> None:
+    """One trajectory calling a hanging tool once a turn: the timeouts count across the rollout's turns, so the
+    rollout stops at the 4th (2 x tool_workers) instead of paying a timeout every turn to the end of its budget."""
+    (tmp_path / "hang.py").write_text(TOOLS)
+    cfg = tmp_path / "tools.yaml"
+    cfg.write_text(f"tools:\n  - class_name: {tmp_path / 'hang.py'}:Hang\n")
+    tools = ToolRunner(str(cfg), 2, 1.0)
+    try:
+        engine = ScriptedEngine(tiny_processor.tokenizer, ['<tool_call>{"name": "hang", "arguments": {}}</tool_call>'])
+        agent = make_agent(tiny_processor, engine, tools, budget=4000, max_assistant_turns=20)
+        with pytest.raises(HangError, match=r"the first 4 calls of this batch all ran past their timeout"):
+            agent.generate([make_prompt(tiny_processor, "Go.", [])], SamplingSpec(n=1))
+    finally:
+        tools.close()
+    assert len(engine.requests) == 4  # one call per turn, four turns
+
+
 def test_hung_tool_calls_now_and_then_are_bounded_and_counted(tiny_processor, tmp_path: Path) -> None:
     """A tool that hangs on some calls: each such call is a counted timeout for the policy, the others answer; no
     thread or process is left per hung call (the pool holds tool_workers processes)."""
@@ -247,7 +301,7 @@ def test_hung_tool_calls_now_and_then_are_bounded_and_counted(tiny_processor, tm
         tools.close()
 
 
-def test_tool_workers_zero_runs_calls_inline_and_takes_no_timeout(tiny_processor) -> None:
+def test_tool_workers_zero_runs_calls_inline_and_takes_no_timeout(tiny_processor, tmp_path: Path) -> None:
     """tool_workers=0 (debugging) runs calls in the caller's thread, where nothing can stop one: the config check
     asks for tool_timeout_s=0 with it."""
     from vlmrl.config import ConfigError, load
@@ -267,7 +321,19 @@ def test_tool_workers_zero_runs_calls_inline_and_takes_no_timeout(tiny_processor
     prompt = make_prompt(tiny_processor, "Look.", [solid((255, 0, 0), (112, 112))])
     rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1))
     (c,) = rb.trajectories[0].calls
-    assert c.error is None and c.images == 1 and threading.current_thread() is threading.main_thread()
+    assert c.error is None and c.images == 1
+    # where the call ran: this process and this thread
+    (tmp_path / "where.py").write_text(WHERE)
+    (tmp_path / "where.yaml").write_text(f"tools:\n  - class_name: {tmp_path / 'where.py'}:Where\n")
+    runner = ToolRunner(str(tmp_path / "where.yaml"), 0, 0.0)
+    engine = ScriptedEngine(
+        tiny_processor.tokenizer, ['<tool_call>{"name": "where", "arguments": {}}</tool_call>', "ok"]
+    )
+    rb = make_agent(tiny_processor, engine, runner).generate(
+        [make_prompt(tiny_processor, "Go.", [])], SamplingSpec(n=1)
+    )
+    (c,) = rb.trajectories[0].calls
+    assert c.error is None and c.text.split() == [str(os.getpid()), str(threading.get_ident())], c.text
 
 
 def test_a_hung_reward_is_named_by_its_spec(reward_file: str) -> None:

@@ -265,8 +265,8 @@ def test_report_does_not_block_on_a_gallery_page_that_is_a_fifo(tmp_path: Path) 
 
 
 def test_report_skips_files_over_the_size_cap_with_a_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("vlmrl.report.data.MAX_GALLERY_BYTES", 2000, raising=False)
-    monkeypatch.setattr("vlmrl.report.data.MAX_METRICS_BYTES", 300, raising=False)
+    monkeypatch.setattr("vlmrl.report.data.MAX_GALLERY_BYTES", 2000)
+    monkeypatch.setattr("vlmrl.report.data.MAX_METRICS_BYTES", 300)
     run = _run(tmp_path, rows=[{"step": s, "reward/mean": 0.5} for s in range(40)])  # ~1.3 kB
     _gallery(run, 1)
     _gallery(run, 2, "HUGE" + "x" * 5000)
@@ -349,7 +349,7 @@ def test_report_skips_and_counts_json_lines_nested_too_deep(tmp_path: Path, monk
     text = build_report([run], tmp_path / "report.html").read_text()
     assert "<td>1\u20134</td><td>4</td>" in text and "4 line(s) skipped" in text
     # a line over the length cap is skipped without being parsed; the lines after it are read
-    monkeypatch.setattr("vlmrl.report.data.MAX_LINE_BYTES", 1000, raising=False)
+    monkeypatch.setattr("vlmrl.report.data.MAX_LINE_BYTES", 1000)
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 5, "pad": "x" * 5000}) + "\n" + json.dumps({"step": 6}) + "\n")
     data = load_run(run)

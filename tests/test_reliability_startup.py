@@ -112,6 +112,26 @@ def test_a_model_whose_weights_do_not_load_is_one_line_naming_the_model_and_the_
     assert "The worker's traceback:" in log and "safe_open" in log and "vlmrl/workers/policy.py" in log, log[-3000:]
 
 
+def test_an_inline_worker_that_fails_to_start_leaves_nothing_started_in_the_driver(
+    tiny_model_dir: str, data: Path, tmp_path: Path
+) -> None:
+    """``trainer.launcher=inline`` in a driver that goes on (a notebook, a test): a worker that fails after joining
+    the process group (corrupt weights) releases it, so the next run in this process starts from nothing."""
+    import torch.distributed as dist
+    from utils import inline_cfg
+
+    from vlmrl.startup import StartupError
+    from vlmrl.trainer.grpo import fit
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    cfg = inline_cfg(str(model), data.parent, tmp_path / "run", "trainer.total_training_steps=1")
+    with pytest.raises(StartupError, match="could not load the model"):
+        fit(cfg)
+    assert not dist.is_initialized()
+
+
 def test_an_engine_that_does_not_start_is_one_line_naming_the_engine_and_the_cause(
     tiny_model_dir: str, data: Path, tmp_path: Path
 ) -> None:
@@ -148,8 +168,7 @@ def test_a_tool_file_that_does_not_import_is_one_line_naming_the_error_and_its_l
     proc = launch(*small_run(data, tiny_model_dir, out, "trainer.launcher=inline", *mt), cwd=tmp_path)
     line = the_line(proc)
     assert "SyntaxError" in line and "(tools.py, line 3)" in line and str(config) in line, line
-    if "(traceback: " in line:  # a start-up failure; the config check may refuse it first (then no traceback)
-        assert "class Broken(BaseTool:" in the_log(line)
+    assert "class Broken(BaseTool:" in the_log(line)  # a start-up failure (the config check does not import tools)
 
 
 def test_ray_without_authentication_is_refused_in_one_line(tiny_model_dir: str, data: Path, tmp_path: Path) -> None:
@@ -188,6 +207,7 @@ def boom(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+@pytest.mark.slow  # trains up to its first step
 def test_a_failure_while_training_still_stops_the_run_naming_the_step(
     tiny_model_dir: str, data: Path, tmp_path: Path
 ) -> None:
@@ -316,9 +336,37 @@ def test_verls_own_hydra_searchpath_is_still_ignored(tmp_path: Path) -> None:
            "data": {"max_prompt_length": 256}}  # fmt: skip
     (folder / "mine.yaml").write_text(yaml.safe_dump(doc))
     proc = launch(f"--config-path={folder}", "--config-name=mine", "data.train_files=x",
-                  "actor_rollout_ref.model.path=m", "trainer.dry_run=True", cwd=tmp_path, timeout=120)  # fmt: skip
+                  "actor_rollout_ref.model.path=m", "--cfg", "job", cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "read as 1 override(s)" in proc.stderr, proc.stderr[-3000:]
+    assert "its hydra.searchpath points Hydra at verl's own configs" in proc.stderr, proc.stderr[-3000:]
     assert "Hydra's own config" not in proc.stdout + proc.stderr
+    assert yaml.safe_load(proc.stdout)["data"]["max_prompt_length"] == 256  # the rest of the file was read
+
+
+def test_hydras_own_config_on_the_command_line_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    """``+hydra.callbacks...`` on the command line: refused as a config error (exit 2) before anything is composed,
+    so the callback's class is never built (here ``logging.FileHandler``, which would create its file)."""
+    marker = tmp_path / MARKER
+    cb = "+hydra.callbacks.cb"
+    proc = launch("data.train_files=x", "actor_rollout_ref.model.path=m", f"{cb}._target_=logging.FileHandler",
+                  f"{cb}.filename={marker}", cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert not marker.exists(), "the command line's Hydra callback ran"
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("vlmrl: config error:")]
+    assert f"'{cb}._target_=logging.FileHandler': Hydra's own config has no effect in vlmrl" in line, line
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_dry_run_lists_every_hydra_override_it_refuses(tmp_path: Path) -> None:
+    """A dry run with Hydra's job settings and a ``hydra/`` config group on the command line lists each as a
+    problem (exit 2)."""
+    hydra = ("hydra.job.env_set.VLMRL_PROBE=1", "hydra/job_logging=disabled")
+    proc = launch("data.train_files=x", "actor_rollout_ref.model.path=m", "trainer.dry_run=True", *hydra,
+                  cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for override in hydra:
+        assert f"'{override}': Hydra's own config has no effect in vlmrl" in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

@@ -4,7 +4,6 @@ cannot replace the agent's image or pixel bounds, and a tool's huge error messag
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -148,9 +147,7 @@ def test_a_records_create_kwargs_cannot_replace_the_agents_image_or_bounds(tiny_
     prompt.extra_info = {"tools_kwargs": {"image_zoom": {"create_kwargs": {
         "image_bounds": huge, "source_image": "not an image", "image": "nor this"}}}}  # fmt: skip
     engine = ScriptedEngine(tiny_processor.tokenizer, [call("image_zoom", bbox_2d=[0, 0, 42, 42]), "done"])
-    t0 = time.perf_counter()
     rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1))
-    assert time.perf_counter() - t0 < 5
     (c,) = rb.trajectories[0].calls
     assert c.error is None, c.error
     (zoomed,) = rb.trajectories[0].images
@@ -163,11 +160,9 @@ def test_a_tools_huge_error_message_is_cut(tiny_processor, runner) -> None:
     keeps a couple of thousand (before: the whole text was tokenised into the trajectory: 20 MB took 29 s and 4.6
     GB)."""
     engine = ScriptedEngine(tiny_processor.tokenizer, [call("loud"), "done"])
-    t0 = time.perf_counter()
     rb = make_agent(tiny_processor, engine, runner).generate(
         [make_prompt(tiny_processor, "Go.", [])], SamplingSpec(n=1)
     )
-    assert time.perf_counter() - t0 < 5
     (c,) = rb.trajectories[0].calls
     assert c.error.startswith("exception: RuntimeError: xxx") and len(c.error) < 2200
     assert len(c.text) <= 256 + len("...(truncated)...") and "(truncated)" in c.text

@@ -247,6 +247,19 @@ def test_composite_weights_and_gate() -> None:
     assert out.metrics["reward/accuracy/mean"] == pytest.approx(2 / 3)
 
 
+def test_a_component_from_a_file_is_named_by_its_function(zoo: str) -> None:
+    """``{function: my_reward.py:fn}``: the component's name, its gate key and its metrics' key are ``fn`` (as for
+    ``package.module:fn``); the file name appears in descriptions only."""
+    components = [{"function": f"{zoo}:vl", "weight": 1.0, "gate": "positional"}, {"function": f"{zoo}:positional"}]
+    with manager(components=components) as rm:
+        out = rm.score([S("7", "7"), S("8", "7")])
+    assert sorted(out.components) == ["positional", "vl"]
+    assert out.scores == [1.0 + 1.0, 0.0 + 0.0]  # vl scores len("7") = 1 when positional matched, gated to 0 else
+    assert "reward/vl/mean" in out.metrics
+    fn = make_reward_fn(f"{zoo}:vl")
+    assert fn.name == "vl" and f"vl from {Path(zoo).name}:vl" in fn.describe()
+
+
 def test_composite_gate_threshold_and_nested_components() -> None:
     components = [
         {"function": "similarity", "weight": 1.0, "gate": "g", "gate_threshold": 0.95, "kwargs": {"mode": "f1"}},

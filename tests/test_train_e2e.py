@@ -48,7 +48,7 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     assert sorted(val) == [0, 60, 120], val
     assert val[0] <= 0.05 and val[60] >= 0.95 and val[120] >= 0.95, val
     train = [r["reward/mean"] for r in rows if r["step"] > 0]
-    passed = next((k + 5 for k in range(len(train) - 4) if sum(train[k : k + 5]) / 5 > 0.9), None)
+    passed = next((k + 5 for k in range(len(train) - 4) if sum(train[k : k + 5]) / 5 >= 0.9), None)
     assert passed is not None and passed <= 80, f"5-step mean training reward passes 0.9 at step {passed}"
     assert "reward/mean by step" in proc.stdout and "  step   120 " in proc.stdout  # the ASCII curve
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,6 +5,7 @@ its feature (``vlmrl/config/verl/rules.py``); never a "did you mean" towards an 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,26 @@ README_DIFFERS = {
 }
 """README, "... except where vlmrl differs on purpose": key -> (vlmrl's default, verl's default)."""
 
+README_SAYS = {
+    "trainer.val_before_train": "`trainer.val_before_train=True`",
+    "trainer.total_epochs": "`total_epochs=30`",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "gradient checkpointing on",
+    "data.max_prompt_length": "512-token prompts and responses",
+    "data.max_response_length": "512-token prompts and responses",
+    "actor_rollout_ref.actor.optim.lr": "`lr=1e-6`",
+    "actor_rollout_ref.actor.kl_loss_type": "KL `low_var_kl` 0.001",
+    "actor_rollout_ref.actor.kl_loss_coef": "KL `low_var_kl` 0.001",
+    "data.filter_overlong_prompts": "`data.filter_overlong_prompts=True`",
+    "actor_rollout_ref.rollout.n": "`rollout.n=8` (verl: 1;",
+    "algorithm.adv_estimator": "`algorithm.adv_estimator=grpo` (verl: gae,",
+    "actor_rollout_ref.rollout.enforce_eager": "`rollout.enforce_eager=True`",
+    "trainer.logger": "`trainer.logger=[console,jsonl]`",
+    "trainer.n_gpus_per_node": "`trainer.n_gpus_per_node=1` (verl: 8;",
+    "algorithm.filter_groups.max_num_gen_batches": "`algorithm.filter_groups.max_num_gen_batches=4` (verl: unbounded)",
+    "trainer.log_val_generations": "`trainer.log_val_generations=16`",
+}
+"""Where the README's defaults paragraph states each value of ``README_FOLLOWS_VERL`` and ``README_DIFFERS``."""
+
 UNDOCUMENTED = {
     # the example values of verl's file, not settings: vlmrl has no default run to point them at
     "data.train_files",
@@ -267,6 +288,20 @@ def test_defaults_the_readme_says_follow_verl_equal_verls_own() -> None:
         assert type(ours[key]) is type(verl[key]), key  # 30 epochs, not 30.0; True, not "true"
 
 
+def test_the_readme_states_the_defaults_these_tests_check() -> None:
+    """README_FOLLOWS_VERL and README_DIFFERS are the README's defaults paragraph: each value is stated there, and
+    every deliberate difference the paragraph names (a backticked ``key=value``) is one of them."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("Defaults follow verl's")
+    para = re.sub(r"\s+", " ", text[start : text.index("\n\n", start)])
+    assert set(README_SAYS) == set(README_FOLLOWS_VERL) | set(README_DIFFERS)
+    for key, phrase in README_SAYS.items():
+        assert phrase in para, (key, phrase)
+    named = set(re.findall(r"`([\w.]+)=[^`]*`", para.split("except where vlmrl differs on purpose", 1)[1]))
+    assert {k for k in README_DIFFERS if any(k.endswith(n) for n in named)} == set(README_DIFFERS), named
+    assert len(named) == len(README_DIFFERS), named
+
+
 def test_defaults_the_readme_says_differ_differ_as_it_says() -> None:
     """Each deliberate difference the README lists: vlmrl's default and verl's (read from verl's file) are the ones
     it names."""
@@ -291,3 +326,20 @@ def test_no_other_default_drifts_from_verls() -> None:
         "gone": sorted(UNDOCUMENTED - differ),
     }
     assert len([k for k in verl if k in ours]) > 100  # the comparison covered the shared keys
+
+
+def test_vlmrl_never_imports_verl() -> None:
+    """README (Install): verl is installed for the tests only; no module of the package, its rewards or its
+    preprocessing imports it (verl's reward files run through vlmrl's own loader, as user files)."""
+    import ast
+
+    found = []
+    for folder in ("vlmrl", "rewards", "preprocess"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                if any(n == "verl" or n.startswith("verl.") for n in names):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found

@@ -115,6 +115,26 @@ def test_synthetic_video_families_write_verl_schema_parquet(tmp_path, tiny_proce
             assert ds.prompt_lengths[i] == len(p.prompt_ids) - 1 + 2 * 16  # 2 frame pairs x 4x4 merged patches
 
 
+def test_a_time_blind_answer_gets_49_of_the_96_video_order_validation_records(tmp_path) -> None:
+    """README (video_order): an answer blind to time sees both colours of a video, so the best it can do is name,
+    for each pair of colours, the second colour of that pair's more frequent order: 49 of the 96 validation records
+    ``benchmarks/bench_video.py`` uses (seed 0, 112 px; the test split does not depend on the train size)."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(tmp_path), "--families",
+         "video_order", "--train-size", "4", "--test-size", "96", "--seed", "0", "--image-size", "112",
+         "--no-progress"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    counts: dict[frozenset, dict[str, int]] = {}
+    for r in pq.read_table(tmp_path / "test.parquet", columns=["extra_info"]).to_pylist():
+        first, second = r["extra_info"]["objects"][0]["colour"], r["extra_info"]["answer"]
+        assert first != second
+        by_answer = counts.setdefault(frozenset((first, second)), {})
+        by_answer[second] = by_answer.get(second, 0) + 1
+    assert sum(sum(c.values()) for c in counts.values()) == 96
+    assert sum(max(c.values()) for c in counts.values()) == 49
+
+
 @pytest.fixture()
 def media(tmp_path) -> Path:
     m = tmp_path / "media"

@@ -199,12 +199,15 @@ class SupervisedPool:
         fn: Callable[..., Any],
         items: Sequence[tuple],
         names: Sequence[str] | None = None,
-        give_up: Callable[[list[CallResult | None]], None] | None = None,
+        give_up: Callable[[int, list[CallResult | None]], None] | None = None,
+        watch: HangWatch | None = None,
     ) -> list[CallResult]:
         """``fn(*items[i])`` for every i, ``num_workers`` at a time, each under the batch's :class:`HangWatch`.
-        ``names[i]`` names the code call i runs (for a pool that runs several tools); ``give_up(results so far)`` may
-        raise to stop the batch early. Raises :class:`HangError` when the calls keep timing out."""
-        watch = HangWatch(self.what, self.setting, self.num_workers, self.timeout_s, self.slowest_ok_s)
+        ``names[i]`` names the code call i runs (for a pool that runs several tools); ``give_up(i, results so
+        far)``, called as call i finishes, may raise to stop the batch early. Raises :class:`HangError` when the
+        calls keep timing out. ``watch``: the :meth:`new_watch` of a batch that spans several calls of ``map`` (a
+        multi-turn rollout's turns); by default each ``map`` is its own batch."""
+        watch = watch or self.new_watch()
         results: list[CallResult | None] = [None] * len(items)
         queue = deque(range(len(items)))
         running: dict[Any, tuple[int, float, float]] = {}
@@ -227,14 +230,34 @@ class SupervisedPool:
                     results[i] = res
                     watch.record(res, names[i] if names is not None else None)
                     if give_up is not None:
-                        give_up(results)
+                        give_up(i, results)
+                self._requeue_for_shorter_timeout(running, queue, watch.timeout())
         except BaseException:
             for future in running:
                 future.cancel()
             raise
         finally:
             self.slowest_ok_s = watch.slowest_ok_s
-        return [r for r in results if r is not None]
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _requeue_for_shorter_timeout(running: dict[Any, tuple[int, float, float]], queue: deque, limit: float) -> None:
+        """Calls scheduled with a longer timeout than ``limit`` that no worker has started yet go back to the front
+        of the queue (in order), to start under ``limit``: once the batch has used its full timeouts, a call queued
+        before then does not keep one."""
+        back = []
+        for future, (i, _, old) in list(running.items()):
+            # pebble's cancel() would also end a running call's worker: only calls still waiting. (Should a worker
+            # take one between the check and the cancel, that call is ended and runs again from the queue.)
+            if old > limit and not future.running() and future.cancel():
+                del running[future]
+                back.append(i)
+        queue.extendleft(sorted(back, reverse=True))
+
+    def new_watch(self) -> HangWatch:
+        """The timeout policy of a new batch of calls (see the module docstring)."""
+        return HangWatch(self.what, self.setting, self.num_workers, self.timeout_s, self.slowest_ok_s)
 
     def warm(self) -> None:
         """Start every worker now (forkserver, preloads, initializer) rather than at the first call."""

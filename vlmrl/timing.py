@@ -7,7 +7,7 @@
     timer["rollout"]           # 0.12
 
 Entering the same name again adds to it (the rollouts of a step with dynamic sampling). ``Timer.start()`` gives a
-stopwatch for one elapsed time (``sw.seconds``).
+stopwatch for one elapsed time (``sw.elapsed``).
 """
 
 from __future__ import annotations

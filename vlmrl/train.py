@@ -40,7 +40,7 @@ STARTUP_LOG = "startup_error.log"
 
 def _write_log(folder: str, text: str) -> str:
     """Write ``text`` to ``folder``/startup_error.log, or to a new temporary file when that cannot be written; returns
-    the path."""
+    the path (when neither can be written: prints ``text`` to stderr and returns "above")."""
     import tempfile
 
     try:
@@ -50,10 +50,15 @@ def _write_log(folder: str, text: str) -> str:
             f.write(text)
         return path
     except OSError:
+        pass
+    try:
         fd, path = tempfile.mkstemp(prefix="vlmrl-startup-error-", suffix=".log")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         return path
+    except OSError:  # nowhere to write: the tracebacks go to stderr before the line
+        print(text, file=sys.stderr)
+        return "above"
 
 
 def _startup_error(e: StartupError, cfg: Any) -> NoReturn:

@@ -1,11 +1,12 @@
 """The config gate: every check a run passes before anything expensive starts, each problem with its fix.
 
-``check_values`` looks at the config alone (run by ``build``, so a composed config is a checked one);
-``check_environment`` looks at the machine the run would start on (files, model folder, output folder, tools, Ray's
-authentication); ``batch_problems`` at how the batches split over the workers it would start there (``planned_world``:
-CPU workers or GPUs) and their engines (``machine_problems``: both, run by ``command.compose`` for ``python -m
-vlmrl.train``); ``data_problems`` at what only the data can tell (run by the trainer and the dry run). Each returns
-every problem, not only the first; ``check_config`` raises the machine's together.
+``check_values`` looks at the config's values and the Prometheus token file they name (run by ``build``, so a
+composed config is a checked one); ``check_environment`` looks at the machine the run would start on (files, model
+folder, output folder, tools, Ray's authentication); ``batch_problems`` at how the batches split over the workers it
+would start there (``planned_world``: CPU workers or GPUs) and their engines (``machine_problems``: both, run by
+``command.compose`` for ``python -m vlmrl.train``); ``data_problems`` at what only the data can tell (run by the
+trainer and the dry run). Each returns every problem, not only the first; ``check_config`` raises the machine's
+together.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 
 
 def check_values(cfg: VLMRLConfig) -> list[str]:
-    """Problems of the config's values alone (no files, no devices); every one says how to fix it."""
+    """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
+    owner-only permissions are part of the setting); every one says how to fix it."""
     from vlmrl.algos.core import get_advantage_fn, get_policy_loss
 
     p: list[str] = []
@@ -247,8 +249,8 @@ def video_problems(cfg: VLMRLConfig) -> list[str]:
 
 
 def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
-    """Problems of ``actor_rollout_ref.rollout.multi_turn`` (values only; the tool file is loaded by
-    ``check_environment``)."""
+    """Problems of ``actor_rollout_ref.rollout.multi_turn`` (values only; ``check_environment`` checks that the tool
+    file exists, and the rollout worker builds its tools at start-up)."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     key = "actor_rollout_ref.rollout.multi_turn"
     if not mt.enable:

@@ -92,9 +92,11 @@ def parse(argv: list[str]) -> Command:
                 cmd.print_config = True
             else:
                 cmd.problems.append(f"--cfg {value}: vlmrl prints the job's config only (--cfg job).")
+        elif flag in _FLAGS:  # the last argument, without its value
+            cmd.problems.append(f"'{a}' needs a value: {flag}=VALUE.")
         elif a in ("--help", "-h"):
             cmd.help = True
-        elif a.startswith("-") and not a.startswith("--config"):
+        elif a.startswith("-"):
             cmd.problems.append(f"'{a}': not an option of vlmrl.train (it takes --config-name, --config-path, "
                                 "--config-dir and --cfg job; one run per command, no --multirun).")  # fmt: skip
         elif "=" in a or a.startswith("~"):
@@ -103,6 +105,11 @@ def parse(argv: list[str]) -> Command:
             cmd.problems.append(f"'{a}': a bare argument; overrides are key=value (python -m vlmrl.train --help).")
         i += 1
     return cmd
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar (a folder name may hold ``,``, ``]`` or quotes)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _folder(path: str) -> str:
@@ -160,7 +167,8 @@ def _hydra_compose(cmd: Command, overrides: list[str]) -> tuple[DictConfig | Non
     ours = str(configs_dir())
     holding = [d for d in [ours, *search] if os.path.isfile(os.path.join(d, name + ".yaml"))]
     primary = _folder(cmd.config_path) if cmd.config_path else (holding[0] if holding else ours)
-    searchpath = "hydra.searchpath=[" + ",".join(f"file://{d}" for d in dict.fromkeys(search) if d != primary) + "]"
+    quoted = [_quoted(f"file://{d}") for d in dict.fromkeys(search) if d != primary]
+    searchpath = "hydra.searchpath=[" + ",".join(quoted) + "]"
     try:
         with initialize_config_dir(config_dir=primary, version_base=None):
             return compose(config_name=name, overrides=[*overrides, searchpath]), []

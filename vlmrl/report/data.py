@@ -204,13 +204,6 @@ def read_metrics(path: str | os.PathLike, root: str | os.PathLike | None = None)
     return [by_step[s] for s in sorted(by_step)], skipped, bad, notice
 
 
-def read_rows(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a metrics file, one per step (the last written wins) sorted by step, and how many lines were skipped
-    (not JSON objects with a step). See :func:`read_metrics`."""
-    rows, skipped, _, _ = read_metrics(path)
-    return rows, skipped
-
-
 _STEP_PAGE = re.compile(r"step_(\d+)\.html")
 
 

@@ -28,6 +28,7 @@ from PIL import Image
 from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec, TurnRequest
+from vlmrl.supervise import HangWatch
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
 from vlmrl.tools.runner import AGENT_KWARGS, ToolOutcome, ToolRequest, ToolRunner
@@ -101,6 +102,7 @@ class MultiTurnAgent:
         states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
         active = list(states)
         per_turn = self.cfg.max_tokens_per_turn
+        watch = self.tools.new_watch()  # the rollout's timeouts, counted across its turns
         while active:
             requests = []
             for s in active:
@@ -129,7 +131,7 @@ class MultiTurnAgent:
                     if k < self.cfg.max_parallel_calls:
                         calls.append(_Call(s, c, turn))
             with timer("tool"):
-                self._run_calls(calls)
+                self._run_calls(calls, watch)
             active = self._append_tool_turns(calls)
         batch = RolloutBatch([], [], [], [], n=spec.n)
         for s in states:
@@ -183,7 +185,7 @@ class MultiTurnAgent:
         return going
 
     # ------------------------------------------------------------------------------------------------ tools
-    def _run_calls(self, calls: list[_Call]) -> None:
+    def _run_calls(self, calls: list[_Call], watch: HangWatch | None) -> None:
         """Run a turn's calls (``vlmrl.tools.runner``: in worker processes, ``tool_timeout_s`` each) and record what
         each gave, in order; the images of a trajectory's calls count together against its limits."""
         run: list[_Call] = []
@@ -195,7 +197,7 @@ class MultiTurnAgent:
                 c.record = self._error(c, "unknown_tool", msg)
             else:
                 run.append(c)
-        outcomes = self.tools.run([self._request(c) for c in run])
+        outcomes = self.tools.run([self._request(c) for c in run], watch)
         added: dict[int, int] = {}  # images accepted this turn, per trajectory
         for c, out in zip(run, outcomes):
             c.record, c.images = self._record(c, out, added.get(id(c.state), 0))

@@ -104,17 +104,19 @@ def _load(spec: str) -> Callable[..., Any]:
         raise RewardConfigError(str(e)) from None
 
 
-def resolve_function(spec: str) -> tuple[Callable[..., Any], str]:
-    """Turn a registry name, ``path/to/file.py[:fn]`` or ``package.module:fn`` into (function, short name)."""
+def resolve_function(spec: str) -> tuple[Callable[..., Any], str, str]:
+    """Turn a registry name, ``path/to/file.py[:fn]`` or ``package.module:fn`` into (function, short name, where
+    it comes from). The short name is the function's own (a component's default name, its metrics' key); the
+    source names the file or module too (``my_reward.py:acc``), for messages."""
     if spec in REGISTRY:
-        return _load(REGISTRY[spec]), spec
+        return _load(REGISTRY[spec]), spec, spec
     target, fn_name = userfiles.split_spec(spec)
     if target.endswith(".py"):
         name = fn_name or "compute_score"
-        return load_file_function(target, name), f"{os.path.basename(target)}:{name}"
+        return load_file_function(target, name), name, f"{os.path.basename(target)}:{name}"
     if fn_name:
         try:
-            return _load(spec), fn_name
+            return _load(spec), fn_name, spec
         except ModuleNotFoundError as e:
             if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
                 raise  # the module exists but one of its own imports is missing: say so
@@ -200,6 +202,8 @@ class RewardFn:
     verl_names: tuple[str, ...] = _VERL_NAMES
     """verl-style keyword calls: the names of ``data_source, solution_str, ground_truth, extra_info`` it accepts;
     positional calls: whether extra_info is passed (it is, when the 4th positional parameter exists)."""
+    source: str = ""
+    """Where the function comes from (``my_reward.py:acc``, ``package.module:fn``), for messages."""
 
     def __call__(self, sample: Any) -> Any:
         if self.style == VLMRL:
@@ -219,7 +223,8 @@ class RewardFn:
 
     def describe(self) -> str:
         """One line naming the function and its convention (for logs)."""
-        return f"{self.name} ({self.style}-style{', kwargs=' + str(self.kwargs) if self.kwargs else ''})"
+        source = f" from {self.source}" if self.source and self.source != self.name else ""
+        return f"{self.name}{source} ({self.style}-style{', kwargs=' + str(self.kwargs) if self.kwargs else ''})"
 
 
 def make_reward_fn(
@@ -231,15 +236,16 @@ def make_reward_fn(
     always False for verl-style ones, which never see images): worker processes are sent images only when needed.
     """
     if isinstance(spec, str):
-        fn, short = resolve_function(spec)
+        fn, short, source = resolve_function(spec)
     else:
         fn, short = spec, getattr(spec, "__name__", "reward")
+        source = f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', short)}"
     kwargs = dict(kwargs or {})
     style = detect_style(fn)
     sig = inspect.signature(fn)
     params = sig.parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    out = RewardFn(fn=fn, name=name or short, style=style, kwargs=kwargs)
+    out = RewardFn(fn=fn, name=name or short, style=style, kwargs=kwargs, source=source)
     if style == VLMRL:
         out.needs_images = bool(getattr(fn, "needs_images", True))
         try:

@@ -141,7 +141,16 @@ class RewardManager:
         self.scorer.check({s.data_source for s in samples})
         if self._pool is not None:
             payload = samples if self.scorer.needs_images else [_without_images(s) for s in samples]
-            outcomes = self._pool.run(payload, give_up=lambda so_far: self._give_up(samples, so_far))
+            failed = 0
+
+            def give_up(i: int, so_far: list[Outcome | None]) -> None:
+                nonlocal failed
+                o = so_far[i]
+                if o is not None and o.error is not None:
+                    failed += 1
+                    self._give_up(samples, so_far, failed)
+
+            outcomes = self._pool.run(payload, give_up=give_up)
         else:
             assert self._inline is not None
             outcomes = self._inline.run(samples)
@@ -176,10 +185,10 @@ class RewardManager:
         metrics["reward/time_s"] = elapsed
         return RewardOutput(scores=scores, components=components, metrics=metrics, errors=errors)
 
-    def _give_up(self, samples: list[Any], outcomes: list[Outcome | None]) -> None:
-        """Stop a batch as soon as its outcome is certain: with ``on_error=raise`` at the first failure, else once
-        the failures reach ``max_failed_ratio`` of the batch whatever the calls still running give."""
-        failed = sum(1 for o in outcomes if o is not None and o.error is not None)
+    def _give_up(self, samples: list[Any], outcomes: list[Outcome | None], failed: int) -> None:
+        """Stop a batch as soon as its outcome is certain (``failed`` calls of it failed so far): with
+        ``on_error=raise`` at the first failure, else once the failures reach ``max_failed_ratio`` of the batch
+        whatever the calls still running give."""
         if failed and (self.on_error == "raise" or failed >= self.max_failed_ratio * len(samples)):
             raise self._stop_error(samples, outcomes, failed)
 

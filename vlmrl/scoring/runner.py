@@ -83,7 +83,6 @@ class ProcessRunner:
         self, spec: dict[str, Any], num_workers: int, timeout_s: float, what: str = "the reward function"
     ) -> None:
         self.num_workers = int(num_workers)
-        self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 else None
         self.pool = SupervisedPool(
             what, "reward.timeout_s", self.num_workers, timeout_s or 0.0, initializer=_build_scorer, initargs=(spec,)
         )
@@ -102,10 +101,12 @@ class ProcessRunner:
             self._warming.join()
             self._warming = None
 
-    def run(self, samples: list[Any], give_up: Callable[[list[Outcome | None]], None] | None = None) -> list[Outcome]:
-        """Score ``samples`` across the workers; results come back in input order. ``give_up(outcomes so far, None
-        where not yet scored)`` may raise to stop the batch early; :class:`vlmrl.supervise.HangError` when the calls
-        keep timing out."""
+    def run(
+        self, samples: list[Any], give_up: Callable[[int, list[Outcome | None]], None] | None = None
+    ) -> list[Outcome]:
+        """Score ``samples`` across the workers; results come back in input order. ``give_up(i, outcomes so far,
+        None where not yet scored)``, called as sample i is scored, may raise to stop the batch early;
+        :class:`vlmrl.supervise.HangError` when the calls keep timing out."""
         self._ready()
         outcomes: list[Outcome | None] = [None] * len(samples)
 
@@ -113,7 +114,7 @@ class ProcessRunner:
             if res.error == CALL_TIMEOUT:
                 return Outcome(None, {}, TIMEOUT, f"reward call {res.message}")
             if res.error == DIED:
-                return Outcome(None, {}, EXCEPTION, f"reward {res.message}")
+                return Outcome(None, {}, EXCEPTION, f"reward call: {res.message}")
             if res.error is not None:  # a sample or a result that cannot be pickled: that sample's failure
                 return Outcome(None, {}, EXCEPTION, res.message)
             value = res.value
@@ -125,15 +126,16 @@ class ProcessRunner:
                 )
             return value
 
-        def check(results: list[CallResult | None]) -> None:
-            for i, r in enumerate(results):
-                if r is not None and outcomes[i] is None:
-                    outcomes[i] = outcome(r)
+        def check(i: int, results: list[CallResult | None]) -> None:
+            res = results[i]
+            assert res is not None
+            outcomes[i] = outcome(res)
             if give_up is not None:
-                give_up(outcomes)
+                give_up(i, outcomes)
 
-        results = self.pool.map(_score, [(s,) for s in samples], give_up=check)
-        return [o if o is not None else outcome(r) for o, r in zip(outcomes, results)]
+        self.pool.map(_score, [(s,) for s in samples], give_up=check)
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop every worker."""

@@ -104,40 +104,44 @@ def warm_start(
     model.train()
     mt = MultiTurnConfig(enable=True, tool_config_path=tool_config, max_assistant_turns=max_assistant_turns)
     tools = ToolRunner(tool_config, mt.tool_workers, mt.tool_timeout_s)
-    data_cfg = DataConfig(train_files=data, max_prompt_length=4096, max_response_length=max_response_length)
-    ds = RLDataset(data, processor, data_cfg, split="train", tools=tool_schemas(tools.tools) if tools.tools else None)
-    bounds = (qwen_vl.patch_factor(processor.image_processor), *ds.pixel_bounds)
-    engine = TeacherEngine(teacher, tokenizer, seed)
-    agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length,
-                           max_images=ds.max_images_per_prompt + mt.max_tool_images)  # fmt: skip
-    vision = qwen_vl.vision_token_ids(tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    rng = random.Random(seed)
-    sw = Timer.start()
-    last: dict[str, float] = {}
-    first_loss = float("nan")
-    for step in range(1, steps + 1):
-        prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
-        rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=max_response_length))  # the tools run for real
-        x = build_inputs(prompts, rb, process_images(processor, prompts), pad, process_response_images(processor, rb))
-        x = to_device(x, device)
-        lp, _, extra = response_logprobs(model, x, vision)
-        mask = x.response_mask.float()
-        loss = -(lp * mask).sum() / mask.sum().clamp(min=1.0) + extra
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        mtm = multi_turn_metrics(rb.trajectories)
-        first_loss = loss.item() if step == 1 else first_loss
-        last = {"step": step, "first_loss": first_loss, "loss": loss.item(),
-                "called_share": mtm.get("multi_turn/called_share", 0.0),
-                "tool_errors": mtm.get("multi_turn/tool_errors", 0.0), "seconds": sw.elapsed}  # fmt: skip
-        if step % log_every == 0 or step in (1, steps):
-            print(f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
-                  f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)", flush=True)  # fmt: skip
-    tools.close()
+    try:
+        data_cfg = DataConfig(train_files=data, max_prompt_length=4096, max_response_length=max_response_length)
+        schemas = tool_schemas(tools.tools) if tools.tools else None
+        ds = RLDataset(data, processor, data_cfg, split="train", tools=schemas)
+        bounds = (qwen_vl.patch_factor(processor.image_processor), *ds.pixel_bounds)
+        engine = TeacherEngine(teacher, tokenizer, seed)
+        agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length,
+                               max_images=ds.max_images_per_prompt + mt.max_tool_images)  # fmt: skip
+        vision = qwen_vl.vision_token_ids(tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        rng = random.Random(seed)
+        sw = Timer.start()
+        last: dict[str, float] = {}
+        first_loss = float("nan")
+        for step in range(1, steps + 1):
+            prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
+            rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=max_response_length))  # the tools run for real
+            images = process_images(processor, prompts)
+            x = build_inputs(prompts, rb, images, pad, process_response_images(processor, rb))
+            x = to_device(x, device)
+            lp, _, extra = response_logprobs(model, x, vision)
+            mask = x.response_mask.float()
+            loss = -(lp * mask).sum() / mask.sum().clamp(min=1.0) + extra
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            mtm = multi_turn_metrics(rb.trajectories)
+            first_loss = loss.item() if step == 1 else first_loss
+            last = {"step": step, "first_loss": first_loss, "loss": loss.item(),
+                    "called_share": mtm.get("multi_turn/called_share", 0.0),
+                    "tool_errors": mtm.get("multi_turn/tool_errors", 0.0), "seconds": sw.elapsed}  # fmt: skip
+            if step % log_every == 0 or step in (1, steps):
+                print(f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
+                      f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)", flush=True)  # fmt: skip
+    finally:
+        tools.close()  # its worker processes, also when a step fails
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     model.eval().to("cpu").save_pretrained(out)

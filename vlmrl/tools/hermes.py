@@ -2,7 +2,7 @@
 
 - the tools' signatures go into the system message (:func:`system_prompt`);
 - the policy calls a tool with ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (:func:`parse`);
-- results come back as one user turn of ``<tool_response>`` blocks (:func:`tool_turn_text`), with a vision placeholder
+- results come back as one user turn of ``<tool_response>`` blocks (:func:`tool_turn_pieces`), with a vision placeholder
   per returned image.
 """
 

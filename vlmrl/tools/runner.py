@@ -26,7 +26,7 @@ from typing import Any
 from PIL import Image
 
 from vlmrl.models.qwen_vl import resized_size
-from vlmrl.supervise import DIED, TIMEOUT, SupervisedPool
+from vlmrl.supervise import DIED, TIMEOUT, HangWatch, SupervisedPool
 from vlmrl.timing import Timer
 from vlmrl.tools.base import BaseTool
 from vlmrl.tools.config import ToolConfigError, build_tools
@@ -140,8 +140,8 @@ def _build_tools(path: str) -> None:
     """Worker start-up (before any call's timeout starts): the tools, built once, and what the built-ins import
     when called (``vlmrl.models.qwen_vl``'s image sizes: torch and qwen-vl-utils, seconds to import)."""
     global _TOOLS, _BUILD_ERROR
-    resized_size(28, 28, 28, 784, 3136)  # qwen-vl-utils' first call (a forkserver without it imports it here)
     try:
+        resized_size(28, 28, 28, 784, 3136)  # qwen-vl-utils' first call (a forkserver without it imports it here)
         _TOOLS = build_tools(path)
     except BaseException as e:  # noqa: BLE001 - reported with the first call
         _BUILD_ERROR = f"{type(e).__name__}: {e}"
@@ -150,8 +150,7 @@ def _build_tools(path: str) -> None:
 def _run(req: ToolRequest) -> ToolOutcome:
     if _BUILD_ERROR is not None:
         return _failure("build_error", _BUILD_ERROR)
-    out = run_call(_TOOLS[req.name], req)
-    return out
+    return run_call(_TOOLS[req.name], req)
 
 
 class ToolRunner:
@@ -177,18 +176,22 @@ class ToolRunner:
         """The tools' names, as the policy calls them."""
         return sorted(self.tools)
 
-    def run(self, requests: list[ToolRequest]) -> list[ToolOutcome]:
+    def new_watch(self) -> HangWatch | None:
+        """The timeout policy of one rollout, shared by its turns' :meth:`run` (None without worker processes)."""
+        return self.pool.new_watch() if self.pool is not None else None
+
+    def run(self, requests: list[ToolRequest], watch: HangWatch | None = None) -> list[ToolOutcome]:
         """Every request's outcome, in order. Raises :class:`vlmrl.supervise.HangError` when the calls keep timing
-        out (see the module docstring)."""
+        out (see the module docstring); ``watch`` (:meth:`new_watch`) counts them across a rollout's turns."""
         if self.pool is None:
             return [run_call(self.tools[r.name], r) for r in requests]
-        results = self.pool.map(_run, [(r,) for r in requests], names=[r.name for r in requests])
+        results = self.pool.map(_run, [(r,) for r in requests], names=[r.name for r in requests], watch=watch)
         out = []
         for req, res in zip(requests, results):
             if res.error == TIMEOUT:
                 out.append(ToolOutcome(error="timeout", message=f"{req.name} {res.message}", seconds=res.seconds))
             elif res.error == DIED:
-                out.append(ToolOutcome(error="exception", message=f"the tool's {res.message}", seconds=res.seconds))
+                out.append(ToolOutcome(error="exception", message=f"{req.name}: {res.message}", seconds=res.seconds))
             elif res.error is not None:  # arguments or a result that could not cross processes
                 out.append(ToolOutcome(error="exception", message=_short(res.message), seconds=res.seconds))
             elif res.value.error == "build_error":

@@ -78,7 +78,18 @@ class HybridWorker:
     def __init__(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
         """``init_method``: the process group's rendezvous (``file://`` on one machine: nothing listens on the
         network; ``tcp://host:port`` across machines). Each start-up step is a ``vlmrl.startup.stage``: a failure
-        says what failed and what to check."""
+        says what failed and what to check. A failure shuts down what had started (tool workers, the engine, the
+        process group) before it propagates, so a driver that goes on (the inline launcher) holds nothing of it."""
+        self.engine: Any = None
+        self.agent: Any = None
+        try:
+            self._start(plan, rank, init_method)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
+        """The start-up's stages (see ``__init__``)."""
         sw = Timer.start()
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world), LOCAL_RANK="0")
         arr, path = plan.arr, plan.arr.model.path
@@ -101,7 +112,6 @@ class HybridWorker:
             f"worker {rank} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"
         ):
             self._load_processor(plan)
-        self.engine: Any = None
         if arr.rollout.name == "vllm":
             with stage(f"worker {rank} could not start the vLLM engine for {path}",
                        "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, "
@@ -123,7 +133,6 @@ class HybridWorker:
 
             self.engine = HFRollout(self.policy.model, self.processor)
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, plan.max_response_length)
-        self.agent = None
         mt = arr.rollout.multi_turn
         if mt.enable:
             hint = "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"

@@ -63,8 +63,9 @@ def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan
     worker.shutdown()
 
 
-def _describe(e: BaseException, frames: int = 8) -> str:
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-frames:])
+def _describe(e: BaseException) -> str:
+    """The exception and the last frames of its traceback, as the driver reports a worker's failure."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-8:])
     return f"{type(e).__name__}: {e}\n{tb}".rstrip()
 
 

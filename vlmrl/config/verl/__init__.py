@@ -41,7 +41,7 @@ from vlmrl.config.verl.rules import (  # noqa: F401  (re-exported: the table's n
 
 @functools.cache
 def verl_keys() -> frozenset[str]:
-    """Every key path of verl's trainer config (``verl_keys.txt``)."""
+    """Every key path of verl's trainer config (``keys.txt`` beside this file)."""
     text = (Path(__file__).with_name("keys.txt")).read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
