@@ -1,22 +1,21 @@
-"""Memory soak: resident memory of every process of a vlmrl run (driver, the Ray hybrid workers with their in-process
-vLLM engines, Ray's own daemons) over ``--steps`` GRPO steps on the tiny model with images, with vLLM's multimodal
-preprocessor cache OFF (vlmrl's default) and ON
-(``+actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb=4``).
+"""Memory soak: resident memory of every process of a vlmrl run (driver, the hybrid workers with their in-process
+vLLM engines, Ray's own daemons where Ray runs) over ``--steps`` GRPO steps on the tiny model with images. vLLM's
+multimodal preprocessor cache is off, as vlmrl always runs it (the config gate refuses turning it on: it keeps every
+new image's processed inputs, so host memory grows with the images seen; EasyR1 #159, vLLM #12973).
 
-    python benchmarks/bench_memory.py [--steps 200] [--cache off,on]
+    python benchmarks/bench_memory.py [--steps 200]
 
 A thread polls the run's process tree with psutil every ``--interval-s`` seconds and tags each sample with the number
 of finished steps (lines of metrics.jsonl). Growth is measured between the median RSS around step 20 (steps 15-25)
 and the median RSS over the last 10 steps (``steps-10`` to ``steps-1``, before shutdown); goal: growth of the sum of
 the driver's and the workers' RSS < 5 %. Every prompt of the run is a distinct image (no repeats), as in real RL.
-Each run holds the shared CPU lock; ``--cache on`` and ``--cache off`` can also be run separately, each merging its
-result into ``benchmarks/results/memory.json`` and the ``## Memory soak`` README section.
+The run holds the shared CPU lock; it writes ``benchmarks/results/memory.json`` and the ``## Memory soak`` section of
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 SECTION = "Memory soak"
-CACHE_KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb"
 ROLES = ("driver", "worker", "ray")
 
 
@@ -53,23 +51,18 @@ def slope_mib_per_100_steps(samples: list[dict[str, Any]], lo: int, hi: int) -> 
     return sum((x - mx) * (y - my) for x, y in pts) / den * 100 / 2**20 if den else float("nan")
 
 
-def soak(cache: str, steps: int, a: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+def soak(steps: int, a: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
     """One run; returns its windows, growth, slope, the raw samples (thinned) and the step-time median."""
     over = [f"data.max_response_length={a.max_tokens}", "data.shuffle=false"]
-    if cache == "on":
-        over.append(f"{CACHE_KEY}={a.cache_gb}")
     sampler = common.RssSampler(a.interval_s)
-    run = common.vlmrl_train(
-        Path(a.work) / f"cache_{cache}", data, model, steps, over, timeout_s=a.timeout_s, sampler=sampler
-    )
+    run = common.vlmrl_train(Path(a.work) / "run", data, model, steps, over, timeout_s=a.timeout_s, sampler=sampler)
     rows = run["rows"]
     if len(rows) < steps:
-        raise RuntimeError(f"cache={cache}: only {len(rows)} of {steps} steps finished; log {run['log']}")
+        raise RuntimeError(f"only {len(rows)} of {steps} steps finished; log {run['log']}")
     early = window(sampler.samples, 15, 25)
     late = window(sampler.samples, steps - 10, steps - 1)
     growth = {k: late[k] / early[k] - 1 for k in (*ROLES, "driver+workers", "all") if early[k]}
     return {
-        "cache": cache,
         "steps": len(rows),
         "rss_step20": early,
         "rss_end": late,
@@ -88,23 +81,18 @@ def markdown(res: dict[str, Any]) -> str:
     c = res["config"]
     lines = [
         f"`python benchmarks/bench_memory.py --steps {c['steps']}` ({res['date']}). Tiny Qwen2.5-VL, `tiny_cpu` "
-        f"config (2 Ray workers, {c['prompts']} prompts x n={c['n']}, {c['max_tokens']} response tokens, one "
+        f"config (2 worker processes, {c['prompts']} prompts x n={c['n']}, {c['max_tokens']} response tokens, one "
         f"{c['image_size']}x{c['image_size']} image per prompt, every image distinct). RSS sampled every "
         f"{c['interval_s']} s over the run's whole process tree; 'step 20' = median over steps 15-25, 'end' = median "
         f"over steps {c['steps'] - 10}-{c['steps'] - 1}. Goal: driver + workers growth < 5 %.",
         "",
     ]
     rows = []
-    for cache in ("off", "on"):
-        r = res["runs"].get(cache)
-        if r is None:
-            continue
+    for r in [res["run"]]:
         g = r["growth"]
-        label = "OFF (vlmrl default)" if cache == "off" else f"ON ({c['cache_gb']} GB)"
         ok = "met" if g["driver+workers"] < 0.05 else "NOT met"
         rows.append(
             [
-                label,
                 f"{r['rss_step20']['driver+workers'] / 2**20:,.0f}",
                 f"{r['rss_end']['driver+workers'] / 2**20:,.0f}",
                 f"**{g['driver+workers'] * 100:+.1f} %** ({ok})",
@@ -115,15 +103,14 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{r['step_s_median']:.2f}",
             ]
         )
-    header = ["preprocessor cache", "driver+workers MiB @20", "@end", "growth", "driver / workers growth"]
-    header += ["slope MiB/100 steps", "all processes incl. Ray daemons MiB", "s/step"]
+    header = ["driver+workers MiB @20", "@end", "growth", "driver / workers growth"]
+    header += ["slope MiB/100 steps", "all processes (and Ray's daemons where Ray runs) MiB", "s/step"]
     lines.append(common.table(header, rows))
     lines += [
         "",
-        "The slope column is the clearer signal: with the cache ON every new image's processed inputs stay in each "
-        "worker's vLLM preprocessor cache (up to `mm_processor_cache_gb` per worker), so growth is proportional to "
-        "images seen x their size; these 56x56 images are ~16 patches each, a 448x448 image is ~64x larger. With it "
-        "OFF, what remains is allocator noise.",
+        "vLLM's multimodal preprocessor cache is off, as vlmrl always runs it (the config gate refuses turning it "
+        "on: it would keep every new image's processed inputs, so memory would grow with the images seen). The "
+        "slope is the clearer signal of a leak: what remains is allocator noise.",
         "",
         common.machine_line(res),
         "Raw numbers and the (thinned) RSS samples: `benchmarks/results/memory.json`.",
@@ -135,31 +122,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the soak(s), merge into the results file, update the README section."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--cache", default="off,on", help="off, on or off,on")
-    p.add_argument("--cache-gb", type=float, default=4)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--interval-s", type=float, default=0.5)
     p.add_argument("--thin", type=int, default=4, help="keep every k-th RSS sample in the results file")
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--work", default=str(common.ROOT / ".cache" / "bench" / "memory"))
     a = p.parse_args(argv)
-    caches = [c.strip() for c in a.cache.split(",") if c.strip()]
-    if not caches or any(c not in ("on", "off") for c in caches):
-        p.error("--cache takes off, on or off,on")
     if a.steps < 40:
         p.error("--steps must be >= 40 (growth is measured from step 20 to the end)")
     prompts, n = 16, 8
     model = common.tiny_model(seed=0)
     # enough distinct records that no image repeats during the run
     data = common.synthetic_data(Path(a.work) / "data", train=max(4096, prompts * a.steps), test=32)
-    path = common.RESULTS / "memory.json"
-    res = json.loads(path.read_text()) if path.exists() else {}
-    runs = res.get("runs", {}) if res.get("config", {}).get("steps") == a.steps else {}
-    for cache in caches:
-        print(f"[bench_memory] {a.steps} steps, preprocessor cache {cache}", flush=True)
-        runs[cache] = soak(cache, a.steps, a, model, data)
-        g = runs[cache]["growth"]
-        print(f"[bench_memory]   driver+workers growth {g['driver+workers'] * 100:+.2f} %", flush=True)
+    print(f"[bench_memory] {a.steps} steps", flush=True)
+    run = soak(a.steps, a, model, data)
+    print(f"[bench_memory]   driver+workers growth {run['growth']['driver+workers'] * 100:+.2f} %", flush=True)
     res = {
         "benchmark": "memory",
         "date": common.now(),
@@ -172,9 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_tokens": a.max_tokens,
             "image_size": 56,
             "interval_s": a.interval_s,
-            "cache_gb": a.cache_gb,
         },
-        "runs": runs,
+        "run": run,
     }
     common.write_result("memory", res)
     common.write_readme_section(SECTION, markdown(res))

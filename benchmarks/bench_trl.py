@@ -113,10 +113,11 @@ def vlmrl_breakdown(rows: list[dict[str, float]]) -> dict[str, float]:
     def med(key: str) -> float:
         return common.median([r.get(key, 0.0) for r in rows])
 
+    # the driver's train stage is the workers' input prep, old/ref log-probs and update plus the call's round trip;
+    # the push is its own stage (the workers' push time; its round trip counts as the driver's own time)
     rpc = [
         r["timing/train_s"]
         - r.get("timing/update_s", 0)
-        - r.get("timing/push_s", 0)
         - r.get("timing/input_prep_s", 0)
         - r.get("timing/old_ref_logprob_s", 0)
         for r in rows
@@ -126,6 +127,7 @@ def vlmrl_breakdown(rows: list[dict[str, float]]) -> dict[str, float]:
         - r["timing/rollout_s"]
         - r["timing/reward_s"]
         - r["timing/train_s"]
+        - r.get("timing/push_s", 0)
         - r.get("timing/data_s", 0)
         for r in rows
     ]

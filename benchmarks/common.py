@@ -530,18 +530,23 @@ class RssSampler:
 
 
 def _role(p: Any) -> str:
-    """Which part of the run a process is: driver, worker (ray::HybridWorker), or ray (raylet, GCS, helpers)."""
-    name = p.name()
-    if "HybridWorker" in name:
-        return "worker"
+    """Which part of the run a process is, by itself or its nearest ancestor that says: worker (a hybrid worker:
+    ``vlmrl-worker-<rank>`` of the local launcher, ``ray::HybridWorker``; with its tool workers), driver (``python -m
+    vlmrl.train``, with its reward workers), or ray (raylet, GCS, Ray's helpers)."""
     try:
-        cmd = " ".join(p.cmdline()[:4])
+        chain = [p, *p.parents()]
     except Exception:  # noqa: BLE001 - the process may be gone
-        cmd = name
-    if "HybridWorker" in cmd:
-        return "worker"
-    if "vlmrl.train" in cmd:
-        return "driver"
+        chain = [p]
+    for q in chain:
+        try:
+            name = q.name()
+            cmd = " ".join(q.cmdline()[:4])
+        except Exception:  # noqa: BLE001 - the process may be gone
+            continue
+        if "HybridWorker" in name or "HybridWorker" in cmd or "vlmrl-worker-" in name or "vlmrl-worker-" in cmd:
+            return "worker"
+        if "vlmrl.train" in cmd:
+            return "driver"
     return "ray"
 
 

@@ -5,6 +5,7 @@ cannot replace the agent's image or pixel bounds, and a tool's huge error messag
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from utils import ScriptedEngine, make_agent, make_prompt, noise, solid
@@ -178,3 +179,68 @@ def test_unreadable_tool_files_are_config_errors(tmp_path: Path) -> None:
     cfg.write_text(f"tools:\n  - class_name: {tmp_path / 'broken.py'}:Tool\n")
     with pytest.raises(ToolConfigError, match=r"tools\[0\].*broken\.py.*SyntaxError"):
         ToolRunner(str(cfg), 0, 0.0)
+
+
+GROUP_TOOLS = """
+import os, time
+from vlmrl.tools.base import BaseTool, ToolResponse
+
+class Where(BaseTool):
+    default_schema = {"type": "function", "function": {"name": "where", "parameters": {}}}
+    def execute(self, iid, params, **kw):
+        return ToolResponse(text=os.environ["VLMRL_FORKSERVER_PARENT"]), 0.0, {}  # the rank whose worker ran it
+
+class Hang(BaseTool):
+    default_schema = {"type": "function", "function": {"name": "hang", "parameters": {}}}
+    def execute(self, iid, params, **kw):
+        time.sleep(600)
+"""
+
+
+def _tensor_parallel_rank(rank: int, init: str, config: str, out: Any) -> None:
+    """One rank of a 2-rank engine group: run a turn of ``where`` calls, then one of ``hang`` calls; report."""
+    import os
+
+    import torch.distributed as dist
+
+    from vlmrl.supervise import HangError
+    from vlmrl.tools.runner import ToolGroup, ToolRequest
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    runner = ToolRunner(config, 1, 1.0, ToolGroup(dist.new_group([0, 1], backend="gloo"), 0, rank == 0))
+    try:
+        texts = [o.text for o in runner.run([ToolRequest("where", {}), ToolRequest("where", {})])]
+        try:
+            runner.run([ToolRequest("hang", {})] * 4)
+            hang = "no error"
+        except HangError as e:
+            hang = f"HangError: {e}"
+        out.put((rank, os.getpid(), runner.pool is None, texts, hang))
+    finally:
+        runner.close()
+        dist.destroy_process_group()
+
+
+def test_the_ranks_of_a_tensor_parallel_engine_get_the_leaders_tool_outcomes(tmp_path: Path) -> None:
+    """Two ranks sharing an engine: only the first starts tool workers and runs the calls; both read its outcomes
+    (here the id of the rank that ran them), and a tool that hangs stops both with the same HangError (before: each
+    rank ran its own calls, so a timeout or a varying answer gave the engine's ranks different contexts)."""
+    import multiprocessing as mp
+
+    (tmp_path / "group_tools.py").write_text(GROUP_TOOLS)
+    config = tmp_path / "tools.yaml"
+    config.write_text(f"tools:\n  - class_name: {tmp_path}/group_tools.py:Where\n"
+                      f"  - class_name: {tmp_path}/group_tools.py:Hang\n")  # fmt: skip
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_tensor_parallel_rank, args=(r, init, str(config), out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=240) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    (r0, pid0, no_pool0, texts0, hang0), (r1, _, no_pool1, texts1, hang1) = got
+    assert (r0, r1) == (0, 1) and not no_pool0 and no_pool1  # only the leader has tool workers
+    assert texts0 == texts1 == [str(pid0), str(pid0)]
+    assert hang0 == hang1 and "the first 2 calls of this batch all ran past their timeout" in hang0, (hang0, hang1)

@@ -11,6 +11,10 @@ with it.
 ``tool_workers = 0``: calls run one after another in the rollout worker's own thread (a debugger works); nothing can
 stop a call there, so ``tool_timeout_s`` must be 0 (the config check says so).
 
+With a tensor-parallel engine (``rollout.tensor_model_parallel_size > 1``) the ranks sharing it must continue from the
+same tool turns: the group's first rank runs the calls and the others receive its outcomes (:class:`ToolGroup`), so
+a timeout on one rank, or a tool whose answer varies, cannot set them apart.
+
 Either way what a call gives back is checked in the process that ran it (:func:`run_call`) and crosses as plain
 data (:class:`ToolOutcome`): a text, PIL images, a number.
 """
@@ -20,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
 
 from vlmrl.models.qwen_vl import resized_size
-from vlmrl.supervise import DIED, TIMEOUT, HangWatch, SupervisedPool
+from vlmrl.supervise import DIED, TIMEOUT, HangError, HangWatch, SupervisedPool
 from vlmrl.timing import Timer
 from vlmrl.tools.base import BaseTool
 from vlmrl.tools.config import ToolConfigError, build_tools
@@ -153,15 +158,51 @@ def _run(req: ToolRequest) -> ToolOutcome:
     return run_call(_TOOLS[req.name], req)
 
 
+@dataclass
+class ToolGroup:
+    """The ranks of one tensor-parallel engine (a ``torch.distributed`` group that can carry objects: gloo): the
+    ``leader`` (its first rank, a global rank) runs each turn's calls, every rank gets the same outcomes, or the same
+    error (a tool that hangs stops every rank of the engine, not only the one that ran it)."""
+
+    group: Any
+    leader: int
+    is_leader: bool
+
+    def share(self, compute: Callable[[], list[ToolOutcome]]) -> list[ToolOutcome]:
+        """The leader's ``compute()``, on every rank of the group."""
+        import torch.distributed as dist
+
+        box: list[Any] = [None]
+        error: BaseException | None = None
+        if self.is_leader:
+            try:
+                box[0] = ("ok", compute())
+            except Exception as e:  # noqa: BLE001 - the other ranks raise it too
+                error = e
+                sent = e if isinstance(e, (HangError, ToolConfigError)) else RuntimeError(f"{type(e).__name__}: {e}")
+                box[0] = ("error", sent)
+        dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        kind, value = box[0]
+        if kind == "error":
+            raise error or value
+        return value
+
+
 class ToolRunner:
     """The tools of a tool config file, and where their calls run."""
 
-    def __init__(self, tool_config_path: str | None, num_workers: int, timeout_s: float) -> None:
+    def __init__(
+        self, tool_config_path: str | None, num_workers: int, timeout_s: float, group: ToolGroup | None = None
+    ) -> None:
         """Builds the tools here (so a bad config fails at start-up) and, with ``num_workers >= 1``, in each worker.
-        No path: no tools (every call is an unknown tool)."""
+        No path: no tools (every call is an unknown tool). ``group``: a tensor-parallel engine's ranks, of which only
+        the leader runs calls (and starts workers)."""
         self.tools = build_tools(tool_config_path) if tool_config_path else {}
         self.timeout_s = float(timeout_s)
+        self.group = group
         self.pool: SupervisedPool | None = None
+        if group is not None and not group.is_leader:
+            num_workers = 0  # this rank receives the leader's outcomes
         if num_workers > 0 and self.tools:
             what = "tool calls (" + ", ".join(sorted(self.tools)) + ")"
             setting = "actor_rollout_ref.rollout.multi_turn.tool_timeout_s"
@@ -182,7 +223,13 @@ class ToolRunner:
 
     def run(self, requests: list[ToolRequest], watch: HangWatch | None = None) -> list[ToolOutcome]:
         """Every request's outcome, in order. Raises :class:`vlmrl.supervise.HangError` when the calls keep timing
-        out (see the module docstring); ``watch`` (:meth:`new_watch`) counts them across a rollout's turns."""
+        out (see the module docstring); ``watch`` (:meth:`new_watch`) counts them across a rollout's turns. In a
+        :class:`ToolGroup`, every rank calls it with the same requests and gets the leader's outcomes."""
+        if self.group is not None:
+            return self.group.share(lambda: self._run_here(requests, watch))
+        return self._run_here(requests, watch)
+
+    def _run_here(self, requests: list[ToolRequest], watch: HangWatch | None) -> list[ToolOutcome]:
         if self.pool is None:
             return [run_call(self.tools[r.name], r) for r in requests]
         results = self.pool.map(_run, [(r,) for r in requests], names=[r.name for r in requests], watch=watch)

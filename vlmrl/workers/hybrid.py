@@ -32,7 +32,7 @@ from vlmrl.rollout.base import SamplingSpec, sampling_specs
 from vlmrl.rollout.multi_turn import MultiTurnAgent
 from vlmrl.startup import stage
 from vlmrl.timing import Timer
-from vlmrl.tools.runner import ToolRunner
+from vlmrl.tools.runner import ToolGroup, ToolRunner
 from vlmrl.workers.policy import PolicyWorker
 
 
@@ -177,7 +177,13 @@ class HybridWorker:
     def _agent(self, plan: WorkerPlan) -> Any:
         mt = plan.arr.rollout.multi_turn
         factor = qwen_vl.patch_factor(self.processor.image_processor)
-        tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s)
+        group = None
+        if self.tp > 1:  # every rank creates every engine's group, in the same order (a collective)
+            groups = [dist.new_group(list(range(g * self.tp, (g + 1) * self.tp)), backend="gloo")
+                      for g in range(self.world // self.tp)]  # fmt: skip
+            leader = self.engine_group * self.tp
+            group = ToolGroup(groups[self.engine_group], leader, self.rank == leader)
+        tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s, group)
         return MultiTurnAgent(self.engine, tools, mt, self.tokenizer, (factor, *self.image_bounds),
                               plan.max_response_length, max_images=plan.limit_images)  # fmt: skip
 
