@@ -67,6 +67,16 @@ def vl(sample):
         return 10 ** 400
     if r == "huge_float":
         return 1e39  # finite in float64, inf in float32 (the advantages' dtype)
+    if r in ("subpool", "subpool_hang"):  # as verl's math_verify reward does: a process pool of its own
+        import concurrent.futures, multiprocessing
+        global _SUB
+        _SUB = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        pid = _SUB.submit(os.getpid).result()
+        with open(sample.extra_info["pids"], "a") as f:
+            f.write(f"{r} {pid}\\n")
+        if r == "subpool_hang":
+            time.sleep(60)
+        return 1.0
     if r == "index":
         time.sleep(0.002 * (sample.extra_info["i"] % 3))
         return float(sample.extra_info["i"])
@@ -361,7 +371,22 @@ def test_scoring_in_the_driver_takes_no_timeout(zoo: str) -> None:
 # ------------------------------------------------------------------------------------------------------ worker pool
 
 
-def test_pool_keeps_order_and_isolates_raise_nan_hang_and_death(zoo: str) -> None:
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` ended (a zombie counts as ended) within ``within_s``."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_pool_keeps_order_and_isolates_raise_nan_hang_and_death(zoo: str, tmp_path: Path) -> None:
     samples = [S("index", extra_info={"i": i}) for i in range(24)]
     samples[3] = S("raise")
     samples[9] = S("nan")
@@ -379,6 +404,14 @@ def test_pool_keeps_order_and_isolates_raise_nan_hang_and_death(zoo: str) -> Non
         assert [out.errors[i] for i in (3, 9, 14, 20)] == ["exception", "non_finite", "timeout", "exception"]
         assert elapsed < 8.0
         assert rm.score([S("index", extra_info={"i": i}) for i in range(10)]).scores == [float(i) for i in range(10)]
+        # a reward with a process pool of its own (verl's math_verify): what a timed-out worker started ends with it,
+        # what the others started ends with the manager (before: left waiting forever, parented to init)
+        log = tmp_path / "pids"
+        out = rm.score([S(r, extra_info={"pids": str(log)}) for r in ("subpool_hang", "subpool")])
+        assert out.errors == ["timeout", None]
+        started = dict(line.split() for line in log.read_text().splitlines())
+        assert _gone(int(started["subpool_hang"])) and not _gone(int(started["subpool"]), 0.5)
+    assert _gone(int(started["subpool"]))
 
 
 def test_pool_sends_images_only_when_needed(zoo: str) -> None:

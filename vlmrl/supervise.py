@@ -22,7 +22,10 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -112,12 +115,23 @@ class HangWatch:
             )
 
 
-def _init_worker(initializer: Callable[..., Any] | None, args: tuple, sys_path: list[str], cwd: str) -> None:
-    """Worker start-up: Ctrl-C is the parent's to handle, the parent's import path and folder, one thread (the pool
-    is the parallelism), then the caller's own initializer."""
+def _init_worker(
+    initializer: Callable[..., Any] | None, args: tuple, sys_path: list[str], cwd: str, registry: str
+) -> None:
+    """Worker start-up: its own process group, registered in ``registry`` (what user code starts in it, such as
+    verl's math_verify reward with its own process pool, can be ended with it), Ctrl-C is the parent's to handle, the
+    parent's import path and folder, one thread (the pool is the parallelism), then the caller's own initializer."""
     import signal
 
     die_with_parent()  # the forkserver; which dies with the process that started the pool
+    try:
+        os.setpgid(0, 0)
+        import psutil
+
+        with open(os.path.join(registry, str(os.getpid())), "w") as f:
+            f.write(repr(psutil.Process().create_time()))
+    except OSError:
+        pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for p in sys_path:
         if p not in sys.path:
@@ -183,6 +197,7 @@ class SupervisedPool:
         self.num_workers = int(num_workers)
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 and math.isfinite(timeout_s) else math.inf
         self.slowest_ok_s: float | None = None
+        self._registry = tempfile.mkdtemp(prefix="vlmrl-workers-")  # each worker's pid and start time
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
         os.environ[FORKSERVER_PARENT] = str(os.getpid())
@@ -190,7 +205,7 @@ class SupervisedPool:
         self.pool = ProcessPool(
             max_workers=self.num_workers,
             initializer=_init_worker,
-            initargs=(initializer, tuple(initargs), list(sys.path), os.getcwd()),
+            initargs=(initializer, tuple(initargs), list(sys.path), os.getcwd(), self._registry),
             context=ctx,
         )
 
@@ -238,6 +253,8 @@ class SupervisedPool:
             raise
         finally:
             self.slowest_ok_s = watch.slowest_ok_s
+            if any(r is not None and r.error in (TIMEOUT, DIED) for r in results):
+                self._end_strays(every_group=False)  # what ended workers had started
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
@@ -265,6 +282,43 @@ class SupervisedPool:
         wait(futures)
 
     def close(self) -> None:
-        """Stop every worker."""
+        """Stop every worker, and whatever user code started in them."""
         self.pool.stop()
         self.pool.join(timeout=10)
+        self._end_strays(every_group=True)
+        shutil.rmtree(self._registry, ignore_errors=True)
+
+    def _end_strays(self, every_group: bool) -> None:
+        """End the process groups of the workers that are gone (with ``every_group``: of all workers): a worker ended
+        for a timeout, or stopped, leaves the processes its user code started (a pool of its own) waiting forever.
+        A group is ended only while its worker is known to be this pool's (the same pid and start time) or gone."""
+        import psutil
+
+        try:
+            names = os.listdir(self._registry)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self._registry, name)
+            try:
+                with open(path) as f:
+                    pid, born = int(name), float(f.read() or "nan")
+            except (OSError, ValueError):
+                continue
+            try:
+                alive = abs(psutil.Process(pid).create_time() - born) < 1e-3
+                if not alive:  # the number belongs to another process now: not ours to touch
+                    os.remove(path)
+                    continue
+            except psutil.NoSuchProcess:
+                alive = False
+            if alive and not every_group:
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                os.remove(path)
+            except OSError:
+                pass
