@@ -20,11 +20,9 @@ the machine is repeated (``--retries``). Writes ``benchmarks/results/quickstart.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -46,22 +44,6 @@ PARTS = (
 """The script's parts, each starting at the first traced command containing its marker, in script order."""
 UNSET = ("SMOKE", "OUT", "VLMRL_DRY_RUN", "RAY_ADDRESS", "VLMRL_VENV", "VLMRL_CACHE", "BASH_ENV", "PYTHONPATH")
 """Environment variables of the calling shell the runs do not inherit (they would change what the script does)."""
-
-
-def safetensors_params(folder: Path) -> int:
-    """Number of parameters in a folder's ``*.safetensors`` files (read from their JSON headers)."""
-    total = 0
-    for f in sorted(folder.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                k = 1
-                for d in t["shape"]:
-                    k *= d
-                total += k
-    return total
 
 
 def hit_and_seconds(rows: list[dict[str, Any]], window: int = 5, threshold: float = 0.9) -> tuple[int | None, Any]:
@@ -127,7 +109,7 @@ def one_run(k: int, work: Path, smoke: bool, reuse_cache: bool, overrides: list[
         **step_numbers(rows),
         "model_bytes": common.dir_bytes(model) if model else None,
         "model_file_bytes": sum(f.stat().st_size for f in model.iterdir() if f.is_file()) if model else None,
-        "model_params": safetensors_params(model) if model else None,
+        "model_params": common.safetensors_params(model) if model else None,
         "outputs": sorted(p.name for p in out.iterdir()),
         "foreign_cpu_frac": run["foreign_cpu_frac"],
     }

@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_tokens": tokens,
             "image_size": a.image_size,
             "vlmrl_learn_entropy_coeff": 0.03,
-            "model_params": model_params(model),
+            "model_params": common.safetensors_params(model),
             "vlmrl_workers": 2,
             "trl_threads": 2,
             "trl_micro": 64,
@@ -488,24 +488,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"[bench_trl] wrote {path}", flush=True)
     print(json.dumps({k: v for k, v in step_time.items() if not k.endswith("breakdown")}, indent=2))
     return res
-
-
-def model_params(path: Path) -> int:
-    """Parameter count of a saved checkpoint (from its safetensors headers)."""
-    import struct
-
-    total = 0
-    for f in path.glob("*.safetensors"):
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for k, v in header.items():
-            if k != "__metadata__":
-                count = 1
-                for d in v["shape"]:
-                    count *= d
-                total += count
-    return total
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -616,3 +617,19 @@ def machine_line(result: dict[str, Any]) -> str:
     m, v = result["machine"], result["versions"]
     vs = ", ".join(f"{k} {val}" for k, val in v.items())
     return f"Machine: {m['cpu']}, {m['cpu_count']} cores, {m['ram_gib']} GiB RAM, {m['platform']}. Versions: {vs}."
+
+
+def safetensors_params(folder: Path) -> int:
+    """Number of parameters in a folder's ``*.safetensors`` files (read from their JSON headers)."""
+    total = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                k = 1
+                for d in t["shape"]:
+                    k *= d
+                total += k
+    return total
