@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
-from utils import clip, write_mp4
+from utils import clip, synthetic_data, write_mp4
 
 from vlmrl.config import DataConfig
 from vlmrl.data import DataError, RLDataset
@@ -119,12 +119,7 @@ def test_a_time_blind_answer_gets_49_of_the_96_video_order_validation_records(tm
     """README (video_order): an answer blind to time sees both colours of a video, so the best it can do is name,
     for each pair of colours, the second colour of that pair's more frequent order: 49 of the 96 validation records
     ``benchmarks/bench_video.py`` uses (seed 0, 112 px; the test split does not depend on the train size)."""
-    subprocess.run(
-        [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(tmp_path), "--families",
-         "video_order", "--train-size", "4", "--test-size", "96", "--seed", "0", "--image-size", "112",
-         "--no-progress"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    synthetic_data(tmp_path, "video_order", train=4, test=96, size=112)
     counts: dict[frozenset, dict[str, int]] = {}
     for r in pq.read_table(tmp_path / "test.parquet", columns=["extra_info"]).to_pylist():
         first, second = r["extra_info"]["objects"][0]["colour"], r["extra_info"]["answer"]
