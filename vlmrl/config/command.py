@@ -26,7 +26,7 @@ from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
 from vlmrl.config.keys import translate
 from vlmrl.config.schema import CHOICES, LOGGERS, VLMRLConfig
-from vlmrl.config.verl import VALUE_REASONS, parse_value
+from vlmrl.config.verl import VALUE_REASONS, parse_value, render
 from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
 
 USAGE = """usage: python -m vlmrl.train [--config-name NAME] [--config-path DIR] [--config-dir DIR] [--cfg job]
@@ -107,11 +107,6 @@ def parse(argv: list[str]) -> Command:
     return cmd
 
 
-def _quoted(text: str) -> str:
-    """``text`` as a quoted string of Hydra's override grammar (a folder name may hold ``,``, ``]`` or quotes)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _folder(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
@@ -167,8 +162,8 @@ def _hydra_compose(cmd: Command, overrides: list[str]) -> tuple[DictConfig | Non
     ours = str(configs_dir())
     holding = [d for d in [ours, *search] if os.path.isfile(os.path.join(d, name + ".yaml"))]
     primary = _folder(cmd.config_path) if cmd.config_path else (holding[0] if holding else ours)
-    quoted = [_quoted(f"file://{d}") for d in dict.fromkeys(search) if d != primary]
-    searchpath = "hydra.searchpath=[" + ",".join(quoted) + "]"
+    # quoted by render: a folder name may hold ``,``, ``]`` or quotes
+    searchpath = "hydra.searchpath=" + render([f"file://{d}" for d in dict.fromkeys(search) if d != primary])
     try:
         with initialize_config_dir(config_dir=primary, version_base=None):
             return compose(config_name=name, overrides=[*overrides, searchpath]), []
