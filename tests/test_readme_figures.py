@@ -480,14 +480,6 @@ def _default(where: str, name: str) -> Any:
     return inspect.signature(obj.__init__).parameters[name].default
 
 
-def _teacher_share() -> float:
-    tree = ast.parse(_source("examples/tool_zoom/teacher.py"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CALL_SHARE" for t in node.targets):
-            return float(ast.literal_eval(node.value))
-    raise AssertionError("examples/tool_zoom/teacher.py has no CALL_SHARE")
-
-
 CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
         "the test sets 15 and requires the report between 15 and 60 s after the freeze",
@@ -505,7 +497,7 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
         "the teacher zooms on one first turn in four",
         "examples/tool_zoom/teacher.py: CALL_SHARE = 0.25",
-        lambda: _teacher_share() == 0.25,
+        lambda: _literal("examples/tool_zoom/teacher.py", "CALL_SHARE") == 0.25,
     ),
     (
         "data.max_prompt_length=512 data.max_response_length=128 actor_rollout_ref.rollout.max_model_len=768",
