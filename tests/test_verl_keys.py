@@ -85,6 +85,8 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
              "algorithm.kl_penalty", "algorithm.lam", "npu_profile.options",
              "reward.custom_reward_function.reward_kwargs",
              "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+             "actor_rollout_ref.actor.fsdp_config.grad_offload", "critic.model.fsdp_config.param_offload",
+             "critic.model.fsdp_config.optimizer_offload",
              "trainer.use_ray"}  # vlmrl's own older key (now trainer.launcher)  # fmt: skip
     import fnmatch
 
@@ -225,6 +227,7 @@ UNDOCUMENTED = {
     "data.train_files",
     "data.val_files",
     "actor_rollout_ref.model.path",
+    "critic.model.path",  # vlmrl: None = the actor's path (verl: an example path)
     "trainer.project_name",
     "trainer.experiment_name",
     # None = "the same as actor.clip_ratio" (0.2, verl's value for both)
@@ -236,6 +239,8 @@ UNDOCUMENTED = {
     "actor_rollout_ref.ref.fsdp_config.dtype",
     "actor_rollout_ref.rollout.dtype",
     "actor_rollout_ref.actor.strategy",
+    "critic.strategy",
+    "critic.fsdp.dtype",
     "trainer.device",
     "actor_rollout_ref.rollout.tensor_model_parallel_size",
     "actor_rollout_ref.rollout.enable_chunked_prefill",
@@ -253,6 +258,7 @@ UNDOCUMENTED = {
     # dynamic sampling (vlmrl's "score" is verl's per-sample reward)
     "custom_reward_function.name",
     "actor_rollout_ref.actor.optim.warmup_style",
+    "critic.optim.warmup_style",
     "algorithm.filter_groups.metric",
 }
 """Keys both configs have whose defaults differ and that the README's list does not name (each a known, deliberate

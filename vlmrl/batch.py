@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from PIL import Image
 
 
@@ -260,6 +261,34 @@ class TrainShard:
     sent: tuple[list[PromptSample], RolloutBatch] | None
     """Prompt groups generated elsewhere, as data."""
     advantages: list[float]
-    """One per sample, in order."""
+    """One per sample, in order (empty when ``token_advantages`` holds them)."""
     mini_batch_samples: int
     """Samples per optimizer step on this worker."""
+    samples: list[int] = field(default_factory=list)
+    """The step's index of each sample, in order."""
+    prepared: bool = False
+    """The worker computed this shard's log-probs and values before (``WorkerGroup.prepare``) and kept its inputs:
+    the update uses them."""
+    token_advantages: torch.Tensor | None = None
+    """[b, R] per-token advantages (PPO with a critic or the in-reward KL), rows in order."""
+    returns: torch.Tensor | None = None
+    """[b, R] the critic's value targets (None: no critic update)."""
+    critic_mini_batch_samples: int = 0
+    """Samples per critic optimizer step on this worker."""
+    update_actor: bool = True
+    """False during trainer.critic_warmup: only the critic learns."""
+
+
+@dataclass
+class PreparedShard:
+    """What a worker computed on its shard before the advantages (PPO path): [b, R] tensors, rows in the shard's
+    order, columns aligned with the responses (R: this shard's longest)."""
+
+    response_mask: torch.Tensor
+    """1 on the tokens the policy generated (0: padding, tool responses)."""
+    old_logprobs: torch.Tensor | None
+    """The policy's log-probs before the update (for the in-reward KL; None when not needed)."""
+    ref_logprobs: torch.Tensor | None
+    """The reference's log-probs (None without a reference)."""
+    values: torch.Tensor | None
+    """The critic's values (None without a critic)."""

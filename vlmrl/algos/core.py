@@ -17,6 +17,9 @@ from vlmrl.userfiles import load_callable
 
 AdvantageFn = Callable[..., torch.Tensor]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+TOKEN_ESTIMATORS = ("gae",)
+"""Estimators that work on token-level rewards and need the critic's values (``vlmrl.algos.ppo``), not a function of
+sequence scores."""
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
@@ -80,7 +83,8 @@ def get_advantage_fn(name: str) -> AdvantageFn:
     if ":" in name:
         return load_callable(name, what="algorithm.adv_estimator")
     raise ValueError(
-        f"algorithm.adv_estimator={name!r}: unknown; choose one of {sorted(ADVANTAGE_ESTIMATORS)} or path/file.py:fn"
+        f"algorithm.adv_estimator={name!r}: unknown; choose one of "
+        f"{sorted([*ADVANTAGE_ESTIMATORS, *TOKEN_ESTIMATORS])} or path/file.py:fn"
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
-from vlmrl.config.plan import launcher_of, per_node, planned_device, planned_world, token_budgets
+from vlmrl.config.plan import critic_plan, launcher_of, per_node, planned_device, planned_world, token_budgets
 from vlmrl.config.schema import RewardConfig, VLMRLConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -35,7 +35,7 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 def check_values(cfg: VLMRLConfig) -> list[str]:
     """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
     owner-only permissions are part of the setting); every one says how to fix it."""
-    from vlmrl.algos.core import get_advantage_fn, get_policy_loss
+    from vlmrl.algos.core import TOKEN_ESTIMATORS, get_advantage_fn, get_policy_loss
 
     p: list[str] = []
     arr, data, tr, alg = cfg.actor_rollout_ref, cfg.data, cfg.trainer, cfg.algorithm
@@ -95,7 +95,8 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         if not math.isfinite(value):
             p.append(f"{key}={value}: must be finite.")
     try:
-        get_advantage_fn(alg.adv_estimator)
+        if alg.adv_estimator not in TOKEN_ESTIMATORS:
+            get_advantage_fn(alg.adv_estimator)
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
         p.append(f"algorithm.adv_estimator: {e}")
     try:
@@ -123,6 +124,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             )
     p += multi_turn_problems(cfg)
     p += video_problems(cfg)
+    p += ppo_problems(cfg)
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         p.append(
             f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
@@ -153,6 +155,47 @@ INLINE_TIMEOUT = (
     "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
     "processes, where reward.timeout_s is enforced by ending the worker)."
 )
+
+
+def ppo_problems(cfg: VLMRLConfig) -> list[str]:
+    """The critic's, GAE's and the in-reward KL's settings."""
+    alg, c, p = cfg.algorithm, cfg.critic, []
+    if alg.adv_estimator == "gae" and c.enable is False:
+        p.append("algorithm.adv_estimator=gae needs the critic's values: drop critic.enable=False (or set True).")
+    for key, value in (("algorithm.gamma", alg.gamma), ("algorithm.lam", alg.lam)):
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            p.append(f"{key}={value}: must be between 0 and 1.")
+    kc = alg.kl_ctrl
+    if not (math.isfinite(kc.kl_coef) and kc.kl_coef >= 0):
+        p.append(f"algorithm.kl_ctrl.kl_coef={kc.kl_coef}: must be a finite number >= 0.")
+    if kc.type == "adaptive":
+        if kc.horizon <= 0:
+            p.append(f"algorithm.kl_ctrl.horizon={kc.horizon}: the adaptive controller needs a horizon > 0.")
+        if not (math.isfinite(kc.target_kl) and kc.target_kl > 0):
+            p.append(f"algorithm.kl_ctrl.target_kl={kc.target_kl}: the adaptive controller needs a target > 0.")
+    plan = critic_plan(cfg)
+    if plan is None:
+        return p
+    lr = plan.optim.lr
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        p.append(f"critic.optim.lr={lr!r}: must be a finite number > 0 (e.g. 1e-5).")
+    for key, value in (("critic.cliprange_value", plan.cliprange_value), ("critic.grad_clip", plan.grad_clip)):
+        if not (math.isfinite(value) and value > 0):
+            p.append(f"{key}={value}: must be a finite number > 0.")
+    for key, value in (("critic.ppo_mini_batch_size", plan.mini_batch_size),
+                       ("critic.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
+                       ("critic.forward_micro_batch_size_per_gpu", plan.forward_micro_batch_size),
+                       ("critic.ppo_epochs", plan.epochs), ("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
+                       ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len)):  # fmt: skip
+        _positive(p, key, value)
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if plan.use_dynamic_bsz:
+        for key, budget in (("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
+                            ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len)):  # fmt: skip
+            if isinstance(budget, int) and 1 <= budget < longest:
+                p.append(f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
+                         f"data.max_response_length = {longest} tokens; set the budget to at least that.")  # fmt: skip
+    return p
 
 
 def cache_kept_on(user: dict[str, Any]) -> str | None:
@@ -210,6 +253,14 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
             f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
         )
+    crit = critic_plan(cfg)
+    if crit is not None:
+        cm = crit.mini_batch_size
+        if cm > data.train_batch_size or data.train_batch_size % cm or (cm * arr.rollout.n) % world:
+            p.append(
+                f"critic.ppo_mini_batch_size={cm} must divide data.train_batch_size={data.train_batch_size}, and "
+                f"mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
+            )
     tp = arr.rollout.tensor_model_parallel_size
     if tp > 1:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"

@@ -25,7 +25,7 @@ from vlmrl.config.checks import check_values, machine_problems
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
 from vlmrl.config.keys import translate
-from vlmrl.config.schema import CHOICES, LOGGERS, VLMRLConfig
+from vlmrl.config.schema import CHOICES, LOGGERS, NULLABLE_CHOICES, VLMRLConfig
 from vlmrl.config.verl import VALUE_REASONS, parse_value, render
 from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
 
@@ -230,7 +230,7 @@ def _choice_problems(cfg: VLMRLConfig) -> list[str]:
         value: Any = cfg
         for part in key.split("."):
             value = getattr(value, part)
-        if value not in allowed:
+        if value not in allowed and not (value is None and key in NULLABLE_CHOICES):
             why = VALUE_REASONS.get((key, value))
             ok = " | ".join(allowed)
             problems.append(f"{key}={value!r}: {why + '; ' if why else ''}use {ok}.")

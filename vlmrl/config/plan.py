@@ -2,7 +2,8 @@
 
 ``planned_device`` / ``planned_world`` / ``per_node`` (where the run trains), ``launcher_of`` / ``ray_address`` (how
 its workers start), ``tp_size`` (workers sharing one
-engine), ``token_budgets`` (micro-batches sized by tokens), and :class:`WorkerPlan`: what every hybrid worker is told,
+engine), ``token_budgets`` (micro-batches sized by tokens), ``critic_plan`` (the critic's settings with verl's defaults
+resolved), and :class:`WorkerPlan`: what every hybrid worker is told,
 its part of the config and the values the driver derived for it (built by :func:`worker_plan`).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vlmrl.config.schema import ActorRolloutRefConfig, VLMRLConfig
+from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, VLMRLConfig
 
 
 def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
@@ -83,6 +84,67 @@ def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]
     return out
 
 
+def critic_enabled(cfg: VLMRLConfig) -> bool:
+    """Whether the run builds a critic: ``critic.enable``, else (verl's rule) when the estimator is GAE."""
+    enable = cfg.critic.enable
+    return cfg.algorithm.adv_estimator == "gae" if enable is None else bool(enable)
+
+
+def reference_needed(cfg: VLMRLConfig) -> bool:
+    """Whether the workers build the frozen reference: for the KL loss or the in-reward KL."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+@dataclass
+class CriticPlan:
+    """The critic's settings with every "the actor's value" default resolved (``critic_plan``)."""
+
+    path: str
+    trust_remote_code: bool
+    gradient_checkpointing: bool
+    optim: OptimConfig
+    fsdp: FSDPConfig
+    mini_batch_size: int
+    """Prompts per critic optimizer step."""
+    micro_batch_size: int
+    forward_micro_batch_size: int
+    use_dynamic_bsz: bool
+    max_token_len: int
+    forward_max_token_len: int
+    epochs: int
+    shuffle: bool
+    cliprange_value: float
+    loss_agg_mode: str
+    grad_clip: float
+
+
+def critic_plan(cfg: VLMRLConfig) -> CriticPlan | None:
+    """The critic's resolved settings (None without a critic): verl interpolates the actor's mini-batch size,
+    dynamic batching, epochs, shuffling and loss aggregation, and the model path defaults to the actor's."""
+    if not critic_enabled(cfg):
+        return None
+    c, a, m = cfg.critic, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
+    micro = c.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu
+    return CriticPlan(
+        path=c.model.path or m.path,
+        trust_remote_code=c.model.trust_remote_code or (c.model.path is None and m.trust_remote_code),
+        gradient_checkpointing=c.model.enable_gradient_checkpointing,
+        optim=c.optim,
+        fsdp=c.fsdp,
+        mini_batch_size=c.ppo_mini_batch_size or a.ppo_mini_batch_size,
+        micro_batch_size=micro,
+        forward_micro_batch_size=c.forward_micro_batch_size_per_gpu or micro,
+        use_dynamic_bsz=a.use_dynamic_bsz if c.use_dynamic_bsz is None else bool(c.use_dynamic_bsz),
+        max_token_len=c.ppo_max_token_len_per_gpu,
+        forward_max_token_len=c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu,
+        epochs=c.ppo_epochs or a.ppo_epochs,
+        shuffle=a.shuffle if c.shuffle is None else bool(c.shuffle),
+        cliprange_value=c.cliprange_value,
+        loss_agg_mode=c.loss_agg_mode or a.loss_agg_mode,
+        grad_clip=c.grad_clip,
+    )
+
+
 @dataclass
 class WorkerPlan:
     """What every hybrid worker is told: ``actor_rollout_ref`` (model, actor, reference, rollout) and what the driver
@@ -111,6 +173,10 @@ class WorkerPlan:
     ``multi_turn.max_tool_images`` when tools run."""
     limit_videos: int
     """Videos an engine request may hold: ``rollout.limit_videos``, else the most a prompt of the data holds."""
+    critic: CriticPlan | None = None
+    """The critic's settings (None: no critic)."""
+    reference: bool = False
+    """Build the frozen reference (``reference_needed``)."""
 
 
 def worker_plan(
@@ -133,4 +199,6 @@ def worker_plan(
         video_bounds=(data.video_min_pixels, data.video_max_pixels),
         limit_images=(ro.limit_images or data_images) + (mt.max_tool_images if mt.enable else 0),
         limit_videos=ro.limit_videos if ro.limit_videos is not None else data_videos,
+        critic=critic_plan(cfg),
+        reference=reference_needed(cfg),
     )

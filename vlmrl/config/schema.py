@@ -13,6 +13,9 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from vlmrl.config.critic import CriticConfig, KLCtrlConfig
+from vlmrl.config.schema_parts import FSDPConfig, OptimConfig, WrapPolicyConfig  # noqa: F401 (re-exported)
+
 # ----------------------------------------------------------------------------------------------------------- data
 
 
@@ -101,47 +104,6 @@ class ModelConfig:
     exclude_modules: str | None = None
     """Modules LoRA leaves out, as verl's regex over module names. The vision tower is always left out (verl's
     scripts pass ``.*visual.*``, which is accepted); any other pattern is applied on top (peft's exclude_modules)."""
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    """AdamW learning rate."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """AdamW betas."""
-    lr_warmup_steps: int = -1
-    """Linear warm-up steps; -1 = use lr_warmup_steps_ratio."""
-    lr_warmup_steps_ratio: float = 0.0
-    """Warm-up as a fraction of the total training steps."""
-    warmup_style: str = "constant"
-    """Schedule after warm-up: constant | cosine."""
-    min_lr_ratio: float = 0.0
-    """Floor of the cosine schedule as a fraction of lr."""
-
-
-@dataclass
-class WrapPolicyConfig:
-    min_num_params: int = 0
-    """A decoder layer or vision block is its own FSDP unit (gathered and freed on its own) only when it has at least
-    this many parameters; smaller ones are gathered with the vision tower or the whole model (0: every one is a unit,
-    verl's default). For tiny models a large value means fewer collectives per step; for large ones it costs memory."""
-
-
-@dataclass
-class FSDPConfig:
-    param_offload: bool = False
-    """Keep parameters on CPU between uses (FSDP2 CPUOffloadPolicy; GPU only)."""
-    optimizer_offload: bool = False
-    """Keep optimizer state on CPU (implied by param_offload in FSDP2)."""
-    reshard_after_forward: bool = True
-    """Free gathered parameters after each forward (ZeRO-3 style)."""
-    dtype: str = "auto"
-    """Mixed-precision compute dtype (FSDP2 MixedPrecisionPolicy: parameters gathered in it, gradients reduced in
-    fp32, fp32 master weights): auto (bfloat16 on GPU, float32 on CPU) | bfloat16 | float16 | float32."""
-    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
-    """Which layers are FSDP units of their own."""
 
 
 @dataclass
@@ -332,9 +294,21 @@ class FilterGroupsConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """grpo | dr_grpo | rloo | reinforce_plus_plus, or ``path/to/file.py:fn``."""
+    """grpo | dr_grpo | rloo | reinforce_plus_plus | gae (PPO with a critic: verl's default, vlmrl's quick start
+    uses grpo), or ``path/to/file.py:fn``."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
+    gamma: float = 1.0
+    """Discount of token-level rewards (GAE, REINFORCE++)."""
+    lam: float = 1.0
+    """GAE's lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_ctrl's coefficient x KL(policy || reference) from each generated token's reward (builds the
+    reference model), for every estimator."""
+    kl_penalty: str = "kl"
+    """The in-reward KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """The in-reward KL coefficient: fixed or adaptive (verl's controllers)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
@@ -421,6 +395,8 @@ class TrainerConfig:
     """Cap on training steps (overrides total_epochs)."""
     seed: int = 1
     """Seed of model-side randomness (sampling, dropout)."""
+    critic_warmup: int = 0
+    """Steps that train only the critic before the actor starts updating (PPO with a critic)."""
     save_freq: int = -1
     """Checkpoint every N steps (-1 = never, except at the end if > 0)."""
     max_actor_ckpt_to_keep: int | None = None
@@ -463,6 +439,7 @@ class VLMRLConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -476,6 +453,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.strategy": ("fsdp", "fsdp2"),
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "actor_rollout_ref.actor.kl_loss_type": ("kl", "k1", "k2", "mse", "low_var_kl", "k3", "abs"),
+    "algorithm.kl_penalty": ("kl", "k1", "k2", "mse", "low_var_kl", "k3", "abs"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "critic.strategy": ("fsdp", "fsdp2"),
+    "critic.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "critic.optim.warmup_style": ("constant", "cosine"),
+    "critic.fsdp.dtype": ("auto", "bfloat16", "float16", "float32"),
     "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
     "actor_rollout_ref.actor.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
     "actor_rollout_ref.ref.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
@@ -490,6 +473,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 """Every string option with a closed set of values (a bad value fails when the config is composed). Options that
 also take a file (``adv_estimator``, ``policy_loss``, reward names) are checked by their loaders at the same time."""
+
+NULLABLE_CHOICES = frozenset({"critic.loss_agg_mode"})
+"""Choices where None is allowed too (None: the actor's value)."""
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "prometheus")
 """Values of ``trainer.logger``."""

@@ -294,3 +294,15 @@ def response_logprobs(
     logits, extra = forward(model, mb, vision_ids)
     lp, ent = logprobs_and_entropy(logits, mb.responses, temperature, with_entropy)
     return lp, ent, extra
+
+
+def response_values(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's values [b, R] in fp32: at each response token, the value of the state before it (the position
+    whose logits would predict it, as verl's ``values[:, -R-1:-1]``), plus the dummy-vision term. The same forward as
+    :func:`response_logprobs` on a model whose head has one output (``models.value_head``)."""
+    full = checkpointing_in_training(model) or mb.has_response_images
+    forward = full_sequence_logits if full else shared_sample_logits
+    out, extra = forward(model, mb, vision_ids)
+    return out[..., 0].float(), extra

@@ -1,8 +1,13 @@
-"""The GRPO training loop: one ``fit()`` a reader can follow top to bottom, each stage of a step one call.
+"""The training loop (GRPO family and actor-critic PPO): one ``fit()`` a reader can follow top to bottom, each stage
+of a step one call.
 
 sample prompts → rollout (n per prompt, on every worker) → rewards (driver) [→ more batches: dynamic sampling]
   → engines sleep → advantages (driver) → old/ref log-probs + update (every worker, its shard) → weight push (every
   worker's engine, awake again) → metrics → validation / checkpoint
+
+With a critic or the in-reward KL (``algorithm.adv_estimator=gae``, ``algorithm.use_kl_in_reward``) the advantages
+are per token and need the workers first: engines sleep → old/ref log-probs + values (every worker, its shard, kept
+there) → token rewards, KL penalty, GAE (driver) → critic + policy update (every worker) → weight push.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from transformers import AutoProcessor
 from vlmrl import rng
 from vlmrl.algos import filter_groups
 from vlmrl.algos.core import compute_advantages
+from vlmrl.algos.ppo import explained_variance, kl_in_reward, make_kl_controller, masked_mean, token_advantages
+from vlmrl.algos.ppo import token_scores as last_token_scores
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
-from vlmrl.config.plan import tp_size, worker_plan
+from vlmrl.config.plan import critic_plan, tp_size, worker_plan
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
 from vlmrl.scoring import RewardError, RewardManager
@@ -37,7 +44,16 @@ from vlmrl.timing import Timer
 from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.gallery import write_gallery
-from vlmrl.trainer.step import StepData, assemble, plan_shards, split_even, step_metrics
+from vlmrl.trainer.step import (
+    StepData,
+    TokenBatch,
+    assemble,
+    attach_token_targets,
+    gather_prepared,
+    plan_shards,
+    split_even,
+    step_metrics,
+)
 from vlmrl.trainer.tracking import Tracker, plot_curve
 from vlmrl.workers.group import WorkerError, make_worker_group
 
@@ -98,6 +114,12 @@ class Trainer:
         self.sampler = BatchSampler(len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                     drop_last=True)  # fmt: skip
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
+        alg = cfg.algorithm
+        self.critic = critic_plan(cfg)
+        self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
+                                          alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
+        self.token_level = self.critic is not None or self.kl_ctrl is not None
+        """Per-token advantages computed after the workers' log-probs and values (PPO path)."""
         with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
             self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
         self.out_dir = Path(tr.default_local_dir)
@@ -141,6 +163,8 @@ class Trainer:
         self.world, self.tp = self.group.world, tp_size(cfg)
         self.mini_samples = arr.actor.ppo_mini_batch_size * arr.rollout.n // self.world
         """Samples of one mini-batch on one worker."""
+        self.critic_mini_samples = self.critic.mini_batch_size * arr.rollout.n // self.world if self.critic else 0
+        """Samples of one critic mini-batch on one worker."""
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
         engines = (f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
                    if arr.rollout.name == "vllm" else "HF rollout on the policy")  # fmt: skip
@@ -175,6 +199,8 @@ class Trainer:
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         rng.restore(state["rng"])
+        if self.kl_ctrl is not None and "kl_ctrl" in state:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         print(
             f"[vlmrl] resumed from {path} at step {self.step} ({sw.elapsed:.1f} s)",
             flush=True,
@@ -195,6 +221,8 @@ class Trainer:
                 "rng": rng.state(),
                 "world": self.world,
             }
+            if self.kl_ctrl is not None:
+                state["kl_ctrl"] = self.kl_ctrl.state_dict()
             ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
         except (OSError, WorkerError) as e:  # a full disk, a quota, a read-only mount: the previous checkpoint stays
             shutil.rmtree(tmp, ignore_errors=True)
@@ -277,7 +305,8 @@ class Trainer:
             self.log(self.validate())
         batches = self._batches()
         last: dict[str, float] = {}
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, disable=not os.isatty(2))
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="PPO" if self.critic else "GRPO",
+                   dynamic_ncols=True, disable=not os.isatty(2))  # fmt: skip
         while self.step < self.total_steps:
             self.step += 1
             timer = Timer()
@@ -285,13 +314,32 @@ class Trainer:
                 step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ dynamic sampling)
                 with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
                     self.group.sleep_engines()
-                with timer("advantages"):
-                    adv = self.advantages(step)
-                with timer("train"):  # old/ref log-probs and the update, each worker on exactly its shard
-                    updated = self.group.update(plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp))
+                if not self.token_level:  # GRPO family: one advantage per sample, from the scores alone
+                    with timer("advantages"):
+                        adv = self.advantages(step)
+                    shards = plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp)
+                    ppo = {}
+                else:  # PPO: old/ref log-probs and values first (kept on the workers), then per-token advantages
+                    shards = plan_shards(step, None, self.world, self.mini_samples, self.tp)
+                    with timer("values"):
+                        prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None)
+                    with timer("advantages"):
+                        tokens = gather_prepared(shards, prepared, len(step.samples))
+                        adv_tok, returns, ppo = self.token_advantages(step, tokens)
+                        adv = (adv_tok * tokens.mask).sum(-1) / tokens.mask.sum(-1).clamp(min=1.0)
+                    shards = attach_token_targets(
+                        shards,
+                        prepared,
+                        adv_tok,
+                        returns,
+                        self.critic_mini_samples,
+                        update_actor=self.step >= self.cfg.trainer.critic_warmup,
+                    )
+                with timer("train"):  # (old/ref log-probs and) the update, each worker on exactly its shard
+                    updated = self.group.update(shards)
                 with timer("push"):  # the new weights into the engines, which wake for the next rollout
                     self.group.push_weights()
-            metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling
+            metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo
             self._warn_if_flat(metrics)
             if tr.rollout_data_dir:
                 self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
@@ -329,9 +377,35 @@ class Trainer:
             raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
         return adv
 
+    def token_advantages(self, step: StepData, tb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                       dict[str, float]]:  # fmt: skip
+        """Per token: each sample's score on its last generated token, minus the in-reward KL penalty
+        (``algorithm.use_kl_in_reward``), then the estimator (GAE with the critic's values, or any other over the
+        token rewards). Returns advantages [B, R], the critic's targets (None without a critic) and metrics."""
+        alg = self.cfg.algorithm
+        scores = torch.tensor(step.scores.scores, dtype=torch.float32)
+        rewards = last_token_scores(scores, tb.mask)
+        metrics: dict[str, float] = {}
+        if self.kl_ctrl is not None:
+            assert tb.old_logprobs is not None and tb.ref_logprobs is not None
+            rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, self.kl_ctrl,
+                                            alg.kl_penalty)  # fmt: skip
+        group = torch.arange(len(scores)) // step.rollout.n
+        adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values, gamma=alg.gamma,
+                                        lam=alg.lam, norm_by_std=alg.norm_adv_by_std_in_grpo)  # fmt: skip
+        if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
+            raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
+        if tb.values is None:
+            return adv, None, metrics
+        metrics["critic/vf_explained_var"] = explained_variance(tb.values, returns, tb.mask)
+        metrics["critic/values/mean"] = float(masked_mean(tb.values, tb.mask))
+        metrics["critic/returns/mean"] = float(masked_mean(returns, tb.mask))
+        return adv, returns, metrics
+
     def _warn_if_flat(self, metrics: dict[str, float]) -> None:
-        """Once per run: a step in which every group's rewards were equal taught nothing (it is counted every step)."""
-        if self._warned_flat or metrics["advantages/zero_variance_share"] < 1.0:
+        """Once per run: a step in which every group's rewards were equal taught nothing (it is counted every step);
+        not with a critic, whose values make advantages of equal rewards differ."""
+        if self._warned_flat or self.critic is not None or metrics["advantages/zero_variance_share"] < 1.0:
             return
         self._warned_flat = True
         print(

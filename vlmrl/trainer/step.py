@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
+from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.rollout.multi_turn import multi_turn_metrics
 from vlmrl.scoring.manager import RewardOutput
 from vlmrl.timing import Timer
@@ -54,11 +54,12 @@ def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepDa
 
 
 def plan_shards(
-    step: StepData, advantages: list[float], world: int, mini_batch_samples: int, tp: int = 1
+    step: StepData, advantages: list[float] | None, world: int, mini_batch_samples: int, tp: int = 1
 ) -> list[TrainShard]:
     """Each worker's share of the step: the prompt groups split evenly over ranks in order; a group the worker's
     engine generated is named (the worker keeps it: every rank of a tensor-parallel group of ``tp`` does), any other
-    is sent as data (only after dynamic sampling moved groups, or where a group's engine is another's)."""
+    is sent as data (only after dynamic sampling moved groups, or where a group's engine is another's).
+    ``advantages`` None: they come later, per token (``attach_token_targets``)."""
     n, origins = step.rollout.n, step.rollout.origins
     shards = []
     for rank, groups in enumerate(split_even(list(range(len(step.prompts))), world)):
@@ -66,14 +67,66 @@ def plan_shards(
         other = [g for g in groups if g not in own]
         order = own + other
         sent = ([step.prompts[g] for g in other], step.rollout.select_groups(other)) if other else None
+        samples = [g * n + j for g in order for j in range(n)]
         shards.append(
             TrainShard(
                 stored=[(origins[g][1], origins[g][2]) for g in own],
                 sent=sent,
-                advantages=[advantages[g * n + j] for g in order for j in range(n)],
+                advantages=[advantages[i] for i in samples] if advantages is not None else [],
                 mini_batch_samples=mini_batch_samples,
+                samples=samples,
             )
         )
+    return shards
+
+
+@dataclass
+class TokenBatch:
+    """The step's per-token tensors [B, R] from the workers' ``PreparedShard``s, rows in the step's sample order
+    (R: the step's longest response; padding has mask 0)."""
+
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    values: torch.Tensor | None
+
+
+def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], batch_size: int) -> TokenBatch:
+    """Place every worker's rows at their samples' places in the step (one copy per sample: the ranks of a
+    tensor-parallel group each prepared their own shard)."""
+    R = max(p.response_mask.shape[1] for p in prepared)
+
+    def gather(name: str) -> torch.Tensor | None:
+        parts = [getattr(p, name) for p in prepared]
+        if any(t is None for t in parts):
+            return None
+        out = torch.zeros((batch_size, R), dtype=torch.float32)
+        for shard, t in zip(shards, parts):
+            out[torch.tensor(shard.samples), : t.shape[1]] = t.float()
+        return out
+
+    mask = gather("response_mask")
+    assert mask is not None
+    return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"))
+
+
+def attach_token_targets(
+    shards: list[TrainShard],
+    prepared: list[PreparedShard],
+    advantages: torch.Tensor,
+    returns: torch.Tensor | None,
+    critic_mini_batch_samples: int,
+    update_actor: bool,
+) -> list[TrainShard]:
+    """The shards of a prepared step with their rows of the per-token advantages and value targets (cut to each
+    shard's response width)."""
+    for shard, p in zip(shards, prepared):
+        rows, width = torch.tensor(shard.samples), p.response_mask.shape[1]
+        shard.prepared = True
+        shard.token_advantages = advantages[rows, :width].contiguous()
+        shard.returns = returns[rows, :width].contiguous() if returns is not None else None
+        shard.critic_mini_batch_samples = critic_mini_batch_samples
+        shard.update_actor = update_actor
     return shards
 
 

@@ -19,7 +19,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
-from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
+from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.plan import WorkerPlan, launcher_of
 from vlmrl.startup import StartupFailure
@@ -83,6 +83,11 @@ class WorkerGroup(ABC):
     def sleep_engines(self) -> list[float]:
         """Every engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
         return self.call("engine sleep", "sleep_engine", [()] * self.world)
+
+    def prepare(self, shards: list[TrainShard], need_old: bool) -> list[PreparedShard]:
+        """Rank i computes ``shards[i]``'s old (``need_old``) and reference log-probs and the critic's values, and
+        keeps the shard's inputs for its update."""
+        return self.call("log-probs and values", "prepare", [(s, need_old) for s in shards])
 
     def update(self, shards: list[TrainShard]) -> list[dict[str, float]]:
         """Rank i computes old/ref log-probs and updates the policy on exactly ``shards[i]``; its metrics."""

@@ -24,7 +24,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from vlmrl.batch import PromptSample, RolloutBatch, TrainShard
+from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
 from vlmrl.config.plan import WorkerPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
@@ -127,7 +127,19 @@ class HybridWorker:
                    "*.safetensors file it lists)"):  # fmt: skip
             self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
                                        vision_ids=self.vision_ids, seed=plan.seed,
-                                       max_response_length=plan.max_response_length)  # fmt: skip
+                                       max_response_length=plan.max_response_length,
+                                       reference=plan.reference)  # fmt: skip
+        self.critic = None
+        if plan.critic is not None:
+            with stage(f"worker {rank} could not load the critic from {plan.critic.path}",
+                       "check critic.model.path (a Qwen2.5-VL folder, or a critic checkpoint with its value "
+                       "head; unset: the actor's path)"):  # fmt: skip
+                from vlmrl.workers.critic import CriticWorker
+
+                self.critic = CriticWorker(plan.critic, device=self.device, total_steps=plan.total_steps,
+                                           vision_ids=self.vision_ids, seed=plan.seed,
+                                           max_response_length=plan.max_response_length)  # fmt: skip
+        self._prepared: tuple[Any, Any, Any, dict[str, float]] | None = None
         if arr.rollout.name == "hf":
             from vlmrl.rollout.hf import HFRollout
 
@@ -228,9 +240,9 @@ class HybridWorker:
             )
 
     # ------------------------------------------------------------------------------------------------ update
-    def update(self, shard: TrainShard) -> dict[str, float]:
-        """Update the policy on exactly the samples ``shard`` names (this worker's stored groups, then the groups sent
-        with it). The stored rollouts are dropped either way."""
+    def _shard_inputs(self, shard: TrainShard) -> tuple[Any, dict[str, float]]:
+        """The model inputs of exactly the samples ``shard`` names (this worker's stored groups, then the groups
+        sent with it), and the time taken. The stored rollouts are dropped either way."""
         prompts, parts = self.rollouts.take(shard.stored, self.rank)
         if shard.sent is not None:
             prompts += shard.sent[0]
@@ -244,10 +256,43 @@ class HybridWorker:
                 prompts, rb, process_images(self.processor, prompts), self.pad_id,
                 process_response_images(self.processor, rb),
             )  # fmt: skip
-        adv = torch.tensor(shard.advantages, dtype=torch.float32)
+        return x, timer.metrics()
+
+    def prepare(self, shard: TrainShard, need_old: bool) -> PreparedShard:
+        """Before the advantages (PPO with a critic, or the in-reward KL): the shard's old log-probs (``need_old``,
+        or when the update needs them anyway), reference log-probs and values. The inputs and these stay here for
+        the ``update`` of the same shard."""
+        x, timing = self._shard_inputs(shard)
+        timer = Timer()
+        with timer("old_ref_logprob"):
+            given = self.policy.old_and_ref(x, shard.mini_batch_samples, need_old)
+        values = None
+        if self.critic is not None:
+            with timer("values"):
+                values = self.critic.values(x)
+        self._prepared = (x, given, values, timing | timer.metrics())
+        return PreparedShard(x.response_mask.float(), given[0], given[1], values)
+
+    def update(self, shard: TrainShard) -> dict[str, float]:
+        """Update on exactly the samples ``shard`` names: the critic towards ``shard.returns`` (when given), then the
+        policy (unless ``shard.update_actor`` is False: trainer.critic_warmup). A ``prepared`` shard uses the inputs
+        and log-probs ``prepare`` kept."""
+        given = values = None
+        if shard.prepared:
+            if self._prepared is None:
+                raise RuntimeError(f"worker {self.rank}: an update of a prepared shard that was not prepared here")
+            (x, given, values, metrics), self._prepared = self._prepared, None
+        else:
+            x, metrics = self._shard_inputs(shard)
+        adv = shard.token_advantages if shard.token_advantages is not None else torch.tensor(
+            shard.advantages, dtype=torch.float32)  # fmt: skip
         if adv.shape[0] != x.batch_size:
             raise ValueError(f"worker {self.rank}: {adv.shape[0]} advantages for {x.batch_size} samples")
-        metrics = self.policy.update(x, adv, shard.mini_batch_samples) | timer.metrics()
+        if self.critic is not None and shard.returns is not None:
+            assert values is not None, "a critic update needs the values of prepare"
+            metrics |= self.critic.update(x, shard.returns, values, shard.critic_mini_batch_samples)
+        if shard.update_actor:
+            metrics |= self.policy.update(x, adv, shard.mini_batch_samples, given)
         if self.device == "cuda":  # verl's names; peak since the previous step
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
@@ -269,11 +314,16 @@ class HybridWorker:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, folder: str) -> float:
-        """Policy + optimizer shards, scheduler and RNG states into ``folder``/actor; returns seconds taken."""
+        """Policy + optimizer shards, scheduler and RNG states into ``folder``/actor (the critic's into
+        ``folder``/critic); returns seconds taken."""
         sw = Timer.start()
         actor = os.path.join(folder, "actor")
         os.makedirs(actor, exist_ok=True)
         self.policy.save(actor)
+        if self.critic is not None:
+            critic = os.path.join(folder, "critic")
+            os.makedirs(critic, exist_ok=True)
+            self.critic.save(critic)
         if dist.is_initialized():
             dist.barrier()
         return sw.elapsed
@@ -282,6 +332,11 @@ class HybridWorker:
         """Restore a checkpoint and push its weights into the engine; returns seconds taken."""
         sw = Timer.start()
         self.policy.load(os.path.join(folder, "actor"))
+        if self.critic is not None:
+            critic = os.path.join(folder, "critic")
+            if not os.path.isdir(critic):
+                raise FileNotFoundError(f"{critic} missing: the checkpoint was written by a run without a critic")
+            self.critic.load(critic)
         self.push_weights()
         return sw.elapsed
 

@@ -153,6 +153,94 @@ def lr_lambda(step: int, warmup: int, total: int, style: str, min_ratio: float) 
     raise ValueError(f"actor_rollout_ref.actor.optim.warmup_style={style!r}: use constant | cosine")
 
 
+def token_micro_batches(
+    x: ModelInputs, rows: list[int], budget: int, key: str, device: str, world: int
+) -> list[list[int]]:
+    """``rows`` of ``x`` in micro-batches of at most ``budget`` tokens each (``key`` names the setting in errors),
+    as many on every rank as the rank needing the most (one all-reduce), so all ranks run the same passes."""
+    plen = x.input_ids.shape[1] - x.responses.shape[1]
+    prompt_lens = x.attention_mask[rows, :plen].sum(-1).tolist()
+    response_lens = x.attention_mask[rows, plen:].sum(-1).tolist()  # every response token (tool turns too)
+    batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key)
+    count = len(batches)
+    if dist.is_initialized() and world > 1:
+        t = torch.tensor([count], dtype=torch.int64, device=device if device == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        count = int(t.item())
+    # ranks hold equal sample counts (plan_shards), so a rank can always split to the count another needs
+    return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)))
+
+
+def global_sums(device: str, world: int, *values: float) -> list[float]:
+    """Sums of these numbers over ranks, in one all-reduce."""
+    if not dist.is_initialized() or world == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device if device == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def save_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                   world: int) -> None:  # fmt: skip
+    """Sharded model + optimizer state into ``folder`` (a collective: every rank calls it with the same folder),
+    plus this rank's scheduler and RNG states as JSON (``extra_rank<R>.json``: plain data, nothing to unpickle)."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    _reshard_all(model)  # the sharded parameters are the ones saved (a push may have left units gathered)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    extra = {"scheduler": scheduler.state_dict(), "rng": rng.state(), "world": world}
+    with open(f"{folder}/extra_rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(extra, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                   world: int) -> None:  # fmt: skip
+    """Restore what ``save_trainable`` wrote (same world size for the RNG states; model and optimizer reshard
+    freely). Nothing stored in the files runs: DCP's metadata goes through an allowlist unpickler, byte items load
+    with ``weights_only=True``, the extra state is JSON (``vlmrl.safe_load``)."""
+    import json
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    _reshard_all(model)  # loaded into the sharded parameters; the push after it gathers them again
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    safe_dcp_load(state, folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    path = f"{folder}/extra_rank{rank}.json"
+    if not os.path.exists(path):
+        old = f"{folder}/extra_rank{rank}.pt"
+        raise FileNotFoundError(
+            f"{old} is a pickle (written by an older vlmrl): not loaded, unpickling a file can run code"
+            if os.path.exists(old)
+            else f"{path} missing: the checkpoint was written by fewer workers than this run has"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            extra = json.load(f)
+        sched = extra["scheduler"]
+        if not isinstance(sched, dict):
+            raise TypeError(f"scheduler state is {type(sched).__name__}")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a vlmrl worker state ({type(e).__name__}: {e})") from None
+    scheduler.load_state_dict(sched)
+    if extra.get("world") == world:
+        rng.restore(extra["rng"])
+
+
+def warmup_steps(oc: Any, total_steps: int) -> int:
+    """Warm-up steps of an optimizer config (``lr_warmup_steps``, else the ratio of the run's steps)."""
+    return oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
+
+
 class PolicyWorker:
     """The actor (trainable, FSDP2-sharded) and, when KL is on, the frozen reference."""
 
@@ -165,9 +253,11 @@ class PolicyWorker:
         vision_ids: qwen_vl.VisionTokenIds,
         seed: int,
         max_response_length: int,
+        reference: bool | None = None,
     ) -> None:
         """``arr`` is ``actor_rollout_ref``; ``seed`` (trainer.seed) orders mini-batches; ``max_response_length``
-        (data.max_response_length) normalises the seq-mean-token-sum-norm loss."""
+        (data.max_response_length) normalises the seq-mean-token-sum-norm loss; ``reference``: build the frozen
+        reference (``config.plan.reference_needed``; None: when the KL loss is on)."""
         self.arr = arr
         self.device = device
         self.vision_ids = vision_ids
@@ -192,7 +282,7 @@ class PolicyWorker:
                 fc.wrap_policy.min_num_params,
             )  # fmt: skip
         self.ref = None
-        if arr.actor.use_kl_loss:
+        if arr.actor.use_kl_loss if reference is None else reference:
             ref = load_model(arr.model.path, device, arr.model.trust_remote_code).eval()
             ref.requires_grad_(False)
             if dist.is_initialized():
@@ -203,7 +293,7 @@ class PolicyWorker:
         oc = arr.actor.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = adamw(params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay)
-        warmup = oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
+        warmup = warmup_steps(oc, total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
         )
@@ -233,17 +323,7 @@ class PolicyWorker:
                 c = arr.ref if which == "ref" else arr.rollout
                 size = c.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
             return micro_batches.fixed(rows, size)
-        plen = x.input_ids.shape[1] - x.responses.shape[1]
-        prompt_lens = x.attention_mask[rows, :plen].sum(-1).tolist()
-        response_lens = x.attention_mask[rows, plen:].sum(-1).tolist()  # every response token (tool turns too)
-        batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key)
-        count = len(batches)
-        if dist.is_initialized() and self.world > 1:
-            t = torch.tensor([count], dtype=torch.int64, device=self.device if self.device == "cuda" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            count = int(t.item())
-        # ranks hold equal sample counts (plan_shards), so a rank can always split to the count another needs
-        return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)))
+        return token_micro_batches(x, rows, budget, key, self.device, self.world)
 
     @torch.no_grad()
     def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
@@ -266,8 +346,27 @@ class PolicyWorker:
         return out
 
     # --------------------------------------------------------------------------------------------------- update
-    def update(self, x: ModelInputs, advantages: torch.Tensor, mini_batch_samples: int) -> dict[str, float]:
+    def old_and_ref(self, x: ModelInputs, mini_batch_samples: int, need_old: bool = False) -> tuple[
+            torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """The old log-probs (None when the update is exactly on-policy, one epoch of one mini-batch, and
+        ``need_old`` is False: the update then uses the current ones, detached) and the reference's (None without
+        a reference)."""
+        n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
+        on_policy = self.actor_cfg.ppo_epochs == 1 and n_mini == 1
+        old = None if on_policy and not need_old else self.logprobs(x, "actor")
+        ref = self.logprobs(x, "ref") if self.ref is not None else None
+        return old, ref
+
+    def update(
+        self,
+        x: ModelInputs,
+        advantages: torch.Tensor,
+        mini_batch_samples: int,
+        given: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    ) -> dict[str, float]:
         """PPO-style update over ``x`` (this rank's samples) with ``ppo_epochs`` passes of mini-batches.
+        ``advantages``: [B] (one per sample) or [B, R] (per token). ``given``: old and reference log-probs computed
+        before (``old_and_ref``); else they are computed here.
 
         With one epoch and one mini-batch the data is exactly on-policy: the old log-probs equal the current ones,
         so the ratio is computed against their detached values and no separate forward is spent on them.
@@ -275,10 +374,8 @@ class PolicyWorker:
         ac = self.actor_cfg
         timer = Timer()
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
-        on_policy = ac.ppo_epochs == 1 and n_mini == 1
         with timer("old_ref_logprob"):
-            old = None if on_policy else self.logprobs(x, "actor")
-            ref = self.logprobs(x, "ref") if self.ref is not None else None
+            old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples)
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
         with timer("update"):
@@ -294,11 +391,7 @@ class PolicyWorker:
 
     def _global_sums(self, *values: float) -> list[float]:
         """Sums of these numbers over ranks, in one all-reduce."""
-        if not dist.is_initialized() or self.world == 1:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device == "cuda" else "cpu")
-        dist.all_reduce(t)
-        return t.tolist()
+        return global_sums(self.device, self.world, *values)
 
     def _mini_step(
         self,
@@ -332,7 +425,7 @@ class PolicyWorker:
             n_tok = float(mask.sum())
             R = lp.shape[1]
             old_lp = lp.detach() if old is None else old[idx, :R].to(lp.device)
-            adv = advantages[idx].to(lp.device)
+            adv = (advantages[idx] if advantages.dim() == 1 else advantages[idx, :R]).to(lp.device)
             out = self.policy_loss(
                 lp,
                 old_lp,
@@ -385,56 +478,12 @@ class PolicyWorker:
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def save(self, folder: str) -> None:
-        """Sharded model + optimizer state into ``folder`` (a collective: every rank calls it with the same folder),
-        plus this rank's scheduler and RNG states as JSON (``extra_rank<R>.json``: plain data, nothing to unpickle)."""
-        import json
-
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        _reshard_all(self.model)  # the sharded parameters are the ones saved (a push may have left units gathered)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        extra = {"scheduler": self.scheduler.state_dict(), "rng": rng.state(), "world": self.world}
-        with open(f"{folder}/extra_rank{rank}.json", "w", encoding="utf-8") as f:
-            json.dump(extra, f)
-            f.flush()
-            os.fsync(f.fileno())
+        """Sharded model + optimizer, scheduler and RNG states into ``folder`` (``save_trainable``)."""
+        save_trainable(folder, self.model, self.optimizer, self.scheduler, self.world)
 
     def load(self, folder: str) -> None:
-        """Restore what ``save`` wrote (same world size for the RNG states; model and optimizer reshard freely).
-        Nothing stored in the files runs: DCP's metadata goes through an allowlist unpickler, byte items load with
-        ``weights_only=True``, the extra state is JSON (``vlmrl.safe_load``)."""
-        import json
-
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        _reshard_all(self.model)  # loaded into the sharded parameters; the push after it gathers them again
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        safe_dcp_load(state, folder)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        path = f"{folder}/extra_rank{rank}.json"
-        if not os.path.exists(path):
-            old = f"{folder}/extra_rank{rank}.pt"
-            raise FileNotFoundError(
-                f"{old} is a pickle (written by an older vlmrl): not loaded, unpickling a file can run code"
-                if os.path.exists(old)
-                else f"{path} missing: the checkpoint was written by fewer workers than this run has"
-            )
-        try:
-            with open(path, encoding="utf-8") as f:
-                extra = json.load(f)
-            scheduler = extra["scheduler"]
-            if not isinstance(scheduler, dict):
-                raise TypeError(f"scheduler state is {type(scheduler).__name__}")
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a vlmrl worker state ({type(e).__name__}: {e})") from None
-        self.scheduler.load_state_dict(scheduler)
-        if extra.get("world") == self.world:
-            rng.restore(extra["rng"])
+        """Restore what ``save`` wrote (``load_trainable``)."""
+        load_trainable(folder, self.model, self.optimizer, self.scheduler, self.world)
 
     # ----------------------------------------------------------------------------------------------- weights
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -11,7 +11,7 @@ DROP = object()
 """An alias value map entry meaning: the override has no effect (vlmrl already behaves so), drop it."""
 
 _MEGATRON = "the Megatron-LM backend (vlmrl trains with PyTorch FSDP2)"
-_CRITIC = "the PPO critic (value model); GRPO-family estimators need none"
+_CRITIC_LORA = "LoRA on the critic (it trains fully; actor LoRA: actor_rollout_ref.model.lora_rank)"
 _RM = "model-based reward models (use reward.function, reward.components or custom_reward_function.path)"
 _PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
 _FUNCTION_TOOLS = "tools from plain Python functions (declare tool classes in multi_turn.tool_config_path)"
@@ -73,6 +73,18 @@ RULES: tuple[Rule, ...] = (
         mapping={"vanilla": "ppo", "ppo": "ppo"},
     ),
     alias("actor_rollout_ref.model.custom_chat_template", "data.custom_chat_template"),
+    alias("critic.optim.clip_grad", "critic.grad_clip"),
+    alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
+    *(
+        alias(f"critic.model.fsdp_config.{k}", f"critic.fsdp.{k}", why="verl's older place of the critic's FSDP keys")
+        for k in ("param_offload", "optimizer_offload")
+    ),
+    alias(
+        "critic.fsdp.offload_policy",
+        "critic.fsdp.param_offload",
+        mapping={False: DROP, True: True},
+        why="FSDP2's CPUOffloadPolicy",
+    ),
     alias("reward.custom_reward_function.path", "custom_reward_function.path"),
     alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
@@ -112,6 +124,21 @@ RULES: tuple[Rule, ...] = (
     notice("*.entropy_checkpointing", "vlmrl computes entropy from the response logits directly"),
     notice("actor_rollout_ref.model.use_remove_padding", "vlmrl always trims padding per micro-batch"),
     notice("actor_rollout_ref.actor.use_remove_padding", "vlmrl always trims padding per micro-batch"),
+    notice("critic.model.use_remove_padding", "vlmrl always trims padding per micro-batch"),
+    notice("*.fsdp_config.grad_offload", "FSDP2 keeps gradients where the parameters are (param_offload)"),
+    feature("critic.model.fsdp_config.*", "verl's older place of the critic's FSDP keys: set critic.fsdp.<key>"),
+    notice("critic.fsdp.forward_prefetch", "FSDP2 prefetches by default"),
+    notice("critic.fsdp.use_orig_params", "FSDP2 always keeps the original parameters"),
+    notice("critic.fsdp.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
+    notice("critic.fsdp.seed", "model-side randomness uses trainer.seed"),
+    notice("critic.fsdp.forward_only", "the critic trains"),
+    notice("critic.rollout_n", "a derived value: the samples per prompt are actor_rollout_ref.rollout.n"),
+    notice("critic.data_loader_seed", "critic mini-batch shuffling (critic.shuffle) uses trainer.seed"),
+    notice("critic.nccl_timeout", "actor_rollout_ref.nccl_timeout bounds every collective of the workers"),
+    notice("critic.optim.zero_indexed_step", "the learning-rate schedule counts from step 0"),
+    notice("critic.model.lora_alpha", "the critic has no LoRA (critic.model.lora_rank=0)"),
+    notice("critic.model.target_modules", "the critic has no LoRA (critic.model.lora_rank=0)"),
+    notice("critic.model.exclude_modules", "the critic has no LoRA (critic.model.lora_rank=0)"),
     notice("*.pad_to_length", "vlmrl trims padding per micro-batch"),
     notice("*.pad_to_length_bucket", "vlmrl trims padding per micro-batch"),
     notice("*.fsdp_config.forward_prefetch", "FSDP2 prefetches by default"),
@@ -144,16 +171,7 @@ RULES: tuple[Rule, ...] = (
     notice("trainer.ray_wait_register_center_timeout", "vlmrl's workers report readiness directly"),
     notice("trainer.use_legacy_worker_impl", "vlmrl has one worker implementation"),
     notice("trainer.use_v1", "vlmrl has one trainer"),
-    notice("algorithm.kl_penalty", "the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl"),
-    notice("algorithm.kl_ctrl.*", "the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl"),
-    notice("algorithm.lam", "GAE's lambda; the GRPO-family estimators do not use it, as in verl"),
     # ------------------------------------------------------------------------ accepted at the value meaning "off"
-    accept(
-        "algorithm.use_kl_in_reward",
-        (False,),
-        "the in-reward KL penalty (use actor_rollout_ref.actor.use_kl_loss=True: the KL loss against the reference)",
-    ),
-    accept("algorithm.gamma", (1.0,), "discounting (the estimators score whole responses: nothing to discount)"),
     accept("algorithm.use_pf_ppo", (False,), "PF-PPO"),
     feature("algorithm.pf_ppo.*", "PF-PPO"),
     accept("algorithm.rollout_correction.rollout_is", (None,), "rollout importance-sampling correction"),
@@ -167,12 +185,15 @@ RULES: tuple[Rule, ...] = (
         "a separate rollout worker pool; vlmrl always colocates "
         "policy, reference and engine in one worker (the hybrid engine)",
     ),
-    accept("trainer.critic_warmup", (0,), _CRITIC),
     accept("trainer.default_hdfs_dir", (None,), "copying checkpoints to HDFS"),
     accept("trainer.del_local_ckpt_after_load", (False,), "deleting checkpoints after loading"),
     accept("trainer.esi_redundant_time", (0, 0.0), "elastic (ESI) checkpoint timing"),
     accept("trainer.checkpoint_callback_class", (None,), "checkpoint callbacks"),
-    accept("trainer.max_critic_ckpt_to_keep", (None,), _CRITIC),
+    notice(
+        "trainer.max_critic_ckpt_to_keep",
+        "the critic is saved in each checkpoint beside the actor "
+        "(trainer.max_actor_ckpt_to_keep keeps whole checkpoints)",
+    ),
     feature("trainer.v1.*", "verl's v1 trainer modes (async / colocated variants)"),
     accept(
         "actor_rollout_ref.model.enable_activation_offload",
@@ -180,6 +201,49 @@ RULES: tuple[Rule, ...] = (
         "activation offloading (use actor_rollout_ref.model.enable_gradient_checkpointing=True)",
     ),
     accept("actor_rollout_ref.model.external_lib", (None,), "importing a model library"),
+    accept("critic.model.lora_rank", (0,), _CRITIC_LORA),
+    accept("critic.model.lora_adapter_path", (None,), _CRITIC_LORA),
+    feature("critic.model.lora.*", _CRITIC_LORA),
+    accept("critic.model.external_lib", (None,), "importing a model library"),
+    accept("critic.model.hf_config_path", (None,), "a separate model config (vlmrl reads critic.model.path)"),
+    accept("critic.model.tokenizer_path", (None,), "a critic with another tokenizer (it reads the actor's tokens)"),
+    accept("critic.model.custom_chat_template", (None,), "a critic with another chat template"),
+    accept("critic.model.override_config", ({},), "overriding the critic model's config"),
+    accept("critic.model.enable_activation_offload", (False,), "activation offloading"),
+    accept("critic.model.use_fused_kernels", (False,), "fused kernels"),
+    notice("critic.model.fused_kernel_options.*", "no fused kernels in vlmrl"),
+    notice("critic.model.use_liger", "no Liger kernels in vlmrl (transformers' own modules run)"),
+    accept("critic.model.tiled_mlp.enabled", (False,), "tiled MLP"),
+    notice("critic.model.tiled_mlp.*", "tiled MLP is off"),
+    accept("critic.loss_scale_factor", (None,), "a constant loss scale"),
+    accept("critic.checkpoint.async_save", (False,), "asynchronous checkpoint saving"),
+    accept(
+        "critic.checkpoint.*_contents",
+        (["model", "optimizer", "extra"],),
+        "choosing checkpoint contents (vlmrl saves model, optimizer and extra state)",
+    ),
+    accept("critic.fsdp.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
+    accept("critic.fsdp.strategy", ("fsdp", "fsdp2"), _MEGATRON),
+    accept("critic.fsdp.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
+    accept("critic.fsdp.full_determinism", (False,), "deterministic kernels"),
+    accept("critic.optim.optimizer", ("AdamW", "adamw"), "other optimizers (vlmrl uses AdamW)"),
+    accept("critic.optim.optimizer_impl", ("torch.optim",), "other optimizer implementations"),
+    accept(
+        "critic.optim.total_training_steps",
+        (-1,),
+        "a separate step count for the schedule (it follows trainer.total_training_steps)",
+    ),
+    accept("critic.optim.num_cycles", (0.5,), "cosine schedules with other cycle counts"),
+    accept("critic.optim.override_optimizer_config", (None, {}), "optimizer overrides"),
+    feature("critic.optim.*", "Megatron optimizer settings"),
+    feature(
+        "critic.ppo_micro_batch_size",
+        "the global micro-batch size (deprecated in verl): set critic.ppo_micro_batch_size_per_gpu",
+    ),
+    feature(
+        "critic.forward_micro_batch_size",
+        "the global micro-batch size (deprecated in verl): set critic.forward_micro_batch_size_per_gpu",
+    ),
     accept("actor_rollout_ref.model.hf_config_path", (None,), "a separate model config (vlmrl reads model.path)"),
     accept("actor_rollout_ref.model.tokenizer_path", (None,), "a separate tokenizer (vlmrl reads model.path)"),
     accept("actor_rollout_ref.model.lora_adapter_path", (None,), "starting LoRA from saved adapters"),
@@ -326,8 +390,6 @@ RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------------------------------ features (refused)
     feature("*.megatron.*", _MEGATRON),
     feature("*.megatron", _MEGATRON),
-    feature("critic.*", _CRITIC),
-    feature("critic", _CRITIC),
     accept("reward_model.enable", (False, None), _RM),
     accept(
         "reward_model.reward_manager",
@@ -377,5 +439,7 @@ VALUE_REASONS: dict[tuple[str, Any], str] = {
     ("actor_rollout_ref.rollout.load_format", "dummy"): "vLLM's dummy load randomises persistent buffers that no "
     "weight push restores (Qwen2.5-VL's visual.input_norm, the attention scales): the engine would never match the "
     "policy; the engine reads the checkpoint itself",
+    ("algorithm.kl_penalty", "full"): "the full-distribution KL is not implemented (verl 0.9.1 raises "
+    "NotImplementedError for it too)",
     ("trainer.device", "npu"): "not implemented in vlmrl: Ascend NPUs (CUDA GPUs and CPUs are)",
 }

@@ -1,0 +1,77 @@
+"""The critic's model: a Qwen2.5-VL backbone whose language-model head is replaced by a one-output linear layer (a
+value per token), the token-classification convention verl uses for critics (one label).
+
+Every forward of the policy (vision features once per prompt, M-RoPE positions, shared prompt KV cache, the dummy
+vision pass) runs the critic unchanged: its "logits" are [B, T, 1], the value of each position. A saved head is read
+from the checkpoint folder when present (``score.weight`` / ``score.bias``: verl's and transformers'
+token-classification name, which vlmrl's critic export writes too; ``v_head.summary.*``: TRL's value-head models);
+else the head starts as transformers initialises a classification head (normal(0, initializer_range), zero bias).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+HEAD_NAMES = (("score.weight", "score.bias"), ("v_head.summary.weight", "v_head.summary.bias"))
+"""Where a saved value head lives in a checkpoint, in the order they are looked for."""
+
+
+def saved_value_head(path: str) -> tuple[dict[str, torch.Tensor], str] | None:
+    """The value head stored in a local checkpoint folder (its safetensors files only: nothing in them runs), with
+    the name it was found under; None when the folder holds none (a policy checkpoint) or ``path`` is a hub id."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
+    for name in files or [p.name for p in sorted(folder.glob("*.safetensors"))]:
+        file = (folder / name).resolve()
+        if folder.resolve() not in file.parents:
+            raise ValueError(f"{index}: names {name}, outside the checkpoint folder")
+        with safe_open(str(file), framework="pt") as f:
+            keys = set(f.keys())
+            for weight, bias in HEAD_NAMES:
+                if weight in keys:
+                    out = {"weight": f.get_tensor(weight).float()}
+                    if bias in keys:
+                        out["bias"] = f.get_tensor(bias).float()
+                    return out, weight
+    return None
+
+
+def add_value_head(model: torch.nn.Module, path: str) -> str:
+    """Replace ``model.lm_head`` by a value head (fp32, on the model's device); returns where it came from (the
+    checkpoint's tensor name, or "new")."""
+    config = model.config
+    text = getattr(config, "text_config", config)
+    hidden = int(text.hidden_size)
+    old = model.lm_head
+    head = torch.nn.Linear(hidden, 1, bias=True, device=old.weight.device, dtype=torch.float32)
+    saved = saved_value_head(path)
+    with torch.no_grad():
+        if saved is None:
+            head.weight.normal_(0.0, float(getattr(text, "initializer_range", 0.02)))
+            head.bias.zero_()
+            source = "new"
+        else:
+            state, source = saved
+            weight = state["weight"].reshape(1, -1)
+            if weight.shape[1] != hidden:
+                raise ValueError(f"{path}: value head {source} has {weight.shape[1]} inputs, the model {hidden}")
+            head.weight.copy_(weight)
+            head.bias.copy_(state.get("bias", torch.zeros(1)).reshape(1))
+    model.lm_head = head
+    for c in {id(config): config, id(text): text}.values():
+        c.tie_word_embeddings = False  # the head is no longer the embedding's transpose
+    return source
+
+
+def export_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A critic's full state dict under checkpoint names: the head as ``score.*`` (so the folder loads as a critic
+    here and in verl), the rest unchanged."""
+    return {("score." + k[len("lm_head.") :] if k.startswith("lm_head.") else k): v for k, v in state.items()}
