@@ -16,7 +16,6 @@ import os
 import platform
 import re
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -620,16 +619,7 @@ def machine_line(result: dict[str, Any]) -> str:
 
 
 def safetensors_params(folder: Path) -> int:
-    """Number of parameters in a folder's ``*.safetensors`` files (read from their JSON headers)."""
-    total = 0
-    for f in sorted(folder.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                k = 1
-                for d in t["shape"]:
-                    k *= d
-                total += k
-    return total
+    """Number of parameters in a folder's ``*.safetensors`` files (``vlmrl.models.value_head.checkpoint_params``)."""
+    from vlmrl.models.value_head import checkpoint_params
+
+    return checkpoint_params(folder) or 0

@@ -4,7 +4,8 @@
 # every metric's panel, health checks, validation samples). Extra arguments are Hydra overrides, e.g.
 #   bash examples/quickstart_cpu.sh trainer.total_training_steps=200 actor_rollout_ref.rollout.name=hf
 # OUT (default runs/quickstart) is where data, metrics, checkpoints and plots go. Smoke mode, SMOKE=1: the same
-# pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training).
+# pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training). CONFIG (default
+# tiny_cpu) names the configs/ preset: examples/ppo_cpu.sh runs this script with CONFIG=ppo_tiny_cpu.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -25,7 +26,7 @@ if [[ ${SMOKE:-0} == 1 ]]; then
 fi
 "$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour "${sizes[@]}" --image-size 112 --seed 0
 
-"$PY" -m vlmrl.train --config-name tiny_cpu \
+"$PY" -m vlmrl.train --config-name "${CONFIG:-tiny_cpu}" \
   data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/test.parquet" \
   actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} "$@"
 

@@ -38,6 +38,7 @@ GEO3K_SCRIPTS = [p for p in GPU_SCRIPTS if p.name.startswith("geo3k_")]
 SCRIPT_VARS = (
     "DATA", "DATA_JSONL", "VAL_JSONL", "IMAGE_DIR", "IMAGE_FIELD", "QUESTION_FIELD", "BBOX_FIELD", "GEO3K", "MODEL",
     "GPUS", "NNODES", "RAY_ADDRESS", "LOGGER", "PROJECT", "EXPERIMENT", "PYTHON", "VLMRL_DRY_RUN", "SMOKE", "OUT",
+    "CONFIG",
     "NO_TOOLS",
 )  # fmt: skip
 
@@ -374,7 +375,22 @@ def test_grounding_without_data_jsonl_fails_naming_it(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- smoke mode
 
 
-SMOKE_SCRIPTS = [p for p in ALL_SCRIPTS]
+SMOKE_SCRIPTS = [p for p in ALL_SCRIPTS if p.name != "geo3k_qwen2_5_vl_7b.sh"]
+"""Every pipeline but the 7B geo3k one: it runs the 3B script's pipeline with another model and run name, and in
+smoke mode (which swaps the model for the tiny one) its commands are the 3B script's but for the run name
+(``test_the_7b_smoke_run_is_the_3b_pipeline``), so a smoke run of it would repeat the 3B one's."""
+
+
+def test_the_7b_smoke_run_is_the_3b_pipeline(tmp_path: Path) -> None:
+    import sys
+
+    env = dict(SMOKE="1", DATA=str(tmp_path / "data"), OUT=str(tmp_path / "run"), PYTHON=sys.executable)
+    three = dry_run(EXAMPLES / "geo3k_qwen2_5_vl_3b.sh", tmp_path / "home", **env)
+    seven = dry_run(EXAMPLES / "geo3k_qwen2_5_vl_7b.sh", tmp_path / "home", **env)
+    assert len(three) == 2 and "trainer.experiment_name=qwen2_5_vl_7b_function_rm" in seven[-1]
+    assert seven == [[a.replace("qwen2_5_vl_7b_", "qwen2_5_vl_3b_") for a in cmd] for cmd in three] or seven == [
+        [a.replace("qwen2_5_vl_3b_", "qwen2_5_vl_7b_") for a in cmd] for cmd in three
+    ]
 
 
 @pytest.mark.slow
@@ -391,7 +407,8 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     env = script_env(tmp_path / "home", SMOKE="1", DATA=str(tmp_path / "data"), OUT=str(run_dir),
                      PYTHON=sys.executable, RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # fmt: skip
     del env["VLMRL_DRY_RUN"]
-    args = [] if script.name == "quickstart_cpu.sh" else [f"trainer.default_local_dir={run_dir}"]
+    quick = script.name in ("quickstart_cpu.sh", "ppo_cpu.sh")  # OUT is the run folder
+    args = [] if quick else [f"trainer.default_local_dir={run_dir}"]
     proc = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
@@ -406,7 +423,13 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
         assert "<div class='turn assistant'>" in gallery  # shown turn by turn
         assert (run_dir / "report.html").is_file() and "[vlmrl] health:" in log
         return
-    if script.name == "quickstart_cpu.sh":  # the quick start saves no checkpoint (trainer.save_freq=-1)
+    if script.name == "ppo_cpu.sh":  # the quick start's pipeline with a critic and GAE
+        assert all("critic/vf_loss" in r and "critic/vf_explained_var" in r and "timing/values_s" in r
+                   for r in rows[1:])  # fmt: skip
+        assert (run_dir / "report.html").is_file() and "id='panel-critic'" in (run_dir / "report.html").read_text()
+        assert "[quickstart] tiny model:" in log and "ppo_tiny_cpu" not in log.split("[quickstart] tiny model:")[0]
+        return
+    if quick:  # the quick start saves no checkpoint (trainer.save_freq=-1)
         assert "[quickstart] tiny model:" in log and not list(run_dir.glob("global_step_*"))
         # it ends with the run report next to the reward curve, and the run's health checks printed
         report = (run_dir / "report.html").read_text()

@@ -28,6 +28,8 @@ from vlmrl.trainer.prometheus import PrometheusExporter
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8"]
+PPO = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
+       "critic.optim.lr=1e-3"]  # fmt: skip
 
 
 def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str], float]]:
@@ -40,8 +42,9 @@ def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two real runs: A (30 steps, KL on, validation every 10, the Prometheus exporter on a free port, scraped
-    while it trains) and B (3 steps, another learning rate)."""
+    """Two real runs: A (30 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, validation every
+    10, the Prometheus exporter on a free port, scraped while it trains) and B (3 steps of GRPO, another learning
+    rate)."""
     base = tmp_path_factory.mktemp("report")
     data = base / "data"
     subprocess.run(
@@ -53,7 +56,7 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     run = Run(base_args(tiny_model_dir, data, a, *SMALL, "trainer.total_training_steps=30", "trainer.test_freq=10",
                         "trainer.logger=[console,jsonl,prometheus]", "trainer.prometheus.port=0",
                         "trainer.project_name=obs", "trainer.experiment_name=lr_default",
-                        "actor_rollout_ref.actor.use_kl_loss=True"), ENV)  # fmt: skip
+                        "actor_rollout_ref.actor.use_kl_loss=True", *PPO), ENV)  # fmt: skip
     try:
         url = None
         deadline = time.monotonic() + 300
@@ -86,7 +89,8 @@ def test_prometheus_publishes_the_step_metrics_live_on_loopback(runs: dict) -> N
     assert step >= 1 and int(step) in rows
     row = rows[int(step)]
     for key in ("reward/mean", "actor/entropy", "actor/kl_loss", "timing/step_s", "response_length/mean",
-                "advantages/zero_variance_share", "perf/cpu_memory_rss_gb"):  # fmt: skip
+                "advantages/zero_variance_share", "perf/cpu_memory_rss_gb", "critic/vf_loss",
+                "critic/vf_explained_var", "critic/lr", "reward/kl_penalty", "reward/kl_coef"):  # fmt: skip
         name = "vlmrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
         assert scraped[name][1] == pytest.approx(row[key], rel=1e-9, abs=1e-12), (key, scraped[name], row[key])
     last_val = [r for s, r in rows.items() if s <= step and "val/reward/mean" in r][-1]

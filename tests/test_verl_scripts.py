@@ -11,6 +11,7 @@ them also train for real at tiny scale.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -173,3 +174,57 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout, proc.stdout[-3000:]
     if script == MULTI_TURN:
         assert all('"multi_turn/turns/mean"' in line for line in lines[1:])
+
+
+def verl_ppo_lines(model: str) -> list[str]:
+    """The critic and KL lines of verl's own PPO example (examples/ppo_trainer/run_qwen2.5-3b_seq_balance.sh, in
+    verl's repository), its model paths pointed at ``model``, plus the adaptive in-reward KL of verl's PPO
+    documentation; appended to verl's GRPO Qwen2.5-VL script with ``algorithm.adv_estimator=gae``."""
+    return [
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=1e-5",
+        "critic.model.use_remove_padding=True",
+        f"critic.model.path={model}",
+        "critic.model.enable_gradient_checkpointing=True",
+        "critic.ppo_max_token_len_per_gpu=12288",
+        "critic.model.fsdp_config.param_offload=False",
+        "critic.model.fsdp_config.grad_offload=False",
+        "critic.model.fsdp_config.optimizer_offload=False",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.critic_warmup=0",
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.type=adaptive",
+    ]
+
+
+def test_verls_ppo_launch_line_passes_the_dry_run(verl_home: Path, tiny_model_dir: str) -> None:
+    """verl's GRPO Qwen2.5-VL script with verl's PPO critic lines: the dry run shows the critic, GAE, the adaptive
+    in-reward KL and the memory of actor, reference, critic and engine."""
+    proc = run_script("run_qwen2_5_vl-7b.sh", verl_home, "trainer.dry_run=True",
+                      f"actor_rollout_ref.model.path={tiny_model_dir}", *verl_ppo_lines(tiny_model_dir))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
+    assert "algorithm: gae (gamma 1, lambda 1), in-reward KL kl, adaptive coefficient 0.001" in proc.stdout
+    assert "critic: from the actor's checkpoint, value head per token; lr 1e-05" in proc.stdout
+    assert re.search(r"memory per worker .*actor .*reference .*critic .*engine weights", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
+def test_verls_ppo_launch_line_trains_at_tiny_scale(verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
+    """The same line, really training 2 steps at tiny scale on 2 CPU workers: the critic's and the in-reward KL's
+    metrics in each step, the critic saved beside the actor."""
+    from vlmrl.testing.smoke import OVERRIDES
+
+    out = tmp_path / "run"
+    proc = run_script(
+        "run_qwen2_5_vl-7b.sh", verl_home, *OVERRIDES, f"actor_rollout_ref.model.path={tiny_model_dir}",
+        *verl_ppo_lines(tiny_model_dir), f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl]",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert {"critic/vf_loss", "critic/vf_explained_var", "reward/kl_penalty", "reward/kl_coef",
+                "actor/kl_loss"} <= set(r)  # fmt: skip
+    assert (out / "global_step_2" / "critic" / ".metadata").is_file()

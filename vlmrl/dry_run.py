@@ -322,6 +322,57 @@ def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     )
 
 
+def _size(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
+    """The estimator, the in-reward KL and the critic, and the models each worker holds with their memory (from the
+    checkpoints' parameter counts): trained models 16 bytes a parameter sharded over the workers (fp32 weights,
+    gradients, AdamW's two moments), the reference 4 (fp32, sharded), the engine's full copy 2 (bf16) on GPU, 4 on
+    CPU."""
+    from vlmrl.config.plan import critic_plan, reference_needed
+    from vlmrl.models.value_head import checkpoint_params
+
+    alg = cfg.algorithm
+    kl = (f"in-reward KL {alg.kl_penalty}, {alg.kl_ctrl.type} coefficient {alg.kl_ctrl.kl_coef:g}"
+          + (f" (target {alg.kl_ctrl.target_kl:g}, horizon {alg.kl_ctrl.horizon})" if alg.kl_ctrl.type == "adaptive"
+             else "")) if alg.use_kl_in_reward else "no in-reward KL"  # fmt: skip
+    gae = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if alg.adv_estimator == "gae" else ""
+    rep.plan.append(f"algorithm: {alg.adv_estimator}{gae}, {kl}")
+    crit = critic_plan(cfg)
+    if crit is not None:
+        head = "from the actor's checkpoint" if crit.path == cfg.actor_rollout_ref.model.path else crit.path
+        rep.plan.append(
+            f"critic: {head}, value head per token; lr {crit.optim.lr:g}, {crit.epochs} epoch(s) of "
+            f"{crit.mini_batch_size}-prompt mini-batches, cliprange_value {crit.cliprange_value:g}, loss "
+            f"{crit.loss_agg_mode}, gradient checkpointing {crit.gradient_checkpointing}"
+            + (f", critic-only steps before step {cfg.trainer.critic_warmup}" if cfg.trainer.critic_warmup > 1 else "")
+        )
+        if os.path.isdir(crit.path) and not (Path(crit.path) / "config.json").is_file():
+            rep.problems.append(f"critic.model.path={crit.path!r}: no config.json in it (a Qwen2.5-VL folder)")
+    params = checkpoint_params(folder) if folder else None
+    if params is None:
+        return
+    world = max(planned_world(cfg), 1)
+    gpu = planned_device(cfg) == "cuda"
+    parts = [("actor", 16 * params / world)]
+    if reference_needed(cfg):
+        parts.append(("reference", 4 * params / world))
+    if crit is not None:
+        cp = checkpoint_params(crit.path) or params
+        parts.append(("critic", 16 * cp / world))
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        parts.append(("engine weights", (2 if gpu else 4) * params))
+    total = sum(b for _, b in parts)
+    rep.plan.append(
+        f"memory per worker (models only, {params / 1e6:.1f} M parameters, {world} worker(s)): "
+        + ", ".join(f"{n} {_size(b)}" for n, b in parts)
+        + f" = {_size(total)}, plus activations"
+        + (" and the engine's KV cache (rollout.gpu_memory_utilization)" if gpu else "")
+    )
+
+
 def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int:
     """Run every check on ``cfg`` (None when the config itself could not be built: ``problems`` say why), print the
     report and return the exit status."""
@@ -336,6 +387,7 @@ def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int
         _multi_turn(cfg, rep)
         _loggers(cfg, rep)
         _steps(cfg, data.get("train", (None, None))[0], rep)
+        _algorithm(cfg, folder, rep)
     print("[vlmrl dry run] plan:")
     for line in rep.plan:
         print(f"  {line}")

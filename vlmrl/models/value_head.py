@@ -75,3 +75,25 @@ def export_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A critic's full state dict under checkpoint names: the head as ``score.*`` (so the folder loads as a critic
     here and in verl), the rest unchanged."""
     return {("score." + k[len("lm_head.") :] if k.startswith("lm_head.") else k): v for k, v in state.items()}
+
+
+def checkpoint_params(folder: str | Path) -> int | None:
+    """Parameters stored in a local folder's ``*.safetensors`` files, read from their JSON headers (nothing is
+    loaded); None for a folder without them (a hub id)."""
+    import struct
+
+    files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                k = 1
+                for d in t["shape"]:
+                    k *= d
+                total += k
+    return total

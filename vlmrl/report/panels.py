@@ -17,11 +17,14 @@ STEP_STAGES = (
     "timing/advantages_s",
     "timing/input_prep_s",
     "timing/old_ref_logprob_s",
+    "timing/critic_values_s",
+    "timing/critic_update_s",
     "timing/update_s",
     "timing/push_s",
 )
-"""The parts of ``timing/step_s`` (the driver's stages of ``fit()`` and, inside its update call, the workers'
-input preparation, log-probs and update); what is left is shown as "other" (the driver, the calls to the workers)."""
+"""The parts of ``timing/step_s``: the driver's stages of ``fit()`` and, inside its calls to the workers, their
+input preparation, log-probs, the critic's values and update, and the policy's update; what is left is shown as
+"other" (the driver, the calls to the workers)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,16 @@ PANELS: tuple[Panel, ...] = (
     Panel("kl_clip", "KL and clip fraction", ("actor/kl_loss", "actor/ppo_kl"), "KL", ("actor/pg_clipfrac",),
           "clip fraction", about="KL to the reference (kl_loss, when use_kl_loss) and to the rollout policy "
           "(ppo_kl); the share of tokens whose ratio was clipped."),
-    Panel("grad_norm", "Gradient norm (before clipping)", ("actor/grad_norm",), "L2 norm"),
+    Panel("grad_norm", "Gradient norm (before clipping)", ("actor/grad_norm", "critic/grad_norm"), "L2 norm"),
+    Panel("critic", "Critic: value loss, values and returns, explained variance",
+          ("critic/vf_loss", "critic/values/mean", "critic/returns/mean"), "loss / value",
+          ("critic/vf_explained_var", "critic/vf_clipfrac"), "explained variance / clip fraction",
+          about="PPO with a critic: the clipped value loss, the mean value and return of the generated tokens, the "
+          "share of the returns' variance the values explain (1: all; <= 0: no better than their mean) and the "
+          "share of tokens whose value was clipped."),
+    Panel("reward_kl", "KL in the reward", ("reward/kl_penalty",), "KL per token", ("reward/kl_coef",),
+          "coefficient", about="algorithm.use_kl_in_reward: the KL to the reference subtracted from the token "
+          "rewards (times the coefficient, which the adaptive controller moves towards target_kl)."),
     Panel("drift", "Engine vs trainer log-prob drift", ("rollout/logprob_diff",), "mean |diff| per token",
           about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2)."),
     Panel("zero_variance", "Groups without reward variance", ("advantages/zero_variance_share",), "share of groups",

@@ -268,7 +268,7 @@ class HybridWorker:
             given = self.policy.old_and_ref(x, shard.mini_batch_samples, need_old)
         values = None
         if self.critic is not None:
-            with timer("values"):
+            with timer("critic_values"):
                 values = self.critic.values(x)
         self._prepared = (x, given, values, timing | timer.metrics())
         return PreparedShard(x.response_mask.float(), given[0], given[1], values)

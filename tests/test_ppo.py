@@ -1,0 +1,190 @@
+"""Actor-critic PPO's math equals verl 0.9.1's own functions, run here on the same tensors (``verl.trainer.ppo.
+core_algos``, ``verl.utils.torch_functional``, ``ray_trainer.apply_kl_penalty``): GAE advantages and returns, the
+clipped value loss and its clip fraction, the KL penalties, KL in the reward with the adaptive controller's
+coefficient sequence, REINFORCE++ and GRPO over token rewards; plus the value head's load and save names."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vlmrl.algos import ppo
+from vlmrl.algos.core import kl_penalty
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from verl.trainer.ppo import core_algos as verl_algos
+    from verl.utils import torch_functional as verl_F
+
+ATOL = 1e-6
+
+
+def batch(seed: int, B: int = 6, R: int = 9, tool_span: bool = True) -> dict[str, torch.Tensor]:
+    """Random per-token tensors of B responses of different lengths (right padding), one with a masked tool-response
+    span inside it (multi-turn), scores on each last generated token."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, R + 1, (B,), generator=g)
+    lengths[0] = R
+    mask = (torch.arange(R)[None, :] < lengths[:, None]).float()
+    if tool_span:
+        mask[0, 3:6] = 0.0  # tokens 3-5 of response 0: a tool's output, not generated
+    scores = torch.randn(B, generator=g)
+    return {
+        "mask": mask,
+        "scores": scores,
+        "values": torch.randn(B, R, generator=g) * mask,
+        "logp": -torch.rand(B, R, generator=g) * 3,
+        "ref": -torch.rand(B, R, generator=g) * 3,
+        "vpreds": torch.randn(B, R, generator=g),
+        "returns": torch.randn(B, R, generator=g),
+    }
+
+
+def close(a: torch.Tensor | float, b: torch.Tensor | float, atol: float = ATOL) -> None:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_equals_verls(seed: int, gamma: float, lam: float) -> None:
+    b = batch(seed)
+    rewards = ppo.token_scores(b["scores"], b["mask"])
+    ours = ppo.gae(rewards, b["values"], b["mask"], gamma, lam)
+    theirs = verl_algos.compute_gae_advantage_return(rewards, b["values"], b["mask"], gamma, lam)
+    close(ours[0], theirs[0])
+    close(ours[1], theirs[1])
+
+
+def test_scores_sit_on_each_last_generated_token() -> None:
+    b = batch(0)
+    t = ppo.token_scores(b["scores"], b["mask"])
+    lengths = b["mask"].sum(-1)
+    for i in range(len(t)):
+        last = int(b["mask"][i].nonzero().max())
+        assert t[i, last] == b["scores"][i] and t[i].abs().sum() == b["scores"][i].abs()
+        assert last == int(lengths[i]) - 1 or i == 0  # response 0: its tool span is inside, the last token is R-1
+
+
+def test_masked_whiten_equals_verls() -> None:
+    b = batch(3)
+    close(ppo.masked_whiten(b["vpreds"], b["mask"]), verl_F.masked_whiten(b["vpreds"], b["mask"]))
+    close(
+        ppo.masked_whiten(b["vpreds"], b["mask"], shift_mean=False),
+        verl_F.masked_whiten(b["vpreds"], b["mask"], shift_mean=False),
+    )
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("clip", [0.5, 0.05])
+def test_value_loss_and_clipfrac_equal_verls(agg: str, clip: float) -> None:
+    b = batch(4)
+    loss, frac = ppo.value_loss(b["vpreds"], b["returns"], b["values"], b["mask"], clip, agg)
+    v_loss, v_frac = verl_algos.compute_value_loss(b["vpreds"], b["returns"], b["values"], b["mask"], clip, agg)
+    close(loss, v_loss)
+    close(frac, v_frac)
+    assert 0 < float(frac) < 1  # both branches taken: the test sees the clip
+
+
+@pytest.mark.parametrize("kind", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_kl_penalties_equal_verls(kind: str) -> None:
+    b = batch(5)
+    close(kl_penalty(b["logp"], b["ref"], kind), verl_algos.kl_penalty(b["logp"], b["ref"], kind))
+
+
+def _verl_apply_kl_penalty(token_scores, old, ref, mask, ctrl, kind):
+    """verl's ``ray_trainer.apply_kl_penalty`` on a DataProto holding these tensors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from verl import DataProto
+        from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+
+    data = DataProto.from_dict(
+        tensors={"response_mask": mask, "token_level_scores": token_scores, "old_log_probs": old, "ref_log_prob": ref}
+    )
+    out, metrics = apply_kl_penalty(data, ctrl, kind)
+    return out.batch["token_level_rewards"], metrics
+
+
+@pytest.mark.parametrize("kind", ["kl", "low_var_kl", "mse", "abs"])
+@pytest.mark.parametrize("ctrl_type", ["fixed", "adaptive"])
+def test_kl_in_reward_and_the_controllers_coefficient_sequence_equal_verls(kind: str, ctrl_type: str) -> None:
+    cfg = SimpleNamespace(type=ctrl_type, kl_coef=0.05, target_kl=0.05, horizon=50)
+    ours_ctrl = ppo.make_kl_controller(cfg.type, cfg.kl_coef, cfg.target_kl, cfg.horizon)
+    verl_ctrl = verl_algos.get_kl_controller(cfg)
+    coefs = []
+    for step in range(6):  # a KL below, then above the target: the coefficient moves both ways
+        b = batch(10 + step)
+        noise = torch.randn(b["ref"].shape, generator=torch.Generator().manual_seed(step)).abs()
+        old = b["ref"] + (0.01 if step < 3 else 0.6) * noise  # KL below the target, then above it
+        scores = ppo.token_scores(b["scores"], b["mask"])
+        ours, metrics = ppo.kl_in_reward(scores, old, b["ref"], b["mask"], ours_ctrl, kind)
+        theirs, v_metrics = _verl_apply_kl_penalty(scores, old, b["ref"], b["mask"], verl_ctrl, kind)
+        close(ours, theirs)
+        close(metrics["reward/kl_penalty"], v_metrics["actor/reward_kl_penalty"])
+        close(metrics["reward/kl_coef"], v_metrics["actor/reward_kl_penalty_coeff"])
+        close(ours_ctrl.value, verl_ctrl.value)
+        coefs.append(ours_ctrl.value)
+    if ctrl_type == "adaptive":
+        assert min(np.diff(coefs)) < 0 < max(np.diff(coefs)), coefs
+    else:
+        assert coefs == [0.05] * 6
+
+
+def test_kl_controller_state_round_trips() -> None:
+    a = ppo.make_kl_controller("adaptive", 0.1, 0.05, 100)
+    a.update(0.2, 32)
+    b = ppo.make_kl_controller("adaptive", 0.1, 0.05, 100)
+    b.load_state_dict(a.state_dict())
+    a.update(0.01, 32)
+    b.update(0.01, 32)
+    assert a.value == b.value != 0.1
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_plus_plus_over_token_rewards_equals_verls(gamma: float) -> None:
+    b = batch(6)
+    rewards = ppo.token_scores(b["scores"], b["mask"]) - 0.01 * b["logp"] * b["mask"]  # a KL-like per-token term
+    ours = ppo.token_advantages("reinforce_plus_plus", rewards, b["mask"], torch.zeros(6), gamma=gamma)
+    theirs = verl_algos.compute_reinforce_plus_plus_outcome_advantage(
+        rewards, b["mask"], config=SimpleNamespace(gamma=gamma)
+    )
+    close(ours[0], theirs[0])
+    close(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_and_rloo_over_token_rewards_equal_verls(norm: bool) -> None:
+    b = batch(7, B=8)
+    rewards = ppo.token_scores(b["scores"], b["mask"]) - 0.01 * b["logp"] * b["mask"]
+    group = torch.arange(8) // 4
+    ours = ppo.token_advantages("grpo", rewards, b["mask"], group, norm_by_std=norm)
+    theirs = verl_algos.compute_grpo_outcome_advantage(rewards, b["mask"], group.numpy(), norm_adv_by_std_in_grpo=norm)
+    close(ours[0], theirs[0], atol=1e-5)
+    ours = ppo.token_advantages("rloo", rewards, b["mask"], group)
+    theirs = verl_algos.compute_rloo_outcome_advantage(rewards, b["mask"], group.numpy())
+    close(ours[0], theirs[0], atol=1e-5)
+
+
+def test_gae_needs_values() -> None:
+    b = batch(0)
+    with pytest.raises(ValueError, match="needs the critic's values"):
+        ppo.token_advantages("gae", b["scores"][:, None] * b["mask"], b["mask"], torch.zeros(6))
+
+
+def test_explained_variance_equals_verls_formula() -> None:
+    b = batch(8)
+    m = b["mask"].bool()
+    r, v = torch.masked_select(b["returns"], m), torch.masked_select(b["values"], m)
+    expected = 1.0 - torch.var(r - v) / (torch.var(r) + 1e-5)
+    close(ppo.explained_variance(b["values"], b["returns"], b["mask"]), expected, atol=1e-5)
+
+
+def test_adaptive_controller_rejects_a_zero_horizon() -> None:
+    with pytest.raises(ValueError, match="horizon must be > 0"):
+        ppo.make_kl_controller("adaptive", 0.1, 0.1, 0)

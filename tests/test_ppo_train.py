@@ -1,0 +1,127 @@
+"""Actor-critic PPO end to end on CPU: the critic's value head (load, save names, the shared-prompt forward equal to
+the full one), PPO learning the quick start's task from overrides only, and a resume that continues the critic, both
+optimizers and the adaptive KL controller exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from runs import base_args, make_colour_data, metrics, run_to_end
+
+
+def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_model_dir: str, tmp_path: Path) -> None:
+    """A policy checkpoint gets a new head (normal(0, initializer_range), zero bias); a folder holding
+    ``score.weight`` / ``score.bias`` (verl's token-classification critic, vlmrl's export) loads that head."""
+    from safetensors.torch import load_file, save_file
+
+    from vlmrl.models.value_head import add_value_head, export_names, saved_value_head
+    from vlmrl.workers.policy import load_model
+
+    model = load_model(tiny_model_dir, "cpu")
+    assert add_value_head(model, tiny_model_dir) == "new" and model.lm_head.out_features == 1
+    assert float(model.lm_head.bias) == 0.0 and 0 < float(model.lm_head.weight.std()) < 0.1
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.shape == (1, 4, 1)
+    folder = tmp_path / "critic"
+    folder.mkdir()
+    for f in Path(tiny_model_dir).iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    state = export_names({k: v.detach().clone() for k, v in model.state_dict().items()})
+    assert "score.weight" in state and not any(k.startswith("lm_head.") for k in state)
+    base = load_file(next(Path(tiny_model_dir).glob("*.safetensors")))
+    save_file({**base, "score.weight": state["score.weight"], "score.bias": state["score.bias"] + 0.5},
+              str(folder / "model.safetensors"))  # fmt: skip
+    head, name = saved_value_head(str(folder))
+    assert name == "score.weight" and torch.equal(head["weight"], state["score.weight"])
+    again = load_model(str(folder), "cpu")
+    assert add_value_head(again, str(folder)) == "score.weight"
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight) and float(again.lm_head.bias) == pytest.approx(0.5)
+
+
+def test_values_from_the_shared_prompt_forward_equal_the_full_sequence(tiny_model_dir: str, tiny_processor) -> None:
+    """The critic runs the policy's forward: each prompt once with its KV cache shared by its samples, or every
+    sample's whole sequence (gradient checkpointing, tool images); both give the same values."""
+    from utils import expanded, make_prompt, solid
+
+    from vlmrl.batch import RolloutBatch
+    from vlmrl.models import qwen_vl
+    from vlmrl.models.forward import full_sequence_logits, response_values
+    from vlmrl.models.inputs import build_inputs, process_images
+    from vlmrl.models.value_head import add_value_head
+    from vlmrl.workers.policy import load_model
+
+    model = load_model(tiny_model_dir, "cpu").eval()
+    add_value_head(model, tiny_model_dir)
+    prompts = [make_prompt(tiny_processor, "colour?", [solid((200, 10, 10))], 0),
+               make_prompt(tiny_processor, "and this one?", [solid((10, 200, 10))], 1)]  # fmt: skip
+    responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    ids = [expanded(tiny_processor, p) for p in prompts for _ in range(2)]
+    rb = RolloutBatch(ids, responses, [[0.0] * len(r) for r in responses],
+                      ["stop"] * 4, n=2)  # fmt: skip
+    pad = tiny_processor.tokenizer.pad_token_id or 0
+    x = build_inputs(prompts, rb, process_images(tiny_processor, prompts), pad)
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    with torch.no_grad():
+        shared, _ = response_values(model, x, ids)
+        full, _ = full_sequence_logits(model, x, ids)
+    m = x.response_mask.bool()
+    assert shared.shape == x.responses.shape
+    assert torch.allclose(shared[m], full[..., 0][m], atol=1e-5), (shared[m] - full[..., 0][m]).abs().max()
+
+
+@pytest.fixture(scope="module")
+def colour_data(tmp_path_factory) -> Path:
+    return make_colour_data(tmp_path_factory.mktemp("colour"))
+
+
+@pytest.mark.slow
+def test_ppo_with_a_critic_learns_the_quick_start_task_from_overrides(tiny_model_dir, colour_data, tmp_path) -> None:
+    """The quick start's config with ``algorithm.adv_estimator=gae`` and the critic's learning rate on the command
+    line (the critic built from the actor's checkpoint): greedy validation 0 before training, >= 0.9 after 120
+    steps; the critic's metrics in every step's line."""
+    out = tmp_path / "ppo"
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "algorithm.adv_estimator=gae", "critic.optim.lr=2e-3",
+                         "critic.optim.weight_decay=0", "critic.model.enable_gradient_checkpointing=False"),
+               timeout=900)  # fmt: skip
+    rows = metrics(out)
+    val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    assert val[0] <= 0.05 and val[120] >= 0.9, val
+    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/vf_explained_var",
+                "critic/grad_norm", "critic/lr", "timing/critic_update_s"):  # fmt: skip
+        assert all(key in r for r in rows[1:]), key
+    assert max(r["critic/vf_explained_var"] for r in rows[1:]) > 0.2  # the critic learns to predict the returns
+
+
+CURVE = ("reward/mean", "critic/vf_loss", "critic/vpred_mean", "reward/kl_penalty", "reward/kl_coef", "actor/pg_loss",
+         "actor/entropy")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model_dir, colour_data, tmp_path) -> None:
+    """GAE with the adaptive in-reward KL and trainer.critic_warmup=2 (verl's rule: the actor updates from step 2):
+    a run stopped after its step-2 checkpoint and resumed equals an uninterrupted one step for step; the checkpoint
+    holds the critic's shards and the controller's coefficient."""
+    extra = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
+             "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=64", "algorithm.kl_ctrl.kl_coef=0.05",
+             "trainer.critic_warmup=2", "critic.optim.lr=1e-3", "trainer.save_freq=2",
+             "data.val_files=null")  # fmt: skip
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_to_end(base_args(tiny_model_dir, colour_data, whole, *extra, "trainer.total_training_steps=4"))
+    run_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=2"))
+    state = json.loads((cut / "global_step_2" / "trainer_state.json").read_text())
+    assert (cut / "global_step_2" / "critic" / ".metadata").is_file() and state["kl_ctrl"]["value"] != 0.05
+    again = run_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=4"))
+    assert "resumed from" in again.output()
+    a, b = metrics(whole), metrics(cut)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for k in CURVE if ra["step"] > 1 else CURVE[:5]:  # step 1: the critic only (no actor metrics)
+            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), (ra["step"], k, ra[k], rb[k])
+    assert "actor/pg_loss" not in a[0] and all("actor/pg_loss" in r for r in a[1:])  # critic only at step 1
+    coefs = [r["reward/kl_coef"] for r in a]
+    # step 1: the policy is the reference (KL 0, below the target): the coefficient falls by 20 % x 128 / 64
+    assert coefs[0] == pytest.approx(0.05) and coefs[1] == pytest.approx(0.05 * (1 - 0.2 * 128 / 64))
