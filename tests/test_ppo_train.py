@@ -122,6 +122,17 @@ def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model
         for k in CURVE if ra["step"] > 1 else CURVE[:5]:  # step 1: the critic only (no actor metrics)
             assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), (ra["step"], k, ra[k], rb[k])
     assert "actor/pg_loss" not in a[0] and all("actor/pg_loss" in r for r in a[1:])  # critic only at step 1
+    # the critic exports as a folder that loads as a critic again, with its trained head
+    from vlmrl.export import main as export
+    from vlmrl.models.value_head import add_value_head, saved_value_head
+    from vlmrl.workers.policy import load_model
+
+    assert export(["--checkpoint", str(cut), "--output", str(tmp_path / "critic"), "--critic"]) == 0
+    head, name = saved_value_head(str(tmp_path / "critic"))
+    model = load_model(str(tmp_path / "critic"), "cpu")
+    assert name == "score.weight" and add_value_head(model, str(tmp_path / "critic")) == "score.weight"
+    assert torch.equal(model.lm_head.weight, head["weight"])
+    assert export(["--checkpoint", str(whole), "--output", str(tmp_path / "p"), "--critic", "--model", "/nope"]) == 2
     coefs = [r["reward/kl_coef"] for r in a]
     # step 1: the policy is the reference (KL 0, below the target): the coefficient falls by 20 % x 128 / 64
     assert coefs[0] == pytest.approx(0.05) and coefs[1] == pytest.approx(0.05 * (1 - 0.2 * 128 / 64))

@@ -44,6 +44,7 @@ COMMANDS = {
     "video.json": "python benchmarks/bench_video.py",
     "push.json": "python benchmarks/bench_push.py",
     "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
+    "ppo.json": "python benchmarks/bench_ppo.py",
 }
 """The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
 MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
@@ -202,6 +203,13 @@ def _video_ratio(data: dict[str, Any]) -> float:
 
 F = Figure
 QS, TZ, SU, VI, PU = "quickstart.json", "tool_zoom.json", "suite.json", "video.json", "push.json"
+PP = "ppo.json"
+
+
+def _per(algo: str, key: str) -> Field:
+    """``key`` of each run of ``algo`` in bench_ppo's results (one per seed)."""
+    return computed(f"{key} of the {algo} runs", lambda d: [r[key] for r in d["runs"] if r["algo"] == algo])
+
 TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
 
 # fmt: off
@@ -242,6 +250,24 @@ FIGURES: list[Figure] = [
                                                         for r in d["runs"]]),
       "the reward curve and the report {v}. It prints", ".0f", " s", "spread"),
     F(QS, at("runs", 0, "model_file_bytes"), "small min/max pixels: {v} of files", ".1f", " MB", scale=1e-6),
+    # ---- PPO with a critic vs GRPO: benchmarks/bench_ppo.py
+    F(PP, at("machine", "cpu_count"), "the quick start's task and recipe on {v} CPU cores, GRPO and PPO", "d"),
+    F(PP, at("seeds", 0), "alternating, seeds {v} and {*}, {*} steps each", "d"),
+    F(PP, at("seeds", 1), "alternating, seeds {*} and {v}, {*} steps each", "d"),
+    F(PP, at("steps"), "alternating, seeds {*} and {*}, {v} steps each", "d"),
+    F(PP, _per("ppo", "val_steps_to_0.9"), "validation of 0.9 at step {v}, after", "d", kind="spread"),
+    F(PP, _per("ppo", "seconds_to_val_0.9"), "at step {*}, after {v} of training, GRPO at", ".0f", " s", "spread"),
+    F(PP, _per("grpo", "val_steps_to_0.9"), "of training, GRPO at step {v}, after", "d", kind="spread"),
+    F(PP, _per("grpo", "seconds_to_val_0.9"), "GRPO at step {*}, after {v} of training; at the end", ".0f", " s",
+      "spread"),
+    F(PP, _per("ppo", "val_end"), "at the end PPO validates at {v} on both seeds", kind="spread"),
+    F(PP, _per("grpo", "val_end"), "on both seeds, GRPO at {v} (on one seed", kind="spread"),
+    F(PP, _per("ppo", "step_s_median"), "A PPO step takes {v} against GRPO's", ".3f", " s", "spread"),
+    F(PP, _per("grpo", "step_s_median"), "against GRPO's {v} (", ".3f", " s", "spread"),
+    F(PP, computed("median PPO step / median GRPO step",
+                   lambda d: d["summary"]["ppo"]["step_s_median"] / d["summary"]["grpo"]["step_s_median"]),
+      "GRPO's {*} ({v}): the critic's", ".2f", "x"),
+    F(PP, _per("ppo", "critic_s_median"), "the critic's forward and update take {v} of it", ".3f", " s", "spread"),
     # ---- video: benchmarks/bench_video.py
     F(QS, at("runs", 0, "model_params"), "the same way: this {v} parameter model", ".1f", " M", scale=1e-6),
     F(VI, at("config", "rounds"), "2 worker processes, {v} runs of each task, alternating", "d"),
@@ -385,6 +411,9 @@ ALLOWED: list[tuple[str, str]] = [
     ("(`configs/tool_zoom_cpu.yaml`, 200 steps, 2 worker processes", "configs/tool_zoom_cpu.yaml"),
     ("(mean of the first 5 steps)", "the window that defines the figure"),
     ("(of the last 10)", "the window that defines the figure"),
+    ("on the same tensors as vlmrl's, equal to 1e-6", "the tolerance tests/test_ppo.py asserts"),
+    ("greedy validation every 10 steps", "bench_ppo.py's validation frequency (a setting)"),
+    ("reaches a greedy validation of 0.9 at step", "the threshold that defines the figure"),
     ("at steps 50 / 100 / 150 / 200", "the tool demo's validation steps (test_freq 50, 200 steps)"),
     ("in steps 1-50,", "the benchmark's 50-step ranges"),
     ("in steps 51-100,", "the benchmark's 50-step ranges"),

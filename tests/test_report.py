@@ -279,6 +279,15 @@ def test_each_health_check_names_its_metric_and_the_step_it_started() -> None:
     assert check_health(rows) == []
     rows = _rows(20, **{"reward/mean": lambda s: 0.0 if s <= 10 else 0.5})  # half the run: a finding
     assert at(check_health(rows), "reward flat at 0") == ("reward/mean", 1)
+    # PPO: a critic whose values explain nothing while the task is unlearned; none once it is learned (the returns
+    # barely vary), and no zero-variance finding with a critic (GAE's advantages of equal rewards differ)
+    rows = _rows(20, **{"critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3, "reward/mean": 0.4,
+                        "advantages/zero_variance_share": 0.9})  # fmt: skip
+    assert at(check_health(rows), "critic explains nothing") == ("critic/vf_explained_var", 7)
+    assert not [f for f in check_health(rows) if f.check == "groups without reward variance"]
+    rows = _rows(20, **{"critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3,
+                        "reward/mean": lambda s: 0.95 if s >= 7 else 0.4})  # fmt: skip
+    assert not [f for f in check_health(rows) if f.check == "critic explains nothing"]
     rows = _rows(20, **{"rollout/logprob_diff": lambda s: 0.3 if s >= 9 else 0.001})
     assert at(check_health(rows), "log-prob drift") == ("rollout/logprob_diff", 9)
     assert check_health(rows, drift_threshold=0.5) == []

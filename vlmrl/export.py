@@ -1,7 +1,9 @@
-"""Export a training checkpoint's policy as a Hugging Face folder (loadable by transformers and by vLLM).
+"""Export a training checkpoint's policy as a Hugging Face folder (loadable by transformers and by vLLM), or its
+critic (``--critic``: the backbone with the value head as ``score.weight`` / ``score.bias``, which vlmrl's
+``critic.model.path`` loads with its head, as verl's token-classification critics).
 
     python -m vlmrl.export --checkpoint runs/quickstart/global_step_40 --output exported/ [--dtype bfloat16]
-        [--model BASE_MODEL] [--trust-remote-code]
+        [--model BASE_MODEL] [--trust-remote-code] [--critic]
 
 Reads the run's ``config.yaml`` inside the checkpoint for the base model path and LoRA settings, loads the sharded
 policy weights (any number of training workers; no process group needed), merges LoRA adapters into the base weights,
@@ -31,13 +33,14 @@ def export_checkpoint(
     *,
     model_path: str | None = None,
     trust_remote_code: bool = False,
+    critic: bool = False,
 ) -> Path:
     """Write the policy of ``checkpoint`` (a ``global_step_N`` folder, or a run folder: its latest checkpoint) as an HF
     model folder at ``output``; returns ``output``.
 
     The checkpoint is data: nothing stored in it runs (``vlmrl.safe_load``), and ``trust_remote_code`` comes from the
     caller (``--trust-remote-code``), never from the checkpoint's own config. ``model_path`` overrides the base model
-    the checkpoint's config names."""
+    the checkpoint's config names. ``critic``: write the critic instead (``critic.model.path`` is its base)."""
     from omegaconf import OmegaConf
     from transformers import AutoProcessor
 
@@ -51,11 +54,19 @@ def export_checkpoint(
         raise ValueError(f"--dtype {dtype!r}: use one of {sorted(_DTYPES)}")
     cfg = OmegaConf.load(src / "config.yaml")
     mcfg = cfg.actor_rollout_ref.model
-    path, trust = model_path or str(mcfg.path), bool(trust_remote_code)
-    where = f"--model {path}" if model_path else f"{src}/config.yaml actor_rollout_ref.model.path={path}"
+    key, base = "actor_rollout_ref.model.path", str(mcfg.path)
+    if critic:
+        if not (src / "critic" / ".metadata").is_file():
+            raise FileNotFoundError(f"{src} holds no critic (critic/.metadata): the run trained without one")
+        cpath = OmegaConf.select(cfg, "critic.model.path", default=None)
+        key, base = ("critic.model.path", str(cpath)) if cpath else (key, base)
+    path, trust = model_path or base, bool(trust_remote_code)
+    where = f"--model {path}" if model_path else f"{src}/config.yaml {key}={path}"
     if not Path(path).expanduser().is_dir() and (Path(path).is_absolute() or path.startswith((".", "~"))):
         raise FileNotFoundError(f"the base model folder {path} ({where}) does not exist: give it with --model BASE")
     model = load_model(path, "cpu", trust, where=where)
+    if critic:
+        return _export_critic(model, path, src, Path(output), _DTYPES[dtype], trust)
     if int(mcfg.get("lora_rank", 0) or 0) > 0:
         from vlmrl.workers.lora import apply_lora
 
@@ -72,6 +83,25 @@ def export_checkpoint(
     return out
 
 
+def _export_critic(model: torch.nn.Module, path: str, src: Path, out: Path, dtype: torch.dtype, trust: bool) -> Path:
+    """The critic of checkpoint ``src`` on ``model`` (its base), written with the head under ``score.*``."""
+    from safetensors.torch import save_file
+    from transformers import AutoProcessor
+
+    from vlmrl.models.value_head import add_value_head, export_names
+
+    add_value_head(model, path)
+    state = {"model": model.state_dict()}
+    safe_dcp_load(state, str(src / "critic"), allow_partial_load=False)
+    model.load_state_dict(state["model"])
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out)
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in export_names(model.state_dict()).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    AutoProcessor.from_pretrained(path, trust_remote_code=trust).save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m vlmrl.export --checkpoint DIR --output DIR [--dtype float32|bfloat16|float16]``."""
     ap = argparse.ArgumentParser(prog="python -m vlmrl.export", description=__doc__.split("\n\n")[0])
@@ -83,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         "--trust-remote-code", action="store_true", help="run the base model folder's own Python code (off: a "
         "checkpoint's config cannot turn it on)",
     )  # fmt: skip
+    ap.add_argument("--critic", action="store_true", help="export the critic (value model) instead of the policy")
     a = ap.parse_args(argv)
     sw = Timer.start()
 
     try:
         out = export_checkpoint(
-            a.checkpoint, a.output, a.dtype, model_path=a.model, trust_remote_code=a.trust_remote_code
-        )
+            a.checkpoint, a.output, a.dtype, model_path=a.model, trust_remote_code=a.trust_remote_code,
+            critic=a.critic,
+        )  # fmt: skip
     except (FileNotFoundError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2

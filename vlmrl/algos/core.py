@@ -72,7 +72,9 @@ def rloo_advantage(scores: torch.Tensor, group: torch.Tensor, **_: object) -> to
 def reinforce_pp_advantage(
     scores: torch.Tensor, group: torch.Tensor, *, eps: float = 1e-6, **_: object
 ) -> torch.Tensor:
-    """REINFORCE++ (outcome reward, gamma 1): whiten the scores over the whole batch."""
+    """REINFORCE++ over sequence scores (outcome reward, gamma 1): whiten the scores over the whole batch. The
+    trainer uses the token-level form (``algos.ppo.token_advantages``: discounted returns whitened over the batch's
+    generated tokens, verl's), which weighs each sample by its length; this one is for callers with scores only."""
     return (scores - scores.mean()) / (scores.std(unbiased=False) + eps)
 
 

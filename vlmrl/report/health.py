@@ -120,7 +120,10 @@ def check_health(
     # groups whose samples all scored the same: no gradient from them
     # (groups that all scored alike because the model solves them, reward >= 0.9, are a learned task, not a problem)
     mean_at = dict(rew)
-    zv = [(step, (v, mean_at.get(step, 0.0))) for step, v in _series(rows, "advantages/zero_variance_share")]
+    # (with a critic, GAE's advantages of equal rewards differ: no finding there)
+    critic = any("critic/vf_explained_var" in r for r in rows)
+    zv = [] if critic else [(step, (v, mean_at.get(step, 0.0)))
+                            for step, v in _series(rows, "advantages/zero_variance_share")]  # fmt: skip
     if len(zv) >= window:
         s = _first_stretch(zv, lambda v: v[0] >= 0.5 and v[1] < 0.9, window)
         if s:
@@ -129,6 +132,18 @@ def check_health(
                 f"half or more of the prompts' sample groups scored alike for {s[1]} steps (their advantages are 0)",
                 "more samples per prompt (rollout.n), an entropy bonus, dynamic sampling "
                 "(algorithm.filter_groups.enable=True), data of the difficulty the model can sometimes solve",
+            ))  # fmt: skip
+    # PPO: the critic's values explain none of the returns' variance (on a task not yet learned)
+    ev = [(step, (v, mean_at.get(step, 0.0))) for step, v in _series(rows, "critic/vf_explained_var")]
+    if len(ev) >= window:
+        s = _first_stretch(ev, lambda v: v[0] <= 0 and v[1] < 0.9, window)
+        if s:
+            found.append(Finding(
+                "critic explains nothing", "critic/vf_explained_var", s[0],
+                f"the critic's values explained none of the returns' variance (explained variance <= 0) for {s[1]} "
+                "steps: GAE's advantages are then mostly the critic's noise",
+                "a larger critic.optim.lr or critic.ppo_epochs, trainer.critic_warmup steps before the actor learns, "
+                "rewards of a scale the value head can reach (normalised), algorithm.lam below 1",
             ))  # fmt: skip
     # engine vs trainer log-probs of the same tokens
     drift = _series(rows, "rollout/logprob_diff")

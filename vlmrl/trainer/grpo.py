@@ -5,9 +5,10 @@ sample prompts → rollout (n per prompt, on every worker) → rewards (driver) 
   → engines sleep → advantages (driver) → old/ref log-probs + update (every worker, its shard) → weight push (every
   worker's engine, awake again) → metrics → validation / checkpoint
 
-With a critic or the in-reward KL (``algorithm.adv_estimator=gae``, ``algorithm.use_kl_in_reward``) the advantages
-are per token and need the workers first: engines sleep → old/ref log-probs + values (every worker, its shard, kept
-there) → token rewards, KL penalty, GAE (driver) → critic + policy update (every worker) → weight push.
+With a critic or the in-reward KL (``algorithm.adv_estimator=gae``, ``algorithm.use_kl_in_reward``; REINFORCE++
+too) the advantages are per token and need the workers first: engines sleep → old/ref log-probs + values (every
+worker, its shard, kept there) → token rewards, KL penalty, GAE (driver) → critic + policy update (every worker)
+→ weight push.
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ class Trainer:
         self.critic = critic_plan(cfg)
         self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
                                           alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
-        self.token_level = self.critic is not None or self.kl_ctrl is not None
-        """Per-token advantages computed after the workers' log-probs and values (PPO path)."""
+        self.token_level = self.critic is not None or self.kl_ctrl is not None or (
+            alg.adv_estimator == "reinforce_plus_plus")  # fmt: skip
+        """Per-token advantages computed after the workers' log-probs and values (PPO path; REINFORCE++ too: verl
+        whitens its discounted returns over the batch's tokens, which needs each response's generated tokens)."""
         with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
             self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
         self.out_dir = Path(tr.default_local_dir)

@@ -31,6 +31,7 @@ from vlmrl.workers.policy import (
     load_model,
     load_trainable,
     lr_lambda,
+    optimizer_state_to,
     save_trainable,
     token_micro_batches,
     warmup_steps,
@@ -72,6 +73,8 @@ class CriticWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
         )
+        # optimizer state in host memory between steps (critic.fsdp.optimizer_offload; param_offload keeps it there)
+        self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
 
     def micro_batches(self, x: ModelInputs, rows: list[int], update: bool) -> list[list[int]]:
         """``rows`` as micro-batches of the update (``update``) or of the value forward: fixed sizes or token
@@ -162,7 +165,11 @@ class CriticWorker:
                 f"non-finite critic gradient norm ({gn}); the critic's weights were not changed. Usual causes: "
                 "critic.optim.lr too high, returns far from the values' scale (rewards of large magnitude)"
             )
+        if self.offload_optimizer:
+            optimizer_state_to(self.optimizer, self.device)
         self.optimizer.step()
+        if self.offload_optimizer:
+            optimizer_state_to(self.optimizer, "cpu")
         self.optimizer.zero_grad(set_to_none=True)
 
     def save(self, folder: str) -> None:

@@ -236,6 +236,14 @@ def load_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.O
         rng.restore(extra["rng"])
 
 
+def optimizer_state_to(optimizer: torch.optim.Optimizer, device: str) -> None:
+    """Move the optimizer's state tensors to ``device`` (verl's optimizer_offload: host memory between steps)."""
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and v.device.type != device:
+                state[k] = v.to(device, non_blocking=True)
+
+
 def warmup_steps(oc: Any, total_steps: int) -> int:
     """Warm-up steps of an optimizer config (``lr_warmup_steps``, else the ratio of the run's steps)."""
     return oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
@@ -302,12 +310,6 @@ class PolicyWorker:
         # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
         # it there already (CPUOffloadPolicy); on a CPU device it is host memory anyway.
         self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
-
-    def _optimizer_state_to(self, device: str) -> None:
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and v.device.type != device:
-                    state[k] = v.to(device, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------------ log-probs
     def micro_batches(self, x: ModelInputs, rows: list[int], which: str) -> list[list[int]]:
@@ -470,10 +472,10 @@ class PolicyWorker:
                 "overflow, a reward that was inf/NaN upstream"
             )
         if self.offload_optimizer:
-            self._optimizer_state_to(self.device)
+            optimizer_state_to(self.optimizer, self.device)
         self.optimizer.step()
         if self.offload_optimizer:
-            self._optimizer_state_to("cpu")
+            optimizer_state_to(self.optimizer, "cpu")
         self.optimizer.zero_grad(set_to_none=True)
 
     # -------------------------------------------------------------------------------------------- checkpoints
