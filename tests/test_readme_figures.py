@@ -210,6 +210,7 @@ def _per(algo: str, key: str) -> Field:
     """``key`` of each run of ``algo`` in bench_ppo's results (one per seed)."""
     return computed(f"{key} of the {algo} runs", lambda d: [r[key] for r in d["runs"] if r["algo"] == algo])
 
+
 TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
 
 # fmt: off
