@@ -45,25 +45,14 @@ def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_m
 def test_values_from_the_shared_prompt_forward_equal_the_full_sequence(tiny_model_dir: str, tiny_processor) -> None:
     """The critic runs the policy's forward: each prompt once with its KV cache shared by its samples, or every
     sample's whole sequence (gradient checkpointing, tool images); both give the same values."""
-    from utils import expanded, make_prompt, solid
-
-    from vlmrl.batch import RolloutBatch
     from vlmrl.models import qwen_vl
     from vlmrl.models.forward import full_sequence_logits, response_values
-    from vlmrl.models.inputs import build_inputs, process_images
     from vlmrl.models.value_head import add_value_head
     from vlmrl.workers.policy import load_model
 
     model = load_model(tiny_model_dir, "cpu").eval()
     add_value_head(model, tiny_model_dir)
-    prompts = [make_prompt(tiny_processor, "colour?", [solid((200, 10, 10))], 0),
-               make_prompt(tiny_processor, "and this one?", [solid((10, 200, 10))], 1)]  # fmt: skip
-    responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
-    ids = [expanded(tiny_processor, p) for p in prompts for _ in range(2)]
-    rb = RolloutBatch(ids, responses, [[0.0] * len(r) for r in responses],
-                      ["stop"] * 4, n=2)  # fmt: skip
-    pad = tiny_processor.tokenizer.pad_token_id or 0
-    x = build_inputs(prompts, rb, process_images(tiny_processor, prompts), pad)
+    x = _two_prompt_inputs(tiny_processor)
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
     with torch.no_grad():
         shared, _ = response_values(model, x, ids)
@@ -71,6 +60,56 @@ def test_values_from_the_shared_prompt_forward_equal_the_full_sequence(tiny_mode
     m = x.response_mask.bool()
     assert shared.shape == x.responses.shape
     assert torch.allclose(shared[m], full[..., 0][m], atol=1e-5), (shared[m] - full[..., 0][m]).abs().max()
+
+
+def _two_prompt_inputs(tiny_processor):
+    from utils import expanded, make_prompt, solid
+
+    from vlmrl.batch import RolloutBatch
+    from vlmrl.models.inputs import build_inputs, process_images
+
+    prompts = [make_prompt(tiny_processor, "colour?", [solid((200, 10, 10))], 0),
+               make_prompt(tiny_processor, "and this one?", [solid((10, 200, 10))], 1)]  # fmt: skip
+    responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    ids = [expanded(tiny_processor, p) for p in prompts for _ in range(2)]
+    rb = RolloutBatch(ids, responses, [[0.0] * len(r) for r in responses], ["stop"] * 4, n=2)
+    return build_inputs(prompts, rb, process_images(tiny_processor, prompts), tiny_processor.tokenizer.pad_token_id)
+
+
+def test_critic_token_budget_micro_batches_train_exactly_as_fixed_ones(tiny_model_dir: str, tiny_processor) -> None:
+    """critic.use_dynamic_bsz: micro-batches by a token budget (here several, of other sizes than the fixed run's)
+    give the critic the same values, loss and weights after an update as fixed micro-batches of one sample."""
+    from dataclasses import replace
+
+    from vlmrl.config import load
+    from vlmrl.config.plan import critic_plan
+    from vlmrl.models import qwen_vl
+    from vlmrl.workers.critic import CriticWorker
+
+    cfg = load(["data.train_files=x", f"actor_rollout_ref.model.path={tiny_model_dir}", "algorithm.adv_estimator=gae",
+                "critic.optim.lr=1e-2", "critic.model.enable_gradient_checkpointing=False"])  # fmt: skip
+    fixed = replace(critic_plan(cfg), micro_batch_size=1, forward_micro_batch_size=1)
+    x = _two_prompt_inputs(tiny_processor)
+    budget = int(x.attention_mask.sum(-1).max()) + 2  # room for about one sample per micro-batch
+    dynamic = replace(fixed, use_dynamic_bsz=True, max_token_len=2 * budget, forward_max_token_len=budget)
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    workers = []
+    for plan in (fixed, dynamic):
+        torch.manual_seed(0)  # the same new value head
+        workers.append(CriticWorker(plan, device="cpu", total_steps=4, vision_ids=ids, seed=1, max_response_length=8))
+    a, b = workers
+    assert len(b.micro_batches(x, list(range(4)), update=True)) not in (1, 4)  # another split than either extreme
+    va, vb = a.values(x), b.values(x)
+    assert torch.allclose(va, vb, atol=1e-6)
+    returns = torch.rand(va.shape)
+    ma, mb = a.update(x, returns, va, 4), b.update(x, returns, vb, 4)
+    assert ma["critic/vf_loss"] == pytest.approx(mb["critic/vf_loss"], abs=1e-6)
+    # the updated critics predict alike (compared by their outputs: AdamW's first step is about lr x sign(gradient),
+    # so a parameter whose gradient is 0 up to rounding, the attention's key bias, moves by +-lr either way)
+    after_a, after_b = a.values(x), b.values(x)
+    assert torch.allclose(after_a, after_b, atol=1e-5)
+    assert torch.allclose(a.model.lm_head.weight, b.model.lm_head.weight, atol=1e-6)
+    assert not torch.allclose(after_a, va)  # the update moved the values
 
 
 @pytest.fixture(scope="module")
