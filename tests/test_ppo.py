@@ -5,6 +5,7 @@ coefficient sequence, REINFORCE++ and GRPO over token rewards; plus the value he
 
 from __future__ import annotations
 
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -188,3 +189,67 @@ def test_explained_variance_equals_verls_formula() -> None:
 def test_adaptive_controller_rejects_a_zero_horizon() -> None:
     with pytest.raises(ValueError, match="horizon must be > 0"):
         ppo.make_kl_controller("adaptive", 0.1, 0.1, 0)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["algorithm.adv_estimator=gae", "critic.enable=False"], "algorithm.adv_estimator=gae needs the critic's"),
+        (["algorithm.gamma=1.5"], "algorithm.gamma=1.5: must be between 0 and 1"),
+        (["algorithm.lam=-0.1"], "algorithm.lam=-0.1: must be between 0 and 1"),
+        (["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"], "needs a horizon > 0"),
+        (["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"], "needs a target > 0"),
+        (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type='pid'"),
+        (["algorithm.adv_estimator=gae", "critic.optim.lr=0"], "critic.optim.lr=0.0: must be a finite number > 0"),
+        (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value=0.0: must be"),
+        (["algorithm.adv_estimator=gae", "critic.loss_agg_mode=sum"], "critic.loss_agg_mode='sum'"),
+        (
+            ["algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=100"],
+            "critic.ppo_max_token_len_per_gpu=100 with dynamic batch sizes",
+        ),
+    ],
+)
+def test_ppo_settings_are_checked_before_anything_starts(overrides: list[str], expected: str) -> None:
+    from vlmrl.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load(["data.train_files=x", "actor_rollout_ref.model.path=m", *overrides])
+
+
+def test_the_critic_follows_the_actors_settings_where_verl_interpolates_them() -> None:
+    from vlmrl.config import load
+    from vlmrl.config.plan import critic_plan, reference_needed
+
+    base = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
+    assert critic_plan(load(base)) is None and not reference_needed(load(base))  # GRPO: no critic, no reference
+    cfg = load([*base, "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_epochs=3",
+                "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "data.train_batch_size=16"])  # fmt: skip
+    plan = critic_plan(cfg)
+    assert (plan.path, plan.epochs, plan.use_dynamic_bsz, plan.loss_agg_mode, plan.mini_batch_size) == (
+        "m", 3, True, "seq-mean-token-mean", 8)  # fmt: skip
+    assert plan.optim.lr == 1e-5 and plan.cliprange_value == 0.5  # verl's critic defaults
+    own = critic_plan(load([*base, "algorithm.adv_estimator=gae", "critic.model.path=c", "critic.ppo_epochs=2",
+                            "critic.loss_agg_mode=token-mean", "critic.use_dynamic_bsz=False"]))  # fmt: skip
+    assert (own.path, own.epochs, own.loss_agg_mode, own.use_dynamic_bsz) == ("c", 2, "token-mean", False)
+    assert critic_plan(load([*base, "critic.enable=True"])) is not None  # a critic with another estimator (verl)
+    assert reference_needed(load([*base, "algorithm.use_kl_in_reward=True"]))
+
+
+def test_critic_settings_without_a_critic_are_refused_and_unused_kl_settings_noticed() -> None:
+    """A verl PPO script that leaves the estimator at the default (verl's gae, vlmrl's grpo) is refused naming the
+    fix instead of training GRPO without its critic; in-reward KL and GAE settings that would go unused are
+    printed as notices (verl ignores them the same way)."""
+    from vlmrl.config.command import compose
+
+    base = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
+    c = compose([*base, "critic.optim.lr=1e-5", "critic.model.path=m"])
+    assert len(c.problems) == 1 and "critic.optim.lr is set but this run builds no critic" in c.problems[0]
+    assert "Add algorithm.adv_estimator=gae" in c.problems[0]
+    assert not compose([*base, "critic.optim.lr=1e-5", "algorithm.adv_estimator=gae"]).problems
+    c = compose([*base, "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.lam=0.95", "algorithm.gamma=0.99"])
+    assert not c.problems
+    assert any("algorithm.kl_ctrl.kl_coef: the in-reward KL is off" in n for n in c.notices), c.notices
+    assert any("algorithm.lam: GAE's lambda" in n for n in c.notices) and any("algorithm.gamma" in n for n in c.notices)
+    c = compose([*base, "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.use_kl_in_reward=True"])
+    assert not c.problems and not any("in-reward KL is off" in n for n in c.notices)

@@ -198,6 +198,32 @@ def ppo_problems(cfg: VLMRLConfig) -> list[str]:
     return p
 
 
+def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(problems, notices) for PPO settings the command line sets that this run would not use: ``critic.*`` without
+    a critic is refused (vlmrl's default estimator is grpo, verl's gae: a verl PPO script would otherwise train GRPO
+    without its critic); the in-reward KL's settings while it is off, and GAE's or discounting's with an estimator
+    that does not use them, are notices (verl ignores them the same way)."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    problems, notices = [], []
+    alg = cfg.algorithm
+    critic = [k for k in keys if k.startswith("critic.") and k != "critic.enable"]
+    if critic and critic_plan(cfg) is None:
+        problems.append(
+            f"{critic[0]} is set but this run builds no critic: algorithm.adv_estimator={alg.adv_estimator} (vlmrl's "
+            "default is grpo; verl's default, gae, is the estimator that uses a critic). Add "
+            "algorithm.adv_estimator=gae for PPO with a critic (or critic.enable=True), or drop the critic.* settings."
+        )
+    kl = [k for k in keys if k == "algorithm.kl_penalty" or k.startswith("algorithm.kl_ctrl.")]
+    if kl and not alg.use_kl_in_reward:
+        notices.append(f"{', '.join(kl)}: the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl")
+    if "algorithm.lam" in keys and alg.adv_estimator != "gae":
+        notices.append(f"algorithm.lam: GAE's lambda; algorithm.adv_estimator={alg.adv_estimator} does not use it")
+    if "algorithm.gamma" in keys and alg.adv_estimator not in ("gae", "reinforce_plus_plus"):
+        notices.append(f"algorithm.gamma: algorithm.adv_estimator={alg.adv_estimator} scores whole responses (no "
+                       "discounting)")  # fmt: skip
+    return problems, notices
+
+
 def cache_kept_on(user: dict[str, Any]) -> str | None:
     """Why engine kwargs that would turn the multimodal preprocessor cache back on are refused (None if they do not):
     across RL steps it grows host memory without bound (EasyR1 #159, vLLM #12973)."""

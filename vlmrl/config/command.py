@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from vlmrl import configs_dir
-from vlmrl.config.checks import check_values, machine_problems
+from vlmrl.config.checks import check_values, machine_problems, unused_settings
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
 from vlmrl.config.keys import translate
@@ -190,6 +190,10 @@ def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
     if raw is not None:
         cfg, value_problems = build(raw)
         problems += value_problems
+        if cfg is not None:
+            unused, unused_notes = unused_settings(cfg, file_overrides + cmd.overrides)
+            problems += unused
+            notices += unused_notes
         dry = bool(raw.get("trainer", {}).get("dry_run", dry))
         if machine and not dry and cfg is not None and not value_problems:  # (the dry run runs them itself)
             problems += machine_problems(cfg)

@@ -30,8 +30,7 @@ from transformers import AutoProcessor
 from vlmrl import rng
 from vlmrl.algos import filter_groups
 from vlmrl.algos.core import compute_advantages
-from vlmrl.algos.ppo import explained_variance, kl_in_reward, make_kl_controller, masked_mean, token_advantages
-from vlmrl.algos.ppo import token_scores as last_token_scores
+from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
@@ -47,13 +46,13 @@ from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.gallery import write_gallery
 from vlmrl.trainer.step import (
     StepData,
-    TokenBatch,
     assemble,
     attach_token_targets,
     gather_prepared,
     plan_shards,
     split_even,
     step_metrics,
+    token_targets,
 )
 from vlmrl.trainer.tracking import Tracker, plot_curve
 from vlmrl.workers.group import WorkerError, make_worker_group
@@ -328,7 +327,7 @@ class Trainer:
                         prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None)
                     with timer("advantages"):
                         tokens = gather_prepared(shards, prepared, len(step.samples))
-                        adv_tok, returns, ppo = self.token_advantages(step, tokens)
+                        adv_tok, returns, ppo = token_targets(step, tokens, self.cfg.algorithm, self.kl_ctrl)
                         adv = (adv_tok * tokens.mask).sum(-1) / tokens.mask.sum(-1).clamp(min=1.0)
                     shards = attach_token_targets(
                         shards,
@@ -379,31 +378,6 @@ class Trainer:
         if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
             raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
         return adv
-
-    def token_advantages(self, step: StepData, tb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                       dict[str, float]]:  # fmt: skip
-        """Per token: each sample's score on its last generated token, minus the in-reward KL penalty
-        (``algorithm.use_kl_in_reward``), then the estimator (GAE with the critic's values, or any other over the
-        token rewards). Returns advantages [B, R], the critic's targets (None without a critic) and metrics."""
-        alg = self.cfg.algorithm
-        scores = torch.tensor(step.scores.scores, dtype=torch.float32)
-        rewards = last_token_scores(scores, tb.mask)
-        metrics: dict[str, float] = {}
-        if self.kl_ctrl is not None:
-            assert tb.old_logprobs is not None and tb.ref_logprobs is not None
-            rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, self.kl_ctrl,
-                                            alg.kl_penalty)  # fmt: skip
-        group = torch.arange(len(scores)) // step.rollout.n
-        adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values, gamma=alg.gamma,
-                                        lam=alg.lam, norm_by_std=alg.norm_adv_by_std_in_grpo)  # fmt: skip
-        if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
-            raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
-        if tb.values is None:
-            return adv, None, metrics
-        metrics["critic/vf_explained_var"] = explained_variance(tb.values, returns, tb.mask)
-        metrics["critic/values/mean"] = float(masked_mean(tb.values, tb.mask))
-        metrics["critic/returns/mean"] = float(masked_mean(returns, tb.mask))
-        return adv, returns, metrics
 
     def _warn_if_flat(self, metrics: dict[str, float]) -> None:
         """Once per run: a step in which every group's rewards were equal taught nothing (it is counted every step);

@@ -5,6 +5,8 @@ prompt indices ──RLDataset.get_batch──▶ list[PromptSample]
   ──RewardSample.of_rollout──▶ list[RewardSample] (responses decoded once) ──RewardManager.score──▶ RewardOutput
 [dynamic sampling: more batches, ``choose_groups``] ──assemble──▶ StepData (prompts, rollout, samples, scores)
   ──compute_advantages──▶ advantages ──plan_shards──▶ list[TrainShard] ──WorkerGroup.train──▶ metrics per worker
+PPO path: ──plan_shards──▶ list[TrainShard] ──WorkerGroup.prepare──▶ list[PreparedShard] ──gather_prepared──▶
+  TokenBatch ──token_targets──▶ advantages, returns [B, R] ──attach_token_targets──▶ list[TrainShard] ──update──▶
   ──step_metrics──▶ the step's metrics (timings, workers', rewards, lengths, multi-turn, advantages, throughput)
 """
 
@@ -16,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlmrl.algos.ppo import KLController, explained_variance, kl_in_reward, masked_mean, token_advantages, token_scores
 from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard
+from vlmrl.config import AlgorithmConfig
 from vlmrl.rollout.multi_turn import multi_turn_metrics
 from vlmrl.scoring.manager import RewardOutput
 from vlmrl.timing import Timer
@@ -108,6 +112,31 @@ def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], bat
     mask = gather("response_mask")
     assert mask is not None
     return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"))
+
+
+def token_targets(
+    step: StepData, tb: TokenBatch, alg: AlgorithmConfig, kl_ctrl: KLController | None
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """Per token: each sample's score on its last generated token, minus the in-reward KL penalty (with
+    ``kl_ctrl``, which then adapts), then the estimator (GAE with the critic's values, or any other over the token
+    rewards). Returns advantages [B, R], the critic's targets (None without values) and metrics."""
+    scores = torch.tensor(step.scores.scores, dtype=torch.float32)
+    rewards = token_scores(scores, tb.mask)
+    metrics: dict[str, float] = {}
+    if kl_ctrl is not None:
+        assert tb.old_logprobs is not None and tb.ref_logprobs is not None
+        rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, kl_ctrl, alg.kl_penalty)
+    group = torch.arange(len(scores)) // step.rollout.n
+    adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values, gamma=alg.gamma,
+                                    lam=alg.lam, norm_by_std=alg.norm_adv_by_std_in_grpo)  # fmt: skip
+    if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
+        raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
+    if tb.values is None:
+        return adv, None, metrics
+    metrics["critic/vf_explained_var"] = explained_variance(tb.values, returns, tb.mask)
+    metrics["critic/values/mean"] = float(masked_mean(tb.values, tb.mask))
+    metrics["critic/returns/mean"] = float(masked_mean(returns, tb.mask))
+    return adv, returns, metrics
 
 
 def attach_token_targets(
