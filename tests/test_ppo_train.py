@@ -143,11 +143,12 @@ CURVE = ("reward/mean", "critic/vf_loss", "critic/vpred_mean", "reward/kl_penalt
 def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model_dir, colour_data, tmp_path) -> None:
     """GAE with the adaptive in-reward KL and trainer.critic_warmup=2 (verl's rule: the actor updates from step 2):
     a run stopped after its step-2 checkpoint and resumed equals an uninterrupted one step for step; the checkpoint
-    holds the critic's shards and the controller's coefficient."""
+    holds the critic's shards and the controller's coefficient. (The HF rollout: what is resumed is the trainer's
+    state, and a run without vLLM engines starts in half the time.)"""
     extra = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
              "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=64", "algorithm.kl_ctrl.kl_coef=0.05",
              "trainer.critic_warmup=2", "critic.optim.lr=1e-3", "trainer.save_freq=2",
-             "data.val_files=null")  # fmt: skip
+             "data.val_files=null", "actor_rollout_ref.rollout.name=hf")  # fmt: skip
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     run_to_end(base_args(tiny_model_dir, colour_data, whole, *extra, "trainer.total_training_steps=4"))
     run_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=2"))

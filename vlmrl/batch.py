@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from PIL import Image
+
+if TYPE_CHECKING:  # annotations only: the report (which reads this module) must not load torch
+    import torch
 
 
 @dataclass
