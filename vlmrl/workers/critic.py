@@ -9,8 +9,6 @@ mini-batches.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
@@ -25,13 +23,12 @@ from vlmrl.workers import micro_batches
 from vlmrl.workers.policy import (
     _fsdp_wrap,
     adamw,
-    clip_grad_norm,
+    clip_and_step,
     compute_dtype,
     global_sums,
     load_model,
     load_trainable,
     lr_lambda,
-    optimizer_state_to,
     save_trainable,
     token_micro_batches,
     warmup_steps,
@@ -156,21 +153,12 @@ class CriticWorker:
             sums["critic/vpred_mean"] += float((vpreds.detach() * m).sum())
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "critic/vf_loss" else value / tokens_here)
-        params = [q for group in self.optimizer.param_groups for q in group["params"]]
-        gn = clip_grad_norm(params, p.grad_clip)
+        gn = clip_and_step(
+            self.optimizer, p.grad_clip, self.device if self.offload_optimizer else None,
+            lambda gn: f"non-finite critic gradient norm ({gn}); the critic's weights were not changed. Usual "
+            "causes: critic.optim.lr too high, returns far from the values' scale (rewards of large magnitude)",
+        )  # fmt: skip
         metrics.setdefault("critic/grad_norm", []).append(gn)
-        if not math.isfinite(gn):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(
-                f"non-finite critic gradient norm ({gn}); the critic's weights were not changed. Usual causes: "
-                "critic.optim.lr too high, returns far from the values' scale (rewards of large magnitude)"
-            )
-        if self.offload_optimizer:
-            optimizer_state_to(self.optimizer, self.device)
-        self.optimizer.step()
-        if self.offload_optimizer:
-            optimizer_state_to(self.optimizer, "cpu")
-        self.optimizer.zero_grad(set_to_none=True)
 
     def save(self, folder: str) -> None:
         """Sharded critic + optimizer and scheduler states into ``folder``."""

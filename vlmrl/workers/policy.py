@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -244,6 +244,27 @@ def optimizer_state_to(optimizer: torch.optim.Optimizer, device: str) -> None:
                 state[k] = v.to(device, non_blocking=True)
 
 
+def clip_and_step(
+    optimizer: torch.optim.Optimizer, max_norm: float, offload_device: str | None, failure: Callable[[float], str]
+) -> float:
+    """Clip the gradients of the optimizer's (sharded) parameters to a global norm of ``max_norm``, step and clear
+    them; returns the norm before clipping. A non-finite norm (every rank sees the same one, so every rank stops
+    together) clears the gradients and raises ``FloatingPointError(failure(norm))`` with the weights unchanged.
+    ``offload_device``: the optimizer state lives in host memory and moves there for the step (optimizer_offload)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # the sharded ones, as registered
+    gn = clip_grad_norm(params, max_norm)
+    if not math.isfinite(gn):
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(failure(gn))
+    if offload_device is not None:
+        optimizer_state_to(optimizer, offload_device)
+    optimizer.step()
+    if offload_device is not None:
+        optimizer_state_to(optimizer, "cpu")
+    optimizer.zero_grad(set_to_none=True)
+    return gn
+
+
 def warmup_steps(oc: Any, total_steps: int) -> int:
     """Warm-up steps of an optimizer config (``lr_warmup_steps``, else the ratio of the run's steps)."""
     return oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
@@ -459,24 +480,15 @@ class PolicyWorker:
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]  # the sharded ones, as registered
-        gn = clip_grad_norm(params, ac.grad_clip)
+        losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
+        gn = clip_and_step(
+            self.optimizer, ac.grad_clip, self.device if self.offload_optimizer else None,
+            lambda gn: f"non-finite gradient norm ({gn}) in the update"
+            + (f" (non-finite loss: {losses[0]})" if losses else "")
+            + "; the weights were not changed. Usual causes: a learning rate too high for this model, fp16 "
+            "overflow, a reward that was inf/NaN upstream",
+        )  # fmt: skip
         metrics.setdefault("actor/grad_norm", []).append(gn)
-        if not math.isfinite(gn):  # every rank sees the same global norm, so every rank stops here together
-            self.optimizer.zero_grad(set_to_none=True)
-            losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
-            raise FloatingPointError(
-                f"non-finite gradient norm ({gn}) in the update"
-                + (f" (non-finite loss: {losses[0]})" if losses else "")
-                + "; the weights were not changed. Usual causes: a learning rate too high for this model, fp16 "
-                "overflow, a reward that was inf/NaN upstream"
-            )
-        if self.offload_optimizer:
-            optimizer_state_to(self.optimizer, self.device)
-        self.optimizer.step()
-        if self.offload_optimizer:
-            optimizer_state_to(self.optimizer, "cpu")
-        self.optimizer.zero_grad(set_to_none=True)
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def save(self, folder: str) -> None:
