@@ -61,6 +61,53 @@ def _engine(name: str) -> Rule:
     )
 
 
+FSDP_GROUPS = ("*.fsdp_config", "critic.fsdp")
+"""Where verl keeps FSDP settings: each model's ``fsdp_config``, the critic's ``fsdp`` (verl 0.9.1)."""
+
+
+def _fsdp_notices(group: str) -> tuple[Rule, ...]:
+    """FSDP speed settings FSDP2 covers by itself, under ``group``."""
+    return (
+        notice(f"{group}.forward_prefetch", "FSDP2 prefetches by default"),
+        notice(f"{group}.use_orig_params", "FSDP2 always keeps the original parameters"),
+        notice(f"{group}.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
+        notice(f"{group}.seed", "model-side randomness uses trainer.seed"),
+    )
+
+
+def _fsdp_accepts(group: str) -> tuple[Rule, ...]:
+    """FSDP settings accepted at the value vlmrl behaves as, under ``group``."""
+    return (
+        accept(f"{group}.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
+        accept(f"{group}.strategy", ("fsdp", "fsdp2"), _MEGATRON),
+        accept(f"{group}.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
+        accept(f"{group}.full_determinism", (False,), "deterministic kernels"),
+    )
+
+
+def _trained_model(prefix: str) -> tuple[Rule, ...]:
+    """The loss-scale, checkpoint and optimizer keys of a trained model (the actor, the critic) under ``prefix``."""
+    return (
+        accept(f"{prefix}.loss_scale_factor", (None,), "a constant loss scale"),
+        accept(f"{prefix}.checkpoint.async_save", (False,), "asynchronous checkpoint saving"),
+        accept(
+            f"{prefix}.checkpoint.*_contents",
+            (["model", "optimizer", "extra"],),
+            "choosing checkpoint contents (vlmrl saves model, optimizer and extra state)",
+        ),
+        accept(f"{prefix}.optim.optimizer", ("AdamW", "adamw"), "other optimizers (vlmrl uses AdamW)"),
+        accept(f"{prefix}.optim.optimizer_impl", ("torch.optim",), "other optimizer implementations"),
+        accept(
+            f"{prefix}.optim.total_training_steps",
+            (-1,),
+            "a separate step count for the schedule (it follows trainer.total_training_steps)",
+        ),
+        accept(f"{prefix}.optim.num_cycles", (0.5,), "cosine schedules with other cycle counts"),
+        accept(f"{prefix}.optim.override_optimizer_config", (None, {}), "optimizer overrides"),
+        feature(f"{prefix}.optim.*", "Megatron optimizer settings"),
+    )
+
+
 # First match wins: specific patterns before general ones.
 RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------------------------------------- aliases
@@ -79,28 +126,19 @@ RULES: tuple[Rule, ...] = (
         alias(f"critic.model.fsdp_config.{k}", f"critic.fsdp.{k}", why="verl's older place of the critic's FSDP keys")
         for k in ("param_offload", "optimizer_offload")
     ),
-    alias(
-        "critic.fsdp.offload_policy",
-        "critic.fsdp.param_offload",
-        mapping={False: DROP, True: True},
-        why="FSDP2's CPUOffloadPolicy",
-    ),
     alias("reward.custom_reward_function.path", "custom_reward_function.path"),
     alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
     alias("trainer.max_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep"),
     alias("trainer.use_ray", "trainer.launcher", mapping={False: "inline", True: "auto"}, why="vlmrl's older key"),
-    alias(
-        "actor_rollout_ref.actor.fsdp_config.offload_policy",
-        "actor_rollout_ref.actor.fsdp_config.param_offload",
-        mapping={False: DROP, True: True},
-        why="FSDP2's CPUOffloadPolicy",
-    ),
-    alias(
-        "actor_rollout_ref.ref.fsdp_config.offload_policy",
-        "actor_rollout_ref.ref.fsdp_config.param_offload",
-        mapping={False: DROP, True: True},
-        why="FSDP2's CPUOffloadPolicy",
+    *(
+        alias(
+            f"{g}.offload_policy",
+            f"{g}.param_offload",
+            mapping={False: DROP, True: True},
+            why="FSDP2's CPUOffloadPolicy",
+        )  # fmt: skip
+        for g in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
     ),
     *(
         _engine(k)
@@ -127,10 +165,6 @@ RULES: tuple[Rule, ...] = (
     notice("critic.model.use_remove_padding", "vlmrl always trims padding per micro-batch"),
     notice("*.fsdp_config.grad_offload", "FSDP2 keeps gradients where the parameters are (param_offload)"),
     feature("critic.model.fsdp_config.*", "verl's older place of the critic's FSDP keys: set critic.fsdp.<key>"),
-    notice("critic.fsdp.forward_prefetch", "FSDP2 prefetches by default"),
-    notice("critic.fsdp.use_orig_params", "FSDP2 always keeps the original parameters"),
-    notice("critic.fsdp.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
-    notice("critic.fsdp.seed", "model-side randomness uses trainer.seed"),
     notice("critic.fsdp.forward_only", "the critic trains"),
     notice("critic.rollout_n", "a derived value: the samples per prompt are actor_rollout_ref.rollout.n"),
     notice("critic.data_loader_seed", "critic mini-batch shuffling (critic.shuffle) uses trainer.seed"),
@@ -141,10 +175,7 @@ RULES: tuple[Rule, ...] = (
     notice("critic.model.exclude_modules", "the critic has no LoRA (critic.model.lora_rank=0)"),
     notice("*.pad_to_length", "vlmrl trims padding per micro-batch"),
     notice("*.pad_to_length_bucket", "vlmrl trims padding per micro-batch"),
-    notice("*.fsdp_config.forward_prefetch", "FSDP2 prefetches by default"),
-    notice("*.fsdp_config.use_orig_params", "FSDP2 always keeps the original parameters"),
-    notice("*.fsdp_config.use_no_sync_for_gradient_accumulation", "FSDP2 reduce-scatters per micro-batch"),
-    notice("*.fsdp_config.seed", "model-side randomness uses trainer.seed"),
+    *(rule for group in FSDP_GROUPS for rule in _fsdp_notices(group)),
     notice("*.fsdp_config.forward_only", "the reference is forward-only, the actor is not"),
     notice("*.use_shm", "models and data load from disk"),
     notice("actor_rollout_ref.actor.calculate_entropy", "vlmrl always computes and logs entropy"),
@@ -215,27 +246,7 @@ RULES: tuple[Rule, ...] = (
     notice("critic.model.use_liger", "no Liger kernels in vlmrl (transformers' own modules run)"),
     accept("critic.model.tiled_mlp.enabled", (False,), "tiled MLP"),
     notice("critic.model.tiled_mlp.*", "tiled MLP is off"),
-    accept("critic.loss_scale_factor", (None,), "a constant loss scale"),
-    accept("critic.checkpoint.async_save", (False,), "asynchronous checkpoint saving"),
-    accept(
-        "critic.checkpoint.*_contents",
-        (["model", "optimizer", "extra"],),
-        "choosing checkpoint contents (vlmrl saves model, optimizer and extra state)",
-    ),
-    accept("critic.fsdp.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
-    accept("critic.fsdp.strategy", ("fsdp", "fsdp2"), _MEGATRON),
-    accept("critic.fsdp.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
-    accept("critic.fsdp.full_determinism", (False,), "deterministic kernels"),
-    accept("critic.optim.optimizer", ("AdamW", "adamw"), "other optimizers (vlmrl uses AdamW)"),
-    accept("critic.optim.optimizer_impl", ("torch.optim",), "other optimizer implementations"),
-    accept(
-        "critic.optim.total_training_steps",
-        (-1,),
-        "a separate step count for the schedule (it follows trainer.total_training_steps)",
-    ),
-    accept("critic.optim.num_cycles", (0.5,), "cosine schedules with other cycle counts"),
-    accept("critic.optim.override_optimizer_config", (None, {}), "optimizer overrides"),
-    feature("critic.optim.*", "Megatron optimizer settings"),
+    *_trained_model("critic"),
     feature(
         "critic.ppo_micro_batch_size",
         "the global micro-batch size (deprecated in verl): set critic.ppo_micro_batch_size_per_gpu",
@@ -259,11 +270,7 @@ RULES: tuple[Rule, ...] = (
     feature("actor_rollout_ref.model.lora.*", "Megatron LoRA settings (vlmrl: actor_rollout_ref.model.lora_rank)"),
     feature("*.turbo_config.*", "verl's turbo FSDP engine"),
     accept("*.ulysses_sequence_parallel_size", (1,), "Ulysses sequence parallelism"),
-    accept("*.fsdp_config.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
-    accept("*.fsdp_config.strategy", ("fsdp", "fsdp2"), _MEGATRON),
-    accept("*.fsdp_config.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
-    accept("*.fsdp_config.full_determinism", (False,), "deterministic kernels"),
-    accept("actor_rollout_ref.actor.loss_scale_factor", (None,), "a constant loss scale"),
+    *(rule for group in FSDP_GROUPS for rule in _fsdp_accepts(group)),
     accept("actor_rollout_ref.actor.calculate_sum_pi_squared", (False,), "the sum-of-pi-squared metric"),
     accept("actor_rollout_ref.actor.tau_pos", (1.0,), "SAPO's soft clipping"),
     accept("actor_rollout_ref.actor.tau_neg", (1.05,), "SAPO's soft clipping"),
@@ -273,23 +280,8 @@ RULES: tuple[Rule, ...] = (
     accept("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", (0.0002,), "the kl-cov policy loss"),
     accept("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", (0.1,), "the kl-cov policy loss"),
     accept("actor_rollout_ref.actor.policy_loss.dro_beta", (None,), "the DRO policy loss"),
-    accept("actor_rollout_ref.actor.checkpoint.async_save", (False,), "asynchronous checkpoint saving"),
     accept("actor_rollout_ref.actor.checkpoint.strict", (True,), "non-strict checkpoint loading"),
-    accept(
-        "actor_rollout_ref.actor.checkpoint.*_contents",
-        (["model", "optimizer", "extra"],),
-        "choosing checkpoint contents (vlmrl saves model, optimizer and extra state)",
-    ),
-    accept("actor_rollout_ref.actor.optim.optimizer", ("AdamW", "adamw"), "other optimizers (vlmrl uses AdamW)"),
-    accept("actor_rollout_ref.actor.optim.optimizer_impl", ("torch.optim",), "other optimizer implementations"),
-    accept(
-        "actor_rollout_ref.actor.optim.total_training_steps",
-        (-1,),
-        "a separate step count for the schedule (it follows trainer.total_training_steps)",
-    ),
-    accept("actor_rollout_ref.actor.optim.num_cycles", (0.5,), "cosine schedules with other cycle counts"),
-    accept("actor_rollout_ref.actor.optim.override_optimizer_config", (None, {}), "optimizer overrides"),
-    feature("actor_rollout_ref.actor.optim.*", "Megatron optimizer settings"),
+    *_trained_model("actor_rollout_ref.actor"),
     feature("actor_rollout_ref.*.rollout_n", "a derived value: set actor_rollout_ref.rollout.n"),
     feature(
         "actor_rollout_ref.actor.ppo_micro_batch_size",
