@@ -138,10 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = soak(a.steps, a, model, data)
     print(f"[bench_memory]   driver+workers growth {run['growth']['driver+workers'] * 100:+.2f} %", flush=True)
     res = {
-        "benchmark": "memory",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("memory"),
         "config": {
             "steps": a.steps,
             "prompts": prompts,

@@ -133,10 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs.append(one(algo, seed, steps, work, model, data))
             print(f"[bench_ppo] {runs[-1]}", flush=True)
     res = {
-        "benchmark": "ppo",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("ppo"),
         "seeds": seeds,
         "steps": steps,
         "runs": runs,

@@ -204,10 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         v, d = common.median(r["times_s"]["vllm_reload"]), common.median(r["times_s"]["direct"])
         print(f"[bench_push]   vLLM reload {v * 1000:.1f} ms, direct {d * 1000:.1f} ms ({d / v:.2f}x)", flush=True)
     res = {
-        "benchmark": "push",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("push"),
         "config": {"repeats": a.repeats, "threads": a.threads, "sizes": sizes},
         "results": results,
     }

@@ -235,10 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             flush=True,
         )
     res = {
-        "benchmark": "quickstart",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("quickstart"),
         "config": {
             "runs": runs_n,
             "script": SCRIPT,

@@ -250,10 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         results[shape] = {"spec": SHAPES[shape], "model": str(model), "runs": runs}
         results[shape].update({e: summarise(rs) for e, rs in runs.items()})
     res = {
-        "benchmark": "rollout",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("rollout"),
         "config": {
             "rounds": a.rounds,
             "repeats": a.repeats,

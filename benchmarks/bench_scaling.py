@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ims.append({"label": f"{s}x{s}", "x": tokens, "image_size": s, **r})
         print(f"[bench_scaling]   {r['step_s']:.3f} s/step", flush=True)
     res = {
-        "benchmark": "scaling",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("scaling"),
         "config": {"steps": a.steps, "warmup": a.warmup, "max_tokens": a.max_tokens, "n": 8},
         "prompts_sweep": ps,
         "prompts_fit": linear_fit([q["x"] for q in ps], [q["step_s"] for q in ps]),

@@ -230,10 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for part in PARTS:
         summary[f"parts_s/{part[0]}"] = common.spread([r["parts_s"].get(part[0]) for r in runs])
     res = {
-        "benchmark": "suite",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("suite"),
         "commit": commit,
         "dirty": dirty,
         "config": {

@@ -270,10 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
     model = next((r["model"] for r in runs["tools"] if r["model"]), None)
     res = {
-        "benchmark": "tool_zoom",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": common.versions(),
+        **common.result_head("tool_zoom"),
         "config": {"runs": n, "script": SCRIPT, "smoke": a.quick, "retries": a.retries, "bin_steps": BIN},
         "runs": runs,
         "summary": {v: summarise(rs) for v, rs in runs.items()},

@@ -458,10 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         learning["vlmrl"]["startup_s"] = startup_s(vr["log"]) or float("nan")
         learning["vlmrl"]["foreign_cpu_frac"] = vr["foreign_cpu_frac"]
     res = {
-        "benchmark": "trl",
-        "date": common.now(),
-        "machine": common.machine(),
-        "versions": {**common.versions(), "trl": trl_version},
+        **common.result_head("trl", trl=trl_version),
         "config": {
             "rounds": a.rounds,
             "steps": a.steps,

@@ -561,6 +561,12 @@ def _count_lines(path: Path) -> int:
 # ------------------------------------------------------------------------------------------------ output
 
 
+def result_head(name: str, **more_versions: str) -> dict[str, Any]:
+    """The fields every results file starts with: the benchmark's name, the date, the machine and the versions (plus
+    ``more_versions``, e.g. a compared library's)."""
+    return {"benchmark": name, "date": now(), "machine": machine(), "versions": {**versions(), **more_versions}}
+
+
 def write_result(name: str, result: dict[str, Any]) -> Path:
     """Write ``benchmarks/results/<name>.json`` (atomically) and return its path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
