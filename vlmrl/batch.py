@@ -268,11 +268,9 @@ class TrainShard:
     """Samples per optimizer step on this worker."""
     samples: list[int] = field(default_factory=list)
     """The step's index of each sample, in order."""
-    prepared: bool = False
-    """The worker computed this shard's log-probs and values before (``WorkerGroup.prepare``) and kept its inputs:
-    the update uses them."""
     token_advantages: torch.Tensor | None = None
-    """[b, R] per-token advantages (PPO with a critic or the in-reward KL), rows in order."""
+    """[b, R] per-token advantages (PPO with a critic or the in-reward KL), rows in order. Such a shard was prepared
+    (``WorkerGroup.prepare``): the worker kept its inputs, log-probs and values, and the update uses them."""
     returns: torch.Tensor | None = None
     """[b, R] the critic's value targets (None: no critic update)."""
     critic_mini_batch_samples: int = 0

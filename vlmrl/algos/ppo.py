@@ -26,13 +26,11 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """(x - mean) / sqrt(var + 1e-8) over the masked positions, the variance unbiased (Bessel's correction), as verl
     whitens advantages; ``shift_mean=False`` adds the mean back."""
-    mask = mask.to(x.dtype)
-    mean = masked_mean(x, mask)
-    n = mask.sum()
-    var = ((x - mean) ** 2 * mask).sum() / mask.sum().clamp(min=1e-8)
+    n = mask.to(x.dtype).sum()
     if float(n) < 2:
         raise ValueError(f"whitening needs at least 2 response tokens, got {int(n)}")
-    var = var * n / (n - 1)
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask) * n / (n - 1)
     out = (x - mean) * torch.rsqrt(var + 1e-8)
     return out if shift_mean else out + mean
 
@@ -82,7 +80,7 @@ def value_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss: 0.5 * aggregate(max((v - R)^2, (clip(v, v_old +- c) - R)^2)) and the fraction of
     tokens where the clipped term is the larger (``critic/vf_clipfrac``)."""
-    clipped = torch.max(torch.min(vpreds, old_values + cliprange_value), old_values - cliprange_value)
+    clipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)
     l1 = (vpreds - returns) ** 2
     l2 = (clipped - returns) ** 2
     loss = 0.5 * aggregate(torch.max(l1, l2), mask, agg, **agg_kwargs)
@@ -167,8 +165,9 @@ def token_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B, R] rewards with each sample's score on its last response token (the last position of its response,
     tool turns included: where verl places it) and 0 elsewhere."""
     out = torch.zeros(mask.shape, dtype=scores.dtype)
-    present = mask.any(dim=1) if mask.dtype == torch.bool else mask.sum(dim=1) > 0
-    last = mask.shape[1] - 1 - torch.flip(mask.to(torch.int64), dims=[1]).argmax(dim=1)
+    generated = mask != 0
+    present = generated.any(dim=1)
+    last = mask.shape[1] - 1 - torch.flip(generated.to(torch.int64), dims=[1]).argmax(dim=1)
     rows = torch.arange(mask.shape[0])
     out[rows[present], last[present]] = scores[present]
     return out

@@ -151,7 +151,6 @@ def attach_token_targets(
     shard's response width)."""
     for shard, p in zip(shards, prepared):
         rows, width = torch.tensor(shard.samples), p.response_mask.shape[1]
-        shard.prepared = True
         shard.token_advantages = advantages[rows, :width].contiguous()
         shard.returns = returns[rows, :width].contiguous() if returns is not None else None
         shard.critic_mini_batch_samples = critic_mini_batch_samples

@@ -275,17 +275,17 @@ class HybridWorker:
 
     def update(self, shard: TrainShard) -> dict[str, float]:
         """Update on exactly the samples ``shard`` names: the critic towards ``shard.returns`` (when given), then the
-        policy (unless ``shard.update_actor`` is False: trainer.critic_warmup). A ``prepared`` shard uses the inputs
-        and log-probs ``prepare`` kept."""
+        policy (unless ``shard.update_actor`` is False: trainer.critic_warmup). A shard with per-token advantages was
+        prepared: it uses the inputs and log-probs ``prepare`` kept."""
         given = values = None
-        if shard.prepared:
+        if shard.token_advantages is not None:  # a prepared shard
             if self._prepared is None:
                 raise RuntimeError(f"worker {self.rank}: an update of a prepared shard that was not prepared here")
             (x, given, values, metrics), self._prepared = self._prepared, None
+            adv = shard.token_advantages
         else:
             x, metrics = self._shard_inputs(shard)
-        adv = shard.token_advantages if shard.token_advantages is not None else torch.tensor(
-            shard.advantages, dtype=torch.float32)  # fmt: skip
+            adv = torch.tensor(shard.advantages, dtype=torch.float32)
         if adv.shape[0] != x.batch_size:
             raise ValueError(f"worker {self.rank}: {adv.shape[0]} advantages for {x.batch_size} samples")
         if self.critic is not None and shard.returns is not None:
