@@ -14,7 +14,8 @@ from runs import base_args, make_colour_data, metrics, run_to_end
 
 def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_model_dir: str, tmp_path: Path) -> None:
     """A policy checkpoint gets a new head (normal(0, initializer_range), zero bias); a folder holding
-    ``score.weight`` / ``score.bias`` (verl's token-classification critic, vlmrl's export) loads that head."""
+    ``score.weight`` / ``score.bias`` (verl's token-classification critic, vlmrl's export) or TRL's
+    ``v_head.summary.*`` loads that head."""
     from safetensors.torch import load_file, save_file
 
     from vlmrl.models.value_head import add_value_head, export_names, saved_value_head
@@ -40,6 +41,11 @@ def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_m
     again = load_model(str(folder), "cpu")
     assert add_value_head(again, str(folder)) == "score.weight"
     assert torch.equal(again.lm_head.weight, model.lm_head.weight) and float(again.lm_head.bias) == pytest.approx(0.5)
+    # TRL's value-head models keep it as v_head.summary.*
+    save_file({**base, "v_head.summary.weight": state["score.weight"] * 2, "v_head.summary.bias": torch.ones(1)},
+              str(folder / "model.safetensors"))  # fmt: skip
+    head, name = saved_value_head(str(folder))
+    assert name == "v_head.summary.weight" and torch.equal(head["weight"], state["score.weight"] * 2)
 
 
 def test_values_from_the_shared_prompt_forward_equal_the_full_sequence(tiny_model_dir: str, tiny_processor) -> None:
