@@ -45,6 +45,7 @@ COMMANDS = {
     "push.json": "python benchmarks/bench_push.py",
     "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
     "ppo.json": "python benchmarks/bench_ppo.py",
+    "gpu.json": "bash benchmarks/gpu_check.sh",
 }
 """The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
 MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
@@ -203,7 +204,7 @@ def _video_ratio(data: dict[str, Any]) -> float:
 
 F = Figure
 QS, TZ, SU, VI, PU = "quickstart.json", "tool_zoom.json", "suite.json", "video.json", "push.json"
-PP = "ppo.json"
+PP, GP = "ppo.json", "gpu.json"
 
 
 def _per(algo: str, key: str) -> Field:
@@ -252,6 +253,8 @@ FIGURES: list[Figure] = [
       "the reward curve and the report {v}. It prints", ".0f", " s", "spread"),
     F(QS, at("runs", 0, "model_file_bytes"), "small min/max pixels: {v} of files", ".1f", " MB", scale=1e-6),
     # ---- PPO with a critic vs GRPO: benchmarks/bench_ppo.py
+    F(GP, at("algos", "grpo", "step_s"), "the Qwen2.5-VL-3B shape took {v} s a step with the HF rollout", ".1f"),
+    F(GP, at("algos", "grpo", "peak_memory_allocated_gb"), "HF rollout, peak {v} GiB allocated", ".1f"),
     F(PP, at("machine", "cpu_count"), "the quick start's task and recipe on {v} CPU cores, GRPO and PPO", "d"),
     F(PP, at("seeds", 0), "alternating, seeds {v} and {*}, {*} steps each", "d"),
     F(PP, at("seeds", 1), "alternating, seeds {*} and {v}, {*} steps each", "d"),
