@@ -1,23 +1,28 @@
-"""vlmrl.algos.core on hand-computed examples: advantage estimators, PPO loss, loss aggregation, KL, registries."""
+"""vlmrl.algos on hand-computed examples: advantage estimators, the PPO loss (``losses.vanilla``), loss aggregation,
+KL, registries."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from vlmrl.algos import core
-from vlmrl.algos.core import (
-    PolicyLossOut,
-    aggregate,
-    compute_advantages,
-    get_advantage_fn,
-    get_policy_loss,
-    kl_penalty,
-    ppo_loss,
-)
+from vlmrl.algos.core import aggregate, compute_advantages, get_advantage_fn, kl_penalty
+from vlmrl.algos.losses import LossConfig, get_policy_loss, vanilla
+
+
+def ppo_loss(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean", **batch_info):
+    """``losses.vanilla`` called as the policy worker calls it: (loss, clip fraction, approx KL)."""
+    cfg = LossConfig(clip_ratio=clip_low, clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=clip_c,
+                     global_batch_info=batch_info)  # fmt: skip
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1).expand_as(logp)
+    loss, m = vanilla(old, logp, adv, mask, agg, cfg)
+    return SimpleNamespace(loss=loss, clip_frac=m["actor/pg_clipfrac"], approx_kl=m["actor/ppo_kl"])
 
 
 def T(*values: float | list[float]) -> torch.Tensor:
@@ -109,7 +114,7 @@ def test_all_equal_scores_give_zero_advantage(name: str, norm_by_std: bool):
 LOW, HIGH = 0.2, 0.28  # DAPO clip-higher: ratio range [0.8, 1.28]
 
 
-def one_token(ratio: float, adv: float, **kw: float) -> PolicyLossOut:
+def one_token(ratio: float, adv: float, **kw: float) -> SimpleNamespace:
     """ppo_loss on a single token whose new/old probability ratio is ``ratio``."""
     old = T([-1.0])
     logp = old + math.log(ratio)
@@ -135,7 +140,7 @@ def one_token(ratio: float, adv: float, **kw: float) -> PolicyLossOut:
         (5.0, -2.0, dict(clip_low=LOW, clip_high=HIGH, clip_c=3.0), 6.0, 0.0),  # min(10, 6)
         (2.0, -1.0, dict(clip_low=LOW, clip_high=HIGH, clip_c=3.0), 2.0, 0.0),  # 2 < 3: untouched
         (5.0, -1.0, dict(clip_low=LOW, clip_high=HIGH, clip_c=10.0), 5.0, 0.0),  # 5 < 10: untouched
-        (5.0, -1.0, dict(clip_low=LOW, clip_high=HIGH, clip_c=0.0), 5.0, 0.0),  # clip_c <= 1 disables it
+        (5.0, -1.0, dict(clip_low=LOW, clip_high=HIGH, clip_c=0.0), 5.0, 0.0),  # clip_c = 0 disables it
     ],
 )
 def test_ppo_token_loss_and_clip(ratio: float, adv: float, kw: dict, loss: float, clipped: float):
@@ -175,8 +180,9 @@ def test_ppo_token_level_advantages():
         # per-token loss -A with ratio 1: row 0 (A=+1, 3 tokens) -1 each, row 1 (A=-1, 1 token) +1
         ("token-mean", {}, (-3 + 1) / 4),
         ("seq-mean-token-mean", {}, (-1 + 1) / 2),
-        ("seq-mean-token-sum-norm", dict(max_len=4), (-3 / 4 + 1 / 4) / 2),
-        ("token-mean", dict(global_tokens=8.0), (-3 + 1) / 8),
+        ("seq-mean-token-sum-norm", dict(loss_scale_factor=4), (-3 / 4 + 1 / 4) / 2),
+        ("token-mean", dict(batch_num_tokens=8.0), (-3 + 1) / 8),
+        ("token-mean", dict(dp_size=2, batch_num_tokens=8.0), 2 * (-3 + 1) / 8),  # a share of 2 ranks' batch
     ],
 )
 def test_ppo_loss_passes_the_aggregation_through(agg: str, kw: dict, expected: float):
@@ -349,44 +355,33 @@ def test_registered_estimator_by_name():
 
 
 def test_user_policy_loss_from_file(tmp_path: Path):
-    # plain REINFORCE (-A * logp, token-mean), called with the keyword arguments the policy worker passes
+    # plain REINFORCE (-A * logp), written as for verl: its signature, config.global_batch_info into agg_loss
     f = write(
         tmp_path / "my_loss.py",
-        "from vlmrl.algos.core import PolicyLossOut, aggregate\n"
-        "def reinforce(logp, old_logp, adv, mask, *, clip_low, clip_high, clip_c, agg, **agg_kw):\n"
-        "    loss = aggregate(-adv.unsqueeze(-1) * logp, mask, agg, **agg_kw)\n"
-        "    zero = loss.detach() * 0\n"
-        "    return PolicyLossOut(loss, zero, zero)\n",
+        "from vlmrl.algos.losses import agg_loss\n"
+        "def reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode='token-mean', config=None,\n"
+        "              rollout_is_weights=None):\n"
+        "    loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode, **config.global_batch_info)\n"
+        "    return loss, {'actor/my_metric': 1.0}\n",
     )
     fn = get_policy_loss(f"{f}:reinforce")
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -4.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1], [1, 0]])
-    out = fn(
-        logp,
-        logp.detach(),
-        T(1.0, -2.0),
-        mask,
-        clip_low=0.2,
-        clip_high=0.28,
-        clip_c=3.0,
-        agg="token-mean",
-        global_tokens=3.0,
-        global_seqs=2.0,
-        max_len=2,
-    )
-    assert isinstance(out, PolicyLossOut)
-    close(out.loss, (1.0 + 2.0 - 1.0) / 3)  # -1*-1 + -1*-2 + 2*-0.5 (the padded -4 is masked)
+    cfg = LossConfig(global_batch_info=dict(dp_size=1, batch_num_tokens=3.0, global_batch_size=2.0))
+    loss, metrics = fn(logp.detach(), logp, T([1.0, 1.0], [-2.0, -2.0]), mask, "token-mean", cfg, None)
+    close(loss, (1.0 + 2.0 - 1.0) / 3)  # -1*-1 + -1*-2 + 2*-0.5 (the padded -4 is masked)
+    assert metrics == {"actor/my_metric": 1.0}
 
 
 def test_builtin_policy_loss_by_name():
-    assert get_policy_loss("ppo") is ppo_loss
+    assert get_policy_loss("ppo") is vanilla  # vlmrl's older name of verl's "vanilla"
 
 
 def test_unknown_names_list_the_choices():
     choices = r"'dr_grpo', 'gae', 'grpo', 'reinforce_plus_plus', 'rloo'"
     with pytest.raises(ValueError, match=r"adv_estimator='gpro'.*" + choices):
         get_advantage_fn("gpro")
-    with pytest.raises(ValueError, match=r"policy_loss='ppo2'.*\['ppo'\]"):
+    with pytest.raises(ValueError, match=r"loss_mode='ppo2'.*'cispo'.*'vanilla'"):
         get_policy_loss("ppo2")
 
 

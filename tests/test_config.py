@@ -218,7 +218,7 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("global_profiler.tool=torch_memory", "verl's profiler"),
         ("actor_rollout_ref.model.enable_activation_offload=True", "activation offloading"),
         ("actor_rollout_ref.rollout.do_sample=False", "greedy training rollouts"),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "vlmrl implements only 'vanilla' | 'ppo'"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode", "needs verl's rollout correction"),
     ],
 )
 def test_unsupported_option_is_rejected_with_the_reason(tmp_path: Path, override: str, reason: str) -> None:
@@ -539,3 +539,18 @@ def test_a_config_dir_whose_name_holds_hydra_syntax_is_searched(tmp_path: Path) 
     assert got.raw is not None and not got.problems, got.problems
     got = compose([f"--config-dir={folder}", "--config-name=mine", *need])
     assert got.raw is not None and got.cfg.data.max_prompt_length == 333, got.problems
+
+
+def test_policy_loss_by_its_older_key_and_by_verls(tmp_path: Path) -> None:
+    """``actor.policy_loss=NAME`` (vlmrl's older key, the README says it still works) and verl's
+    ``actor.policy_loss.loss_mode=NAME`` compose to the same loss; a dict given to the group is not rewritten."""
+    a = "actor_rollout_ref.actor.policy_loss"
+    old = load(geo3k_launch_line(tmp_path) + [f"{a}=gspo"])
+    new = load(geo3k_launch_line(tmp_path) + [f"{a}.loss_mode=gspo"])
+    assert old.actor_rollout_ref.actor.policy_loss == new.actor_rollout_ref.actor.policy_loss
+    assert new.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
+    whole = load(geo3k_launch_line(tmp_path) + [f"{a}={{loss_mode: dro, dro_beta: 0.1}}"])
+    assert (
+        whole.actor_rollout_ref.actor.policy_loss.loss_mode,
+        whole.actor_rollout_ref.actor.policy_loss.dro_beta,
+    ) == ("dro", 0.1)

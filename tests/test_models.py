@@ -193,7 +193,7 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
     per-token log-probs, PPO + entropy loss and parameter gradients (fp32, <= 1e-5), on prompts with one image, two
     images and none. transformers keeps no KV cache under checkpointing, so the shared-prompt forward must step aside
     (it crashed at step 1 before: ``'NoneType' object has no attribute 'batch_select_indices'``)."""
-    from vlmrl.algos.core import aggregate, get_policy_loss
+    from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
 
     torch.manual_seed(3)
     models = {}
@@ -221,15 +221,15 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
     x = build_inputs(prompts, rb, process_images(tiny_processor, prompts), tiny_processor.tokenizer.pad_token_id)
     adv = torch.linspace(-1.0, 1.0, x.batch_size)
-    loss_fn = get_policy_loss("ppo")
+    loss_fn = get_policy_loss("vanilla")
     out = {}
     for ckpt, model in models.items():
         assert forward.checkpointing_in_training(model) is ckpt
         lp, ent, extra = response_logprobs(model, x, ids, with_entropy=True)
         mask = x.response_mask
         old = lp.detach() - 0.05 * mask  # ratios off 1, so the clipped branch is exercised too
-        res = loss_fn(lp, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean")
-        loss = res.loss - 0.01 * aggregate(ent, mask, "token-mean")
+        pg, _ = loss_fn(old, lp, adv[:, None].expand_as(lp), mask, "token-mean", LossConfig())
+        loss = pg - 0.01 * agg_loss(ent, mask, "token-mean")
         (loss + extra).backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         out[ckpt] = ((lp.detach() * mask), float(loss), grads)

@@ -171,7 +171,7 @@ BUSY = """
 import os, time
 from pathlib import Path
 
-from vlmrl.algos.core import ppo_loss
+from vlmrl.algos.losses import vanilla
 
 
 def _hold(kind):
@@ -180,9 +180,9 @@ def _hold(kind):
         time.sleep(600)
 
 
-def slow_loss(logp, old_logp, adv, mask, **kw):
+def slow_loss(*args, **kw):
     _hold("update")
-    return ppo_loss(logp, old_logp, adv, mask, **kw)
+    return vanilla(*args, **kw)
 
 
 def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
@@ -213,7 +213,7 @@ def test_every_worker_process_ends_with_the_driver(tiny_model_dir, colour_data, 
     run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=500", "data.val_files=null",
                         "reward.num_workers=2", "reward.timeout_s=900", f"custom_reward_function.path={code}",
                         "custom_reward_function.name=slow_reward",
-                        f"actor_rollout_ref.actor.policy_loss={code}:slow_loss"), ENV)  # fmt: skip
+                        f"actor_rollout_ref.actor.policy_loss.loss_mode={code}:slow_loss"), ENV)  # fmt: skip
     try:
         wait_for_step(run, out, 2, timeout=600)
         family = run.descendants()

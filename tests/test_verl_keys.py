@@ -108,7 +108,6 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
         ("actor_rollout_ref.rollout.max_num_seqs=64", ALIAS,
          "++actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=64"),
         ("reward.custom_reward_function.path=r.py", ALIAS, "++custom_reward_function.path=r.py"),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", ALIAS, "++actor_rollout_ref.actor.policy_loss='ppo'"),
         ("actor_rollout_ref.rollout.multi_stage_wake_up=True", FEATURE, "multi-stage wake-up (an SGLang feature)"),
         ("+actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", FEATURE, "Megatron-LM"),
         ("global_profiler.save_path=./mem", FEATURE, "verl's profiler"),

@@ -340,6 +340,10 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
              else "")) if alg.use_kl_in_reward else "no in-reward KL"  # fmt: skip
     gae = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if alg.adv_estimator == "gae" else ""
     rep.plan.append(f"algorithm: {alg.adv_estimator}{gae}, {kl}")
+    act = cfg.actor_rollout_ref.actor
+    low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
+    high = act.clip_ratio_high if act.clip_ratio_high is not None else act.clip_ratio
+    rep.plan.append(f"policy loss: {act.policy_loss.loss_mode} ({act.loss_agg_mode}, clip {low:g} / {high:g})")
     crit = critic_plan(cfg)
     if crit is not None:
         head = "from the actor's checkpoint" if crit.path == cfg.actor_rollout_ref.model.path else crit.path

@@ -1,13 +1,12 @@
-"""Advantage estimators, policy losses, KL estimators and loss aggregation.
+"""Advantage estimators, KL estimators and vlmrl's loss aggregation (the policy losses: ``vlmrl.algos.losses``).
 
-Estimators and policy losses live in registries; users add their own from a file the way they add rewards:
+Estimators live in a registry; users add their own from a file the way they add rewards:
 ``algorithm.adv_estimator=path/to/my_algo.py:my_estimator`` (same signature as the built-ins).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -139,71 +138,6 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":
         return ((loss * mask).sum(-1) / float(max_len or loss.shape[-1])).sum() / n_seqs
     raise ValueError(f"actor.loss_agg_mode={mode!r}: use token-mean | seq-mean-token-mean | seq-mean-token-sum-norm")
-
-
-@dataclass
-class PolicyLossOut:
-    """A policy loss and its diagnostics."""
-
-    loss: torch.Tensor
-    clip_frac: torch.Tensor
-    approx_kl: torch.Tensor
-
-
-PolicyLossFn = Callable[..., PolicyLossOut]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: add a policy loss ``fn(logp, old_logp, adv, mask, *, clip_low, clip_high, clip_c, agg, **agg_kw)``."""
-
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
-
-
-@register_policy_loss("ppo")
-def ppo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float = 3.0,
-    agg: str = "token-mean",
-    **agg_kwargs: float | int | None,
-) -> PolicyLossOut:
-    """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual clip for negative advantages.
-
-    ``adv`` is [B] (sequence level) or [B, T]."""
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(-1).expand_as(logp)
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = log_ratio.exp()
-    l1 = -adv * ratio
-    l2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    clipped = torch.maximum(l1, l2)
-    if clip_c and clip_c > 1.0:
-        dual = torch.minimum(clipped, -adv * clip_c)
-        clipped = torch.where(adv < 0, dual, clipped)
-    m = mask.to(logp.dtype)
-    with torch.no_grad():
-        clip_frac = ((l2 > l1).to(logp.dtype) * m).sum() / m.sum().clamp(min=1.0)
-        approx_kl = (-log_ratio * m).sum() / m.sum().clamp(min=1.0)
-    return PolicyLossOut(aggregate(clipped, mask, agg, **agg_kwargs), clip_frac, approx_kl)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """A registered policy loss, or ``path.py:fn``."""
-    if name in POLICY_LOSSES:
-        return POLICY_LOSSES[name]
-    if ":" in name:
-        return load_callable(name, what="actor.policy_loss")
-    raise ValueError(f"actor.policy_loss={name!r}: unknown; choose one of {sorted(POLICY_LOSSES)} or path/file.py:fn")
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:

@@ -35,7 +35,8 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 def check_values(cfg: VLMRLConfig) -> list[str]:
     """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
     owner-only permissions are part of the setting); every one says how to fix it."""
-    from vlmrl.algos.core import TOKEN_ESTIMATORS, get_advantage_fn, get_policy_loss
+    from vlmrl.algos.core import TOKEN_ESTIMATORS, get_advantage_fn
+    from vlmrl.algos.losses import get_policy_loss
 
     p: list[str] = []
     arr, data, tr, alg = cfg.actor_rollout_ref, cfg.data, cfg.trainer, cfg.algorithm
@@ -100,9 +101,15 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
         p.append(f"algorithm.adv_estimator: {e}")
     try:
-        get_policy_loss(actor.policy_loss)
+        get_policy_loss(actor.policy_loss.loss_mode)
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
-        p.append(f"actor_rollout_ref.actor.policy_loss: {e}")
+        p.append(f"actor_rollout_ref.actor.policy_loss.loss_mode: {e}")
+    if actor.policy_loss.loss_mode == "dro" and not (actor.policy_loss.dro_beta or 0) > 0:
+        p.append("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs actor_rollout_ref.actor.policy_loss.dro_beta "
+                 "> 0 (the weight of its quadratic log-ratio penalty).")  # fmt: skip
+    if 0.0 < actor.clip_ratio_c <= 1.0 and actor.policy_loss.loss_mode in ("vanilla", "ppo"):
+        p.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
+                 "(verl's default 3.0), or 0 for no dual clip.")  # fmt: skip
     if alg.adv_estimator in GROUP_ESTIMATORS and ro.n < 2:
         p.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "

@@ -55,6 +55,10 @@ def nearest_key(key: str) -> str | None:
     return same_section[hit[0]] if hit else None
 
 
+SCALAR_FOR_GROUP = {"actor_rollout_ref.actor.policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode"}
+"""vlmrl keys that once took a scalar and are now groups, and the group key a scalar given to them means."""
+
+
 def _is_schema_key(key: str) -> bool:
     valid = _leaf_keys(VLMRLConfig, "")
     return key in valid or any(v.startswith(key + ".") for v in valid)  # a group given a whole dict is fine too
@@ -78,6 +82,9 @@ def translate(overrides: list[str]) -> Translated:
         prefix, key, rest = m.group(1) or "", m.group(2).strip(), m.group(3) or ""
         if names_hydra(key):
             out.problems.append(f"'{ov}': {NO_EFFECT}.")
+        elif key in SCALAR_FOR_GROUP and prefix != "~" and not rest.lstrip("=").lstrip().startswith("{"):
+            # an older key that became a group: its value goes to the group's key that took its place
+            out.overrides.append(f"++{SCALAR_FOR_GROUP[key]}{rest}")
         elif _open_dict(key) or _is_schema_key(key):
             out.overrides.append(ov if prefix == "~" else f"++{key}{rest}")
         elif (rule := verl.rule_for(key)) is not None:

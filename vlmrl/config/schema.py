@@ -16,6 +16,9 @@ from omegaconf import MISSING
 from vlmrl.config.critic import CriticConfig, KLCtrlConfig
 from vlmrl.config.schema_parts import FSDPConfig, OptimConfig, WrapPolicyConfig  # noqa: F401 (re-exported)
 
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
+
 # ----------------------------------------------------------------------------------------------------------- data
 
 
@@ -107,6 +110,28 @@ class ModelConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """``actor_rollout_ref.actor.policy_loss``: which policy loss, and the settings of the ones that have any (verl's
+    keys and defaults)."""
+
+    loss_mode: str = "vanilla"
+    """vanilla (PPO clip + dual clip; also spelled ppo) | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | dro |
+    cispo | dppo_tv | dppo_kl (``vlmrl.algos.losses``), a name a user's file registers, or ``path/to/file.py:fn``."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of the tokens whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the covariance of the tokens it may cut."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of that covariance."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of the tokens that get the KL penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: coefficient of that penalty."""
+    dro_beta: float | None = None
+    """dro: the quadratic log-ratio penalty (required, > 0)."""
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "fsdp2"
     """Training backend: fsdp | fsdp2 (both mean PyTorch FSDP2 in vlmrl); megatron is rejected."""
@@ -133,9 +158,13 @@ class ActorConfig:
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (> 1; 0 disables)."""
     loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
-    policy_loss: str = "ppo"
-    """Policy loss by registry name, or ``path/to/file.py:fn``."""
+    """token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (verl's)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """The policy loss (``policy_loss.loss_mode``) and its settings."""
+    tau_pos: float = 1.0
+    """SAPO: the gate's temperature for positive advantages."""
+    tau_neg: float = 1.05
+    """SAPO: the gate's temperature for negative advantages."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient (entropy is always logged)."""
     use_kl_loss: bool = False
@@ -451,7 +480,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.actor.strategy": ("fsdp", "fsdp2"),
     "actor_rollout_ref.ref.strategy": ("fsdp", "fsdp2"),
-    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "actor_rollout_ref.actor.loss_agg_mode": AGG_MODES,
     "actor_rollout_ref.actor.kl_loss_type": ("kl", "k1", "k2", "mse", "low_var_kl", "k3", "abs"),
     "algorithm.kl_penalty": ("kl", "k1", "k2", "mse", "low_var_kl", "k3", "abs"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from vlmrl import rng
-from vlmrl.algos.core import aggregate, get_policy_loss, kl_penalty
+from vlmrl.algos.core import kl_penalty
+from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
 from vlmrl.models import qwen_vl
@@ -326,7 +327,8 @@ class PolicyWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
         )
-        self.policy_loss = get_policy_loss(arr.actor.policy_loss)
+        self.policy_loss = get_policy_loss(arr.actor.policy_loss.loss_mode)
+        self.loss_config = LossConfig.from_actor(arr.actor)
         self.temperature = max(arr.rollout.temperature, 1e-6)
         # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
         # it there already (CPUOffloadPolicy); on a CPU device it is host memory anyway.
@@ -427,11 +429,12 @@ class PolicyWorker:
     ) -> None:
         ac = self.actor_cfg
         mini = x.select(rows)
-        # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch
+        # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch (agg_loss
+        # divides by them and multiplies by the ranks, whose gradients FSDP averages)
         g_tokens, g_seqs = self._global_sums(float(mini.response_mask.sum()), float(mini.batch_size))
-        agg_kw = dict(global_tokens=g_tokens, global_seqs=g_seqs, max_len=self.max_response_length)
-        clip_low = ac.clip_ratio_low if ac.clip_ratio_low is not None else ac.clip_ratio
-        clip_high = ac.clip_ratio_high if ac.clip_ratio_high is not None else ac.clip_ratio
+        cfg = self.loss_config
+        cfg.global_batch_info = dict(dp_size=self.world, batch_num_tokens=g_tokens, global_batch_size=g_seqs,
+                                     loss_scale_factor=self.max_response_length)  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         # diagnostics of the whole mini-batch on this rank, whatever its split: sums, then one value each
         tokens = max(float(mini.response_mask.sum()), 1.0)
@@ -449,34 +452,27 @@ class PolicyWorker:
             R = lp.shape[1]
             old_lp = lp.detach() if old is None else old[idx, :R].to(lp.device)
             adv = (advantages[idx] if advantages.dim() == 1 else advantages[idx, :R]).to(lp.device)
-            out = self.policy_loss(
-                lp,
-                old_lp,
-                adv,
-                mask,
-                clip_low=clip_low,
-                clip_high=clip_high,
-                clip_c=ac.clip_ratio_c,
-                agg=ac.loss_agg_mode,
-                **agg_kw,
-            )
-            loss = out.loss
+            if adv.dim() == 1:
+                adv = adv.unsqueeze(-1).expand_as(lp)
+            loss, pg_metrics = self.policy_loss(
+                old_log_prob=old_lp, log_prob=lp, advantages=adv, response_mask=mask,
+                loss_agg_mode=ac.loss_agg_mode, config=cfg, rollout_is_weights=None,
+            )  # fmt: skip
+            pg_loss = loss
             if mb.rollout_logprobs is not None and self.temperature == 1.0:
                 # engine vs trainer log-probs of the same tokens: drifts when a weight push or M-RoPE input is wrong
                 gap = (lp.detach() - mb.rollout_logprobs.to(lp.device)).abs()
                 add("rollout/logprob_diff", float((gap * m).sum()))
             if ac.entropy_coeff:
-                loss = loss - ac.entropy_coeff * aggregate(ent, mask, ac.loss_agg_mode, **agg_kw)
+                loss = loss - ac.entropy_coeff * agg_loss(ent, mask, ac.loss_agg_mode, **cfg.global_batch_info)
             if ref is not None:
                 kl = kl_penalty(lp, ref[idx, :R].to(lp.device), ac.kl_loss_type)
-                kl_loss = aggregate(kl, mask, ac.loss_agg_mode, **agg_kw)
-                loss = loss + ac.kl_loss_coef * kl_loss
+                loss = loss + ac.kl_loss_coef * agg_loss(kl, mask, ac.loss_agg_mode, **cfg.global_batch_info)
                 add("actor/kl_loss", float((kl.detach() * m).sum()))
-            # FSDP averages gradients over ranks; the global denominators above already did: undo the average
-            (loss * self.world + extra).backward()
-            add("actor/pg_loss", float(out.loss.detach()) * self.world)  # the micro-batch's part of the loss
-            add("actor/pg_clipfrac", float(out.clip_frac) * n_tok)
-            add("actor/ppo_kl", float(out.approx_kl) * n_tok)
+            (loss + extra).backward()
+            add("actor/pg_loss", float(pg_loss.detach()))  # the micro-batch's part of the loss (x ranks)
+            for name, value in pg_metrics.items():  # the loss's own diagnostics: per-token means, weighted
+                add(name, float(value) * n_tok)
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
