@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vlmrl.algos import core
-from vlmrl.algos.core import aggregate, compute_advantages, get_advantage_fn, kl_penalty
+from vlmrl.algos import estimators
+from vlmrl.algos.core import aggregate, kl_penalty
+from vlmrl.algos.estimators import compute_advantages
+from vlmrl.algos.estimators import get_adv_estimator_fn as get_advantage_fn
 from vlmrl.algos.losses import LossConfig, get_policy_loss, vanilla
 
 
@@ -51,10 +53,10 @@ def test_grpo_normalises_by_unbiased_group_std():
 
 
 def test_grpo_eps_is_added_to_std():
-    # group [0, 2, 4]: std 2; with eps = 1 the divisor is 3 -> [-2/3, 0, 2/3]
+    # group [0, 2, 4]: std 2; with epsilon = 1 the divisor is 3 -> [-2/3, 0, 2/3]
     fn = get_advantage_fn("grpo")
-    adv = fn(T(0, 2, 4), torch.tensor([0, 0, 0]), eps=1.0)
-    close(adv, [-2 / 3, 0.0, 2 / 3])
+    adv, _ = fn(T(0, 2, 4)[:, None], torch.ones(3, 1), [0, 0, 0], epsilon=1.0)
+    close(adv[:, 0], [-2 / 3, 0.0, 2 / 3])
 
 
 def test_grpo_without_std_norm_is_mean_centred_only():
@@ -82,23 +84,24 @@ def test_rloo_is_score_minus_mean_of_the_others():
     close(compute_advantages("rloo", scores, group), [-3.0, 0.0, 3.0, -4.0, 4.0])
 
 
-def test_rloo_rejects_a_group_of_one():
-    with pytest.raises(ValueError, match="at least 2 samples"):
-        compute_advantages("rloo", torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
+def test_rloo_keeps_the_score_of_a_group_of_one():
+    # verl's convention (the config check refuses rollout.n=1 for group estimators before any run)
+    close(compute_advantages("rloo", torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1])), [1.0, -1.0, 1.0])
 
 
 def test_reinforce_plus_plus_whitens_over_the_batch_not_the_group():
-    # scores [0, 0, 2, 2]: batch mean 1, population std 1 -> [-1, -1, 1, 1]
+    # scores [0, 0, 2, 2], one token each: batch mean 1, unbiased std sqrt(4/3) -> +-0.866
     # (each group is constant, so a per-group estimator would give zeros)
     scores = torch.tensor([0.0, 0.0, 2.0, 2.0])
     group = torch.tensor([0, 0, 1, 1])
-    close(compute_advantages("reinforce_plus_plus", scores, group), [-1.0, -1.0, 1.0, 1.0], atol=1e-5)
+    adv, _ = get_advantage_fn("reinforce_plus_plus")(
+        scores[:, None], torch.ones(4, 1), config=estimators.EstimatorConfig()
+    )
+    close(adv[:, 0], [-0.8660254, -0.8660254, 0.8660254, 0.8660254], atol=1e-5)
     close(compute_advantages("grpo", scores, group), [0.0, 0.0, 0.0, 0.0])
-    # eps is added to the std: divisor 1 + 1 = 2
-    close(get_advantage_fn("reinforce_plus_plus")(T(0, 0, 2, 2), group, eps=1.0), [-0.5, -0.5, 0.5, 0.5])
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"])
+@pytest.mark.parametrize("name", sorted(estimators.SEQUENCE_LEVEL - {"grpo_passk"}))
 @pytest.mark.parametrize("norm_by_std", [True, False])
 def test_all_equal_scores_give_zero_advantage(name: str, norm_by_std: bool):
     # std 0 in every group: zero advantages, never NaN from 0 / 0
@@ -306,22 +309,20 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_user_advantage_estimator_from_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # the documented form: algorithm.adv_estimator=path/to/my_algo.py:fn, relative to the working directory
+    # the documented form: algorithm.adv_estimator=path/to/my_algo.py:fn (verl's signature), relative to the working
+    # directory; here a per-token-mean advantage: the score over the response's length
     write(
         tmp_path / "algos" / "my_algo.py",
-        "def per_token(scores, group, *, norm_by_std=True, response_lengths=None, **kw):\n"
-        "    assert norm_by_std is False\n"
-        "    return scores / response_lengths\n",
+        "def per_token(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,\n"
+        "              config=None, **kw):\n"
+        "    assert norm_adv_by_std_in_grpo is False\n"
+        "    adv = token_level_rewards.sum(-1, keepdim=True) / response_mask.sum(-1, keepdim=True) * response_mask\n"
+        "    return adv, adv\n",
     )
     monkeypatch.chdir(tmp_path)
     scores = torch.tensor([1.0, 3.0, 6.0])
-    adv = compute_advantages(
-        "algos/my_algo.py:per_token",
-        scores,
-        torch.tensor([0, 0, 1]),
-        norm_by_std=False,
-        response_lengths=torch.tensor([2.0, 3.0, 4.0]),
-    )
+    adv = compute_advantages("algos/my_algo.py:per_token", scores, torch.tensor([0, 0, 1]), norm_by_std=False,
+                             response_lengths=torch.tensor([2.0, 3.0, 4.0]))  # fmt: skip
     close(adv, [0.5, 1.0, 1.5])  # 1/2, 3/3, 6/4
     assert adv.dtype == torch.float32
 
@@ -330,28 +331,32 @@ def test_user_estimator_bad_output_is_rejected(tmp_path: Path):
     f = write(
         tmp_path / "bad.py",
         "import torch\n"
-        "def short(scores, group, **kw):\n    return scores[:1]\n"
-        "def nan(scores, group, **kw):\n    return scores * float('nan')\n",
+        "def short(token_level_rewards, response_mask, **kw):\n    a = token_level_rewards[:1]\n    return a, a\n"
+        "def nan(token_level_rewards, response_mask, **kw):\n    a = token_level_rewards * float('nan')\n"
+        "    return a, a\n"
+        "def one(token_level_rewards, response_mask, **kw):\n    return token_level_rewards\n",
     )
     scores, group = torch.tensor([1.0, 2.0]), torch.tensor([0, 0])
-    with pytest.raises(ValueError, match=r"returned shape \(1,\), expected \(2,\)"):
+    with pytest.raises(ValueError, match=r"advantages of shape \(1, 1\), expected \(2, 1\)"):
         compute_advantages(f"{f}:short", scores, group)
     with pytest.raises(FloatingPointError, match="NaN"):
         compute_advantages(f"{f}:nan", scores, group)
+    with pytest.raises(ValueError, match=r"must return \(advantages, returns\)"):
+        compute_advantages(f"{f}:one", scores, group)
 
 
 def test_registered_estimator_by_name():
     try:
 
-        @core.register_advantage("test_double")
-        def double(scores, group, **_):
-            return 2 * scores
+        @estimators.register_adv_est("test_double")
+        def double(token_level_rewards, response_mask, **_):
+            return 2 * token_level_rewards, 2 * token_level_rewards
 
         assert get_advantage_fn("test_double") is double
         close(compute_advantages("test_double", torch.tensor([1.0, -2.0]), torch.tensor([0, 0])), [2.0, -4.0])
     finally:
-        core.ADVANTAGE_ESTIMATORS.pop("test_double", None)
-    assert "test_double" not in core.ADVANTAGE_ESTIMATORS
+        estimators.ADV_ESTIMATORS.pop("test_double", None)
+    assert "test_double" not in estimators.ADV_ESTIMATORS
 
 
 def test_user_policy_loss_from_file(tmp_path: Path):
@@ -378,7 +383,7 @@ def test_builtin_policy_loss_by_name():
 
 
 def test_unknown_names_list_the_choices():
-    choices = r"'dr_grpo', 'gae', 'grpo', 'reinforce_plus_plus', 'rloo'"
+    choices = r"'dr_grpo', 'gae', 'gdpo', 'gpg', 'grpo'"
     with pytest.raises(ValueError, match=r"adv_estimator='gpro'.*" + choices):
         get_advantage_fn("gpro")
     with pytest.raises(ValueError, match=r"loss_mode='ppo2'.*'cispo'.*'vanilla'"):
@@ -394,7 +399,10 @@ def test_missing_file(tmp_path: Path):
 
 
 def test_missing_function(tmp_path: Path):
-    f = write(tmp_path / "algo_fns.py", "def present(scores, group, **kw):\n    return scores\n\nNOT_A_FN = 3\n")
+    f = write(
+        tmp_path / "algo_fns.py",
+        "def present(token_level_rewards, response_mask, **kw):\n    return 0\n\nNOT_A_FN = 3\n",
+    )
     with pytest.raises(AttributeError, match=r"no function 'absent' \(it has: present\)"):
         get_advantage_fn(f"{f}:absent")
     with pytest.raises(AttributeError, match="no function 'NOT_A_FN'"):

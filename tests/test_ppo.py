@@ -15,6 +15,7 @@ import torch
 
 from vlmrl.algos import ppo
 from vlmrl.algos.core import kl_penalty
+from vlmrl.algos.estimators import EstimatorConfig
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -151,7 +152,8 @@ def test_kl_controller_state_round_trips() -> None:
 def test_reinforce_plus_plus_over_token_rewards_equals_verls(gamma: float) -> None:
     b = batch(6)
     rewards = ppo.token_scores(b["scores"], b["mask"]) - 0.01 * b["logp"] * b["mask"]  # a KL-like per-token term
-    ours = ppo.token_advantages("reinforce_plus_plus", rewards, b["mask"], torch.zeros(6), gamma=gamma)
+    ours = ppo.token_advantages("reinforce_plus_plus", rewards, b["mask"], torch.zeros(6),
+                                config=EstimatorConfig(gamma=gamma))  # fmt: skip
     theirs = verl_algos.compute_reinforce_plus_plus_outcome_advantage(
         rewards, b["mask"], config=SimpleNamespace(gamma=gamma)
     )
@@ -164,7 +166,7 @@ def test_grpo_and_rloo_over_token_rewards_equal_verls(norm: bool) -> None:
     b = batch(7, B=8)
     rewards = ppo.token_scores(b["scores"], b["mask"]) - 0.01 * b["logp"] * b["mask"]
     group = torch.arange(8) // 4
-    ours = ppo.token_advantages("grpo", rewards, b["mask"], group, norm_by_std=norm)
+    ours = ppo.token_advantages("grpo", rewards, b["mask"], group, config=EstimatorConfig(norm_adv_by_std_in_grpo=norm))
     theirs = verl_algos.compute_grpo_outcome_advantage(rewards, b["mask"], group.numpy(), norm_adv_by_std_in_grpo=norm)
     close(ours[0], theirs[0])
     ours = ppo.token_advantages("rloo", rewards, b["mask"], group)

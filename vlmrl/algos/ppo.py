@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vlmrl.algos.core import aggregate, compute_advantages, kl_penalty
+from vlmrl.algos.core import aggregate, kl_penalty
+from vlmrl.algos.estimators import EstimatorConfig, checked, get_adv_estimator_fn
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -180,23 +181,22 @@ def token_advantages(
     group: torch.Tensor,
     *,
     values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_by_std: bool = True,
+    config: EstimatorConfig | None = None,
+    components: dict[str, list[float]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns [B, R] for ``estimator``: GAE (needs the critic's ``values``), REINFORCE++ (discounted
-    returns whitened over the batch's tokens), or any sequence-level estimator (built-in or from a file) applied to
-    each sample's summed token rewards and spread over its generated tokens (returns = advantages, as verl)."""
-    m = mask.to(token_rewards.dtype)
+    """Advantages and returns [B, R] for ``estimator``: GAE (needs the critic's ``values``; ``config.gamma`` and
+    ``lam``), or any estimator of ``vlmrl.algos.estimators`` (built-in, registered or from a file), called as verl
+    calls it (``index``: each sample's prompt; GDPO also gets the reward ``components``)."""
+    config = config or EstimatorConfig(adv_estimator=estimator)
     if estimator == "gae":
         if values is None:
             raise ValueError("algorithm.adv_estimator=gae needs the critic's values")
-        return gae(token_rewards, values, mask, gamma, lam)
-    if estimator == "reinforce_plus_plus":
-        returns = discounted_returns(token_rewards, mask, gamma)
-        return masked_whiten(returns, mask) * m, returns
-    lengths = m.sum(-1)
-    seq = compute_advantages(estimator, token_rewards.sum(-1), group, norm_by_std=norm_by_std,
-                             response_lengths=lengths)  # fmt: skip
-    adv = seq.to(token_rewards.dtype).unsqueeze(-1) * m
-    return adv, adv
+        return gae(token_rewards, values, mask, config.gamma, config.lam)
+    fn = get_adv_estimator_fn(estimator)
+    kwargs: dict[str, object] = {}
+    if estimator == "gdpo":
+        kwargs = {"non_tensor_batch": components or {}, "batch": None}
+    m = mask.to(token_rewards.dtype)
+    out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
+             norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
+    return checked(estimator, out, tuple(token_rewards.shape))

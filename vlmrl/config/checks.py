@@ -21,10 +21,7 @@ from typing import Any
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
 from vlmrl.config.plan import critic_plan, launcher_of, per_node, planned_device, planned_world, token_budgets
-from vlmrl.config.schema import RewardConfig, VLMRLConfig
-
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-"""Advantage estimators that compare the samples of one prompt (they need rollout.n >= 2)."""
+from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS, RewardConfig, VLMRLConfig
 
 
 def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
@@ -35,7 +32,7 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 def check_values(cfg: VLMRLConfig) -> list[str]:
     """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
     owner-only permissions are part of the setting); every one says how to fix it."""
-    from vlmrl.algos.core import TOKEN_ESTIMATORS, get_advantage_fn
+    from vlmrl.algos.estimators import get_adv_estimator_fn
     from vlmrl.algos.losses import get_policy_loss
 
     p: list[str] = []
@@ -96,8 +93,8 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         if not math.isfinite(value):
             p.append(f"{key}={value}: must be finite.")
     try:
-        if alg.adv_estimator not in TOKEN_ESTIMATORS:
-            get_advantage_fn(alg.adv_estimator)
+        if alg.adv_estimator != "gae":
+            get_adv_estimator_fn(alg.adv_estimator)
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
         p.append(f"algorithm.adv_estimator: {e}")
     try:
@@ -110,6 +107,9 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     if 0.0 < actor.clip_ratio_c <= 1.0 and actor.policy_loss.loss_mode in ("vanilla", "ppo"):
         p.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
                  "(verl's default 3.0), or 0 for no dual clip.")  # fmt: skip
+    if alg.gdpo_reward_weights is not None and len(alg.gdpo_reward_weights) != len(alg.gdpo_reward_keys or []):
+        p.append(f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
+                 f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key.")  # fmt: skip
     if alg.adv_estimator in GROUP_ESTIMATORS and ro.n < 2:
         p.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
@@ -223,9 +223,10 @@ def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], 
     kl = [k for k in keys if k == "algorithm.kl_penalty" or k.startswith("algorithm.kl_ctrl.")]
     if kl and not alg.use_kl_in_reward:
         notices.append(f"{', '.join(kl)}: the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl")
-    if "algorithm.lam" in keys and alg.adv_estimator != "gae":
+    builtin = alg.adv_estimator in SEQUENCE_ESTIMATORS  # a user's estimator gets gamma and lam in its config
+    if "algorithm.lam" in keys and alg.adv_estimator != "gae" and builtin:
         notices.append(f"algorithm.lam: GAE's lambda; algorithm.adv_estimator={alg.adv_estimator} does not use it")
-    if "algorithm.gamma" in keys and alg.adv_estimator not in ("gae", "reinforce_plus_plus"):
+    if "algorithm.gamma" in keys and builtin:
         notices.append(f"algorithm.gamma: algorithm.adv_estimator={alg.adv_estimator} scores whole responses (no "
                        "discounting)")  # fmt: skip
     return problems, notices

@@ -18,6 +18,16 @@ from vlmrl.config.schema_parts import FSDPConfig, OptimConfig, WrapPolicyConfig 
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
+SEQUENCE_ESTIMATORS = frozenset(
+    {"grpo", "grpo_vectorized", "dr_grpo", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk",
+     "reinforce_plus_plus_baseline", "gdpo"}
+)  # fmt: skip
+"""Built-in estimators whose advantage is one number per sample (``vlmrl.algos.estimators``): the trainer computes
+them from the scores and response lengths alone, before any log-prob is known. Others (``gae``,
+``reinforce_plus_plus`` with its discounting, a user's estimator) run per token after the workers' forward."""
+GROUP_ESTIMATORS = SEQUENCE_ESTIMATORS
+"""Built-in estimators that compare the samples of a prompt (they need rollout.n >= 2): all the sequence-level
+ones."""
 
 # ----------------------------------------------------------------------------------------------------------- data
 
@@ -323,12 +333,18 @@ class FilterGroupsConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """grpo | dr_grpo | rloo | reinforce_plus_plus | gae (PPO with a critic: verl's default, vlmrl's quick start
-    uses grpo), or ``path/to/file.py:fn``."""
+    """grpo | grpo_vectorized | dr_grpo | rloo | rloo_vectorized | opo | gpg | grpo_passk | reinforce_plus_plus |
+    reinforce_plus_plus_baseline | gdpo | gae (PPO with a critic: verl's default, vlmrl's quick start uses grpo)
+    (``vlmrl.algos.estimators``), a name a user's file registers, or ``path/to/file.py:fn``."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     gamma: float = 1.0
     """Discount of token-level rewards (GAE, REINFORCE++)."""
+    gdpo_reward_keys: list[str] | None = None
+    """GDPO: the reward components each normalised within its group on its own (names of ``reward.components`` or
+    keys of a reward function's dict); None = the total only."""
+    gdpo_reward_weights: list[float] | None = None
+    """GDPO: a weight per key of gdpo_reward_keys (None = 1 each)."""
     lam: float = 1.0
     """GAE's lambda."""
     use_kl_in_reward: bool = False

@@ -29,7 +29,7 @@ from transformers import AutoProcessor
 
 from vlmrl import rng
 from vlmrl.algos import filter_groups
-from vlmrl.algos.core import compute_advantages
+from vlmrl.algos.estimators import SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
 from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
@@ -119,9 +119,10 @@ class Trainer:
         self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
                                           alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
         self.token_level = self.critic is not None or self.kl_ctrl is not None or (
-            alg.adv_estimator == "reinforce_plus_plus")  # fmt: skip
+            alg.adv_estimator not in SEQUENCE_LEVEL)  # fmt: skip
         """Per-token advantages computed after the workers' log-probs and values (PPO path; REINFORCE++ too: verl
-        whitens its discounted returns over the batch's tokens, which needs each response's generated tokens)."""
+        whitens its discounted returns over the batch's tokens, which needs each response's generated tokens; and a
+        user's estimator, which gets the real response masks as in verl)."""
         with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
             self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
         self.out_dir = Path(tr.default_local_dir)
@@ -373,8 +374,8 @@ class Trainer:
         scores = torch.tensor(step.scores.scores, dtype=torch.float32)
         lengths = torch.tensor([len(r) for r in step.rollout.response_ids], dtype=torch.float32)
         group = torch.arange(len(scores)) // step.rollout.n
-        adv = compute_advantages(alg.adv_estimator, scores, group, norm_by_std=alg.norm_adv_by_std_in_grpo,
-                                 response_lengths=lengths)  # fmt: skip
+        adv = sequence_advantages(alg.adv_estimator, scores, group, lengths, EstimatorConfig.from_algorithm(alg),
+                                  step.scores.components)  # fmt: skip
         if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
             raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
         return adv

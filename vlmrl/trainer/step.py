@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlmrl.algos.estimators import EstimatorConfig
 from vlmrl.algos.ppo import KLController, explained_variance, kl_in_reward, masked_mean, token_advantages, token_scores
 from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.config import AlgorithmConfig
@@ -127,8 +128,9 @@ def token_targets(
         assert tb.old_logprobs is not None and tb.ref_logprobs is not None
         rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, kl_ctrl, alg.kl_penalty)
     group = torch.arange(len(scores)) // step.rollout.n
-    adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values, gamma=alg.gamma,
-                                    lam=alg.lam, norm_by_std=alg.norm_adv_by_std_in_grpo)  # fmt: skip
+    adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values,
+                                    config=EstimatorConfig.from_algorithm(alg),
+                                    components=step.scores.components)  # fmt: skip
     if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
         raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
     if tb.values is None:

@@ -1,0 +1,342 @@
+"""Advantage estimators, in verl's calling convention (a file written for verl's ``@register_adv_est`` runs as is).
+
+Every estimator is ``fn(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config,
+**kwargs) -> (advantages, returns)``: [B, R] token rewards (a sample's score on its last generated token), its
+response mask, ``index`` the prompt (group) id of each sample (a numpy array), ``config`` an
+:class:`EstimatorConfig` (verl's ``AlgoConfig`` attribute names). Extra inputs arrive as verl passes them: GDPO gets
+``non_tensor_batch`` (each reward component's per-sample values) and ``batch``.
+
+The built-ins are verl 0.9.1's ``core_algos`` estimators, to the same tensors (tests/test_estimators.py runs verl's
+own functions beside these): ``grpo``, ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``,
+``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``; plus vlmrl's ``dr_grpo`` (GRPO
+without the std). ``gae`` needs the critic's values (``vlmrl.algos.ppo``). Refused, with why (``NOT_BUILT``):
+``remax`` and the optimal-token-baseline pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlmrl.algos.losses import _Attrs, masked_mean
+from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS
+from vlmrl.userfiles import load_callable
+
+EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+ADV_ESTIMATORS: dict[str, EstimatorFn] = {}
+NOT_BUILT = {
+    "remax": "its baseline is the reward of a greedy rollout of each prompt, which vlmrl does not generate yet",
+    "optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
+    "actor.calculate_sum_pi_squared), which vlmrl's forward does not compute yet",
+    "tir_optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
+    "actor.calculate_sum_pi_squared), which vlmrl's forward does not compute yet",
+}
+"""Estimators verl 0.9.1 registers that vlmrl refuses, with why."""
+SEQUENCE_LEVEL, GROUP = SEQUENCE_ESTIMATORS, GROUP_ESTIMATORS  # (names: vlmrl.config.schema)
+
+
+def register_adv_est(name: Any) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator: add an estimator under ``name`` (verl's ``register_adv_est``, drop-in; an Enum's value is used)."""
+    key = getattr(name, "value", name)
+
+    def deco(fn: EstimatorFn) -> EstimatorFn:
+        ADV_ESTIMATORS[key] = fn
+        return fn
+
+    return deco
+
+
+def get_adv_estimator_fn(name: str) -> EstimatorFn:
+    """A registered estimator, or ``path/to/file.py:fn`` loaded from a file."""
+    if name in ADV_ESTIMATORS:
+        return ADV_ESTIMATORS[name]
+    if name in NOT_BUILT:
+        raise ValueError(f"algorithm.adv_estimator={name!r}: not available: {NOT_BUILT[name]}")
+    if ":" in name:
+        return load_callable(name, what="algorithm.adv_estimator")
+    raise ValueError(
+        f"algorithm.adv_estimator={name!r}: unknown; choose one of {sorted([*ADV_ESTIMATORS, 'gae'])} or "
+        "path/file.py:fn"
+    )
+
+
+@dataclass
+class EstimatorConfig(_Attrs):
+    """What an estimator reads from ``config``: verl's ``AlgoConfig`` attribute names."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    gdpo_reward_keys: list[str] | None = None
+    gdpo_reward_weights: list[float] | None = None
+
+    @classmethod
+    def from_algorithm(cls, alg: Any) -> EstimatorConfig:
+        """From vlmrl's ``AlgorithmConfig``."""
+        return cls(
+            gamma=alg.gamma, lam=alg.lam, adv_estimator=alg.adv_estimator,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            gdpo_reward_keys=list(alg.gdpo_reward_keys) if alg.gdpo_reward_keys else None,
+            gdpo_reward_weights=list(alg.gdpo_reward_weights) if alg.gdpo_reward_weights else None,
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _groups(index: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group number of each sample, samples per group) from any ids (numpy strings or ints, a tensor)."""
+    ids = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+    inv = torch.as_tensor(np.unique(ids, return_inverse=True)[1].reshape(-1), device=device)
+    return inv, torch.bincount(inv)
+
+
+def _group_mean_std(scores: torch.Tensor, inv: torch.Tensor, counts: torch.Tensor):
+    """Per sample: its group's mean and unbiased std; a group of one has mean 0 and std 1 (verl's convention)."""
+    sums = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, scores)
+    mean = sums / counts
+    sq = torch.zeros_like(sums).index_add_(0, inv, (scores - mean[inv]) ** 2)
+    std = (sq / (counts - 1).clamp(min=1)).sqrt()
+    single = counts == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[inv], std[inv]
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / sqrt(var + 1e-8) over the masked positions, the variance unbiased (verl's ``masked_whiten``)."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    n = mask.sum()
+    if n == 0:
+        raise ValueError("whitening needs at least one response token")
+    var = var * n / (n - 1) if n > 1 else var
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+# ---------------------------------------------------------------------------------------------- estimators
+
+
+@register_adv_est("grpo")
+def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
+         **kwargs):  # fmt: skip
+    """GRPO: (r - group mean) / (group std + eps), or without the std (``norm_adv_by_std_in_grpo=False``)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        inv, counts = _groups(index, scores.device)
+        mean, std = _group_mean_std(scores, inv, counts)
+        adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("grpo_vectorized")
+def grpo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
+                    config=None, **kwargs):  # fmt: skip
+    """verl's loop-free GRPO: the same numbers as ``grpo`` (vlmrl's ``grpo`` has no loop either)."""
+    return grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config)
+
+
+@register_adv_est("dr_grpo")
+def dr_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
+            **kwargs):  # fmt: skip
+    """Dr. GRPO: r - group mean, never divided by the std (pair with loss_agg_mode=seq-mean-token-sum-norm)."""
+    return grpo(token_level_rewards, response_mask, index, epsilon, False, config)
+
+
+@register_adv_est("rloo")
+def rloo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """RLOO: r minus the mean of the group's other samples = n / (n - 1) (r - mean); a group of one keeps r."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        inv, counts = _groups(index, scores.device)
+        mean, _ = _group_mean_std(scores, inv, counts)
+        n = counts[inv].to(scores.dtype)
+        adv = torch.where(n > 1, scores * n / (n - 1) - mean * n / (n - 1), scores)
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("rloo_vectorized")
+def rloo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """RLOO without a Python loop (verl's second implementation: a group of one gets 0)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        inv, counts = _groups(index, scores.device)
+        c = counts[inv].to(scores.dtype)
+        sums = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, scores)
+        adv = ((c * scores - sums[inv]) / (c - 1).clamp_min(1)) * (c > 1)
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("opo")
+def opo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """OPO: r minus the group's length-weighted mean reward (the optimal baseline for on-policy RL)."""
+    with torch.no_grad():
+        lengths = response_mask.sum(dim=-1).to(token_level_rewards.dtype)
+        scores = token_level_rewards.sum(dim=-1)
+        inv, counts = _groups(index, scores.device)
+        num = torch.zeros(len(counts), dtype=scores.dtype, device=scores.device).index_add_(0, inv, lengths * scores)
+        den = torch.zeros_like(num).index_add_(0, inv, lengths)
+        baseline = torch.where(counts > 1, num / den, torch.zeros_like(num))[inv]
+        adv = (scores - baseline).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("gpg")
+def gpg(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alpha=1.0, config=None, **kwargs):
+    """GPG: alpha (r - group mean) / f_norm with alpha = batch size / samples with a non-zero reward."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+        inv, counts = _groups(index, scores.device)
+        mean, _ = _group_mean_std(scores, inv, counts)
+        adv = (alpha * (scores - mean) / f_norm).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("grpo_passk")
+def grpo_passk(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
+               **kwargs):  # fmt: skip
+    """Pass@k: only each group's best sample learns, by its margin over the second best (over the group's std)."""
+    if config is not None:
+        norm_adv_by_std_in_grpo = config.get("norm_adv_by_std_in_grpo", True)
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        adv = torch.zeros_like(scores)
+        inv, counts = _groups(index, scores.device)
+        for g in range(len(counts)):
+            rows = torch.nonzero(inv == g, as_tuple=True)[0]
+            r = scores[rows]
+            if r.numel() < 2:
+                raise ValueError(f"grpo_passk needs at least 2 samples per prompt, got {r.numel()}")
+            top, top_idx = torch.topk(r, 2)
+            a = top[0] - top[1]
+            if norm_adv_by_std_in_grpo:
+                a = a / (torch.std(r) + epsilon)
+            adv[rows[top_idx[0]]] = a
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est("reinforce_plus_plus")
+def reinforce_plus_plus(token_level_rewards, response_mask, config=None, **kwargs):
+    """REINFORCE++: discounted returns (``gamma``), whitened over the batch's response tokens."""
+    gamma = config.gamma if config is not None else 1.0
+    with torch.no_grad():
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[1])):
+            m = response_mask[:, t]
+            new = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = new * m
+            running = new * m + running * (1 - m)
+        adv = masked_whiten(returns, response_mask) * response_mask
+    return adv, returns
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """REINFORCE++ with a baseline: r - group mean on every response token, whitened over the batch's tokens."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        inv, counts = _groups(index, scores.device)
+        mean, _ = _group_mean_std(scores, inv, counts)
+        adv = (scores - mean).unsqueeze(-1).tile([1, token_level_rewards.shape[-1]]) * response_mask
+        adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
+
+
+@register_adv_est("gdpo")
+def gdpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
+         non_tensor_batch=None, batch=None, **kwargs):  # fmt: skip
+    """GDPO: each reward component (``algorithm.gdpo_reward_keys``) normalised within its group on its own (GRPO),
+    then weighted (``gdpo_reward_weights``), summed and whitened over the batch's tokens. Without keys: the total."""
+    scores_list, weights = [token_level_rewards], None
+    keys = config.get("gdpo_reward_keys", None) if config is not None else None
+    if keys and non_tensor_batch is not None:
+        positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+        last = ((response_mask > 0) * positions).amax(dim=-1)  # each sample's last generated token
+        rows = torch.arange(response_mask.shape[0], device=response_mask.device)
+        scores_list = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise ValueError(f"algorithm.gdpo_reward_keys: {key!r} is not a reward component "
+                                 f"(components: {sorted(non_tensor_batch)})")  # fmt: skip
+            comp = torch.zeros_like(response_mask, dtype=torch.float32)
+            comp[rows, last] = torch.tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=comp.device)
+            scores_list.append(comp)
+        if config.get("gdpo_reward_weights", None) is not None:
+            weights = list(config.get("gdpo_reward_weights"))
+    w = torch.tensor(weights if weights is not None else [1.0] * len(scores_list), dtype=torch.float32)
+    total = None
+    for i, s in enumerate(scores_list):
+        part, _ = grpo(s, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config)
+        total = w[i] * part if total is None else total + w[i] * part
+    adv = masked_whiten(total, response_mask) * response_mask
+    return adv, adv
+
+
+# --------------------------------------------------------------------------------------- the trainer's use
+
+
+def checked(name: str, out: Any, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An estimator's ``(advantages, returns)``, checked: a pair of [B, R] tensors of ``shape``, all finite."""
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise ValueError(f"advantage estimator {name!r} must return (advantages, returns) tensors, got "
+                         f"{type(out).__name__}")  # fmt: skip
+    for what, t in zip(("advantages", "returns"), out):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"advantage estimator {name!r} returned {what} of shape {tuple(t.shape)}, expected "
+                             f"{shape} (token rewards' shape)")  # fmt: skip
+        if not torch.isfinite(t).all():
+            raise FloatingPointError(f"advantage estimator {name!r} produced NaN/inf {what}")
+    return out
+
+
+def sequence_advantages(
+    name: str,
+    scores: torch.Tensor,
+    group: torch.Tensor,
+    lengths: torch.Tensor,
+    config: EstimatorConfig,
+    components: dict[str, list[float]] | None = None,
+) -> torch.Tensor:
+    """One advantage per sample for a ``SEQUENCE_LEVEL`` estimator: its token form run on each score placed on the
+    sample's last generated token (``lengths`` of them), read back per sample; raises if any is NaN/inf."""
+    B = len(scores)
+    L = max(int(lengths.max()) if B else 1, 1)
+    mask = (torch.arange(L)[None, :] < lengths[:, None]).to(torch.float64)
+    last = (lengths.long() - 1).clamp(min=0)
+    rewards = torch.zeros(B, L, dtype=torch.float64)  # float64 until the end, as vlmrl always computed them
+    rewards[torch.arange(B), last] = scores.to(torch.float64)
+    # a sample without generated tokens still counts in its group; its advantage is read where a token would be
+    read_mask = mask.clone()
+    read_mask[torch.arange(B), last] = 1.0
+    fn = get_adv_estimator_fn(name)
+    kwargs: dict[str, Any] = {}
+    if name == "gdpo":
+        kwargs = {"non_tensor_batch": components or {}, "batch": None}
+    out = fn(token_level_rewards=rewards, response_mask=read_mask, index=group.numpy(), epsilon=1e-6,
+             norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
+    adv, _ = checked(name, out, (B, L))
+    return adv[torch.arange(B), last].float()
+
+
+def compute_advantages(
+    name: str,
+    scores: torch.Tensor,
+    group: torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    response_lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``sequence_advantages`` with the other settings at their defaults (one token per sample when no lengths)."""
+    lengths = response_lengths if response_lengths is not None else torch.ones(len(scores))
+    return sequence_advantages(name, scores, group, lengths, EstimatorConfig(norm_adv_by_std_in_grpo=norm_by_std))
