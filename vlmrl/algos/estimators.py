@@ -44,6 +44,9 @@ def register_adv_est(name: Any) -> Callable[[EstimatorFn], EstimatorFn]:
     key = getattr(name, "value", name)
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
+        if key in ADV_ESTIMATORS and ADV_ESTIMATORS[key] is not fn:  # as verl's decorator
+            raise ValueError(f"advantage estimator {key!r} is already registered ({ADV_ESTIMATORS[key].__module__}."
+                             f"{ADV_ESTIMATORS[key].__name__}): choose another name")  # fmt: skip
         ADV_ESTIMATORS[key] = fn
         return fn
 

@@ -32,6 +32,7 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 def check_values(cfg: VLMRLConfig) -> list[str]:
     """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
     owner-only permissions are part of the setting); every one says how to fix it."""
+    from vlmrl.algorithms import load_plugins
     from vlmrl.algos.estimators import get_adv_estimator_fn
     from vlmrl.algos.losses import get_policy_loss
 
@@ -92,6 +93,10 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     ):
         if not math.isfinite(value):
             p.append(f"{key}={value}: must be finite.")
+    try:
+        load_plugins(alg.plugins)
+    except (FileNotFoundError, ImportError, ValueError, SyntaxError) as e:
+        p.append(f"algorithm.plugins: {type(e).__name__}: {e}")
     try:
         if alg.adv_estimator != "gae":
             get_adv_estimator_fn(alg.adv_estimator)

@@ -177,6 +177,8 @@ class WorkerPlan:
     """The critic's settings (None: no critic)."""
     reference: bool = False
     """Build the frozen reference (``reference_needed``)."""
+    plugins: tuple[str, ...] = ()
+    """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
 
 
 def worker_plan(
@@ -201,4 +203,5 @@ def worker_plan(
         limit_videos=ro.limit_videos if ro.limit_videos is not None else data_videos,
         critic=critic_plan(cfg),
         reference=reference_needed(cfg),
+        plugins=tuple(cfg.algorithm.plugins),
     )

@@ -340,6 +340,11 @@ class AlgorithmConfig:
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     gamma: float = 1.0
     """Discount of token-level rewards (GAE, REINFORCE++)."""
+    plugins: list[str] = field(default_factory=list)
+    """Python files (``path/to/my_algos.py``) or modules importable from the working directory, imported by the
+    driver and every worker first: their ``@register_adv_est`` / ``@register_policy_loss`` decorators (vlmrl's,
+    ``vlmrl.algorithms``, or verl's own) add names that ``adv_estimator`` and ``actor.policy_loss.loss_mode`` can
+    use."""
     gdpo_reward_keys: list[str] | None = None
     """GDPO: the reward components each normalised within its group on its own (names of ``reward.components`` or
     keys of a reward function's dict); None = the total only."""

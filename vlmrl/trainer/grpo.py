@@ -28,6 +28,7 @@ from tqdm import tqdm
 from transformers import AutoProcessor
 
 from vlmrl import rng
+from vlmrl.algorithms import load_plugins
 from vlmrl.algos import filter_groups
 from vlmrl.algos.estimators import SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
 from vlmrl.algos.ppo import make_kl_controller
@@ -115,6 +116,7 @@ class Trainer:
                                     drop_last=True)  # fmt: skip
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
         alg = cfg.algorithm
+        load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
         self.critic = critic_plan(cfg)
         self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
                                           alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip

@@ -24,6 +24,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from vlmrl.algorithms import load_plugins
 from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
 from vlmrl.config.plan import WorkerPlan
 from vlmrl.models import qwen_vl
@@ -122,6 +123,8 @@ class HybridWorker:
         # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its
         # own tokens and the engine's forward mixes them): one seed per engine group, checked before each rollout
         torch.manual_seed(plan.seed + self.engine_group)
+        with stage(f"worker {rank} could not import algorithm.plugins", "check each file or module it lists"):
+            load_plugins(plan.plugins)
         with stage(f"worker {rank} could not load the model from {path}",
                    "check actor_rollout_ref.model.path (a complete Qwen2.5-VL folder or hub id: config.json and every "
                    "*.safetensors file it lists)"):  # fmt: skip
