@@ -145,7 +145,7 @@ def test_dual_clip_off_and_bounds() -> None:
 
 def test_names_and_refusals() -> None:
     assert get_policy_loss("ppo") is get_policy_loss("vanilla")  # vlmrl's older name
-    with pytest.raises(ValueError, match="rollout correction"):
+    with pytest.raises(ValueError, match="bypass mode"):
         get_policy_loss("bypass_mode")
     with pytest.raises(ValueError, match="unknown; choose one of"):
         get_policy_loss("gspoo")

@@ -105,3 +105,49 @@ def test_verls_loss_keys_reach_a_users_loss_through_the_launch_command(tiny_mode
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/pg_loss"]) and r["actor/grad_norm"] > 0 for r in rows), rows
+
+
+def test_rollout_correction_in_the_update(worker) -> None:
+    """The workers' update corrects against the engine's log-probs: bounds that keep everything change nothing in
+    what trains (the metrics say so; the weights near 1), bounds no sample meets take every token out of the loss
+    (the mini-batch is skipped: no optimizer step, the weights unchanged)."""
+    from types import SimpleNamespace
+
+    from vlmrl.batch import TrainShard
+
+    w, ds = worker
+    pol = w.policy
+    pol.policy_loss = get_policy_loss("vanilla")
+    pol.loss_config = LossConfig(clip_ratio=0.2)
+
+    def step(correction, rows):
+        pol.correction = correction
+        rb = w.generate(ds.get_batch(rows))
+        shard = TrainShard(stored=[(rid, g) for _, rid, g in rb.origins], sent=None,
+                           advantages=[1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.25, -0.25], mini_batch_samples=8)  # fmt: skip
+        before = {n: _full(p) for n, p in pol.model.named_parameters() if p.requires_grad}
+        m = w.update(shard)
+        moved = sum(float((_full(p) - before[n]).abs().sum()) for n, p in pol.model.named_parameters()
+                    if n in before)  # fmt: skip
+        return m, moved
+
+    base = dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
+                rollout_rs_threshold=None)  # fmt: skip
+    try:
+        keep = SimpleNamespace(**{**base, "rollout_is": "token", "rollout_is_threshold": 100.0,
+                                  "rollout_rs": "token_k1", "rollout_rs_threshold": "0.001_1000"})  # fmt: skip
+        m, moved = step(keep, [8, 9])
+        assert m["rollout_corr/rollout_rs_masked_fraction"] == 0.0 and moved > 0, m
+        assert abs(m["rollout_corr/rollout_is_mean"] - 1.0) < 0.05 and abs(m["rollout_corr/kl"]) < 0.05, m
+        none = SimpleNamespace(**{**base, "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "1000_2000"})
+        m, moved = step(none, [10, 11])
+        assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0, m
+        assert m["actor/empty_mini_batches"] == 1.0 and "actor/pg_loss" not in m and moved == 0.0, m
+    finally:
+        pol.correction = None
+
+
+def _full(p):
+    """A parameter's full value, whether FSDP holds it sharded (a DTensor) or gathered."""
+    t = p.detach()
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()

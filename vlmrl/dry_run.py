@@ -344,6 +344,19 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
     high = act.clip_ratio_high if act.clip_ratio_high is not None else act.clip_ratio
     rep.plan.append(f"policy loss: {act.policy_loss.loss_mode} ({act.loss_agg_mode}, clip {low:g} / {high:g})")
+    rc = alg.rollout_correction
+    if rc.enabled:
+        parts = (
+            [
+                f"{rc.rollout_is}-level importance weights (threshold {rc.rollout_is_threshold}"
+                + (", batch-normalised" if rc.rollout_is_batch_normalize else "")
+                + ")"
+            ]
+            if rc.rollout_is
+            else []
+        )
+        parts += [f"rejection {rc.rollout_rs} (threshold {rc.rollout_rs_threshold})"] if rc.rollout_rs else []
+        rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))  # fmt: skip
     crit = critic_plan(cfg)
     if crit is not None:
         head = "from the actor's checkpoint" if crit.path == cfg.actor_rollout_ref.model.path else crit.path

@@ -9,7 +9,8 @@ ranks (FSDP averages gradients over them), so summing the micro-batch losses' gr
 
 The built-ins are verl 0.9.1's ``core_algos`` losses, to the same tensors (tests/test_losses.py runs verl's own
 functions beside these): ``vanilla`` (PPO clip, dual clip; vlmrl's older name ``ppo``), ``gspo``, ``sapo``, ``gpg``,
-``clip_cov``, ``kl_cov``, ``geo_mean``, ``dro``, ``cispo``, ``dppo_tv``, ``dppo_kl``. One difference, named where it
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``dro``, ``cispo``, ``dppo_tv``, ``dppo_kl`` (``bypass_mode`` is refused:
+``NOT_BUILT``). One difference, named where it
 is: ``geo_mean`` divides by the mini-batch's sequence count (verl: the micro-batch's mean), so micro-batching does
 not change it.
 """
@@ -30,8 +31,9 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 ALIASES = {"ppo": "vanilla"}
 """vlmrl's older names of built-in losses."""
 NOT_BUILT = {
-    "bypass_mode": "it needs verl's rollout correction (algorithm.rollout_correction.*: importance weights and "
-    "rejection of the engine's log-probs), which vlmrl does not implement yet",
+    "bypass_mode": "it is verl's rollout-correction bypass mode (the engine's log-probs taken as the old ones, "
+    "algorithm.rollout_correction.bypass_mode), which vlmrl does not implement yet; the decoupled correction "
+    "(algorithm.rollout_correction.rollout_is / rollout_rs) works with every loss",
 }
 """Losses verl 0.9.1 registers that vlmrl refuses, with why."""
 

@@ -112,6 +112,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     if 0.0 < actor.clip_ratio_c <= 1.0 and actor.policy_loss.loss_mode in ("vanilla", "ppo"):
         p.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
                  "(verl's default 3.0), or 0 for no dual clip.")  # fmt: skip
+    p.extend(rollout_correction_problems(cfg))
     if alg.gdpo_reward_weights is not None and len(alg.gdpo_reward_weights) != len(alg.gdpo_reward_keys or []):
         p.append(f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
                  f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key.")  # fmt: skip
@@ -167,6 +168,37 @@ INLINE_TIMEOUT = (
     "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
     "processes, where reward.timeout_s is enforced by ending the worker)."
 )
+
+
+def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
+    """``algorithm.rollout_correction``: bypass mode refused (not built), the settings parsed (as the workers will),
+    and a sampling temperature of 1 (the engine reports log-probs of the unscaled distribution)."""
+    rc = cfg.algorithm.rollout_correction
+    key = "algorithm.rollout_correction"
+    p = []
+    if rc.bypass_mode:
+        p.append(f"{key}.bypass_mode=True: not implemented in vlmrl yet (verl's bypass mode takes the engine's "
+                 "log-probs as the old ones); use the default decoupled mode: rollout_is / rollout_rs.")  # fmt: skip
+    if rc.loss_type not in ("ppo_clip", "reinforce"):
+        p.append(f"{key}.loss_type={rc.loss_type!r}: use ppo_clip | reinforce (bypass mode's loss).")
+    if not rc.enabled:
+        return p
+    from vlmrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs
+
+    try:
+        if rc.rollout_is is not None:
+            if rc.rollout_is not in IS_LEVELS:
+                raise ValueError(f"{key}.rollout_is={rc.rollout_is!r}: use token | sequence")
+            parse_is_threshold(rc.rollout_is_threshold)
+        if rc.rollout_rs is not None:
+            parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+    except (ValueError, TypeError) as e:
+        p.append(str(e))
+    if cfg.actor_rollout_ref.rollout.temperature != 1.0:
+        p.append(f"{key}: needs actor_rollout_ref.rollout.temperature=1.0 (got "
+                 f"{cfg.actor_rollout_ref.rollout.temperature}): the engine reports log-probs of the unscaled "
+                 "distribution, the trainer of the scaled one.")  # fmt: skip
+    return p
 
 
 def ppo_problems(cfg: VLMRLConfig) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, VLMRLConfig
+from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, RolloutCorrectionConfig, VLMRLConfig
 
 
 def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
@@ -177,6 +177,8 @@ class WorkerPlan:
     """The critic's settings (None: no critic)."""
     reference: bool = False
     """Build the frozen reference (``reference_needed``)."""
+    rollout_correction: RolloutCorrectionConfig | None = None
+    """``algorithm.rollout_correction`` when it applies (None: off)."""
     plugins: tuple[str, ...] = ()
     """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
 
@@ -203,5 +205,6 @@ def worker_plan(
         limit_videos=ro.limit_videos if ro.limit_videos is not None else data_videos,
         critic=critic_plan(cfg),
         reference=reference_needed(cfg),
+        rollout_correction=cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.enabled else None,
         plugins=tuple(cfg.algorithm.plugins),
     )

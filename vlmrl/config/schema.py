@@ -331,6 +331,35 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """``algorithm.rollout_correction``: correct the loss for the engine's sampling policy differing from the
+    trainer's (``vlmrl.algos.rollout_correction``; verl's keys and defaults). Off unless rollout_is or rollout_rs is
+    set."""
+
+    rollout_is: str | None = None
+    """Importance weights pi_old / pi_engine: token | sequence (None: none)."""
+    rollout_is_threshold: Any = 2.0
+    """A number (truncate the weights at it, TIS) or "lower_upper" (zero them outside, IcePop)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their mean over the batch (every worker's tokens or sequences)."""
+    rollout_rs: str | None = None
+    """Rejection: comma-separated token_k1 | token_k2 | token_k3 | seq_{sum,mean}_k{1,2,3} | seq_max_k{2,3}
+    (None: none); rejected tokens or sequences leave the loss's mask."""
+    rollout_rs_threshold: Any = None
+    """Bounds of each rollout_rs option (k1: "lower_upper" ratio bounds or one upper; k2/k3: an upper bound), one
+    shared or one per option, comma-separated."""
+    bypass_mode: bool = False
+    """verl's bypass mode (the engine's log-probs as the old ones): not implemented yet, refused when True."""
+    loss_type: str = "ppo_clip"
+    """Bypass mode's loss (ppo_clip | reinforce): used only with bypass_mode."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any correction applies."""
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | grpo_vectorized | dr_grpo | rloo | rloo_vectorized | opo | gpg | grpo_passk | reinforce_plus_plus |
@@ -340,6 +369,8 @@ class AlgorithmConfig:
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     gamma: float = 1.0
     """Discount of token-level rewards (GAE, REINFORCE++)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights and rejection against the engine's own log-probs (off by default)."""
     plugins: list[str] = field(default_factory=list)
     """Python files (``path/to/my_algos.py``) or modules importable from the working directory, imported by the
     driver and every worker first: their ``@register_adv_est`` / ``@register_policy_loss`` decorators (vlmrl's,

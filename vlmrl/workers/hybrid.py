@@ -131,7 +131,8 @@ class HybridWorker:
             self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
                                        vision_ids=self.vision_ids, seed=plan.seed,
                                        max_response_length=plan.max_response_length,
-                                       reference=plan.reference)  # fmt: skip
+                                       reference=plan.reference,
+                                       rollout_correction=plan.rollout_correction)  # fmt: skip
         self.critic = None
         if plan.critic is not None:
             with stage(f"worker {rank} could not load the critic from {plan.critic.path}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,8 +18,10 @@ import torch.distributed as dist
 from vlmrl import rng
 from vlmrl.algos.core import kl_penalty
 from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
+from vlmrl.algos.rollout_correction import correct
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
+from vlmrl.config.schema import RolloutCorrectionConfig
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import ModelInputs, to_device
@@ -284,11 +287,14 @@ class PolicyWorker:
         seed: int,
         max_response_length: int,
         reference: bool | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
     ) -> None:
         """``arr`` is ``actor_rollout_ref``; ``seed`` (trainer.seed) orders mini-batches; ``max_response_length``
         (data.max_response_length) normalises the seq-mean-token-sum-norm loss; ``reference``: build the frozen
-        reference (``config.plan.reference_needed``; None: when the KL loss is on)."""
+        reference (``config.plan.reference_needed``; None: when the KL loss is on); ``rollout_correction``: weights
+        and rejection against the engine's log-probs in each update (None: off)."""
         self.arr = arr
+        self.correction = rollout_correction
         self.device = device
         self.vision_ids = vision_ids
         self.seed = int(seed)
@@ -400,7 +406,16 @@ class PolicyWorker:
         timer = Timer()
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
         with timer("old_ref_logprob"):
-            old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples)
+            old, ref = (
+                given
+                if given is not None
+                else self.old_and_ref(x, mini_batch_samples, need_old=self.correction is not None)
+            )
+            if self.correction is not None and old is None:  # (a prepared shard computed none: on-policy)
+                old = self.logprobs(x, "actor")
+        weights, corrected = None, {}
+        if self.correction is not None:
+            x, weights, corrected = self._correct(x, old)
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
         with timer("update"):
@@ -408,11 +423,31 @@ class PolicyWorker:
             for _epoch in range(ac.ppo_epochs):
                 order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
                 for mini in order.chunk(n_mini):
-                    self._mini_step(x, mini, advantages, old, ref, metrics)
+                    self._mini_step(x, mini, advantages, old, ref, metrics, weights)
             self.scheduler.step()
+        empty = len(metrics.pop("actor/empty_mini_batches", []))
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
-        return out | timer.metrics()
+        if self.correction is not None:
+            out["actor/empty_mini_batches"] = float(empty)
+        return out | corrected | timer.metrics()
+
+    def _correct(self, x: ModelInputs, old: torch.Tensor) -> tuple[ModelInputs, torch.Tensor | None, dict]:
+        """Rollout correction of this shard: the inputs with the rejected tokens out of the response mask, the
+        importance weights and the ``rollout_corr/*`` metrics (``vlmrl.algos.rollout_correction``)."""
+        if x.rollout_logprobs is None:
+            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "
+                               "this rollout returned none")  # fmt: skip
+        R = x.response_mask.shape[1]
+        mask = x.response_mask.to(old.dtype)
+
+        def global_mean(values: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            num, den = self._global_sums(float((values * m).sum()), float(m.sum()))
+            return torch.tensor(num / max(den, 1e-8), dtype=values.dtype)
+
+        weights, new_mask, metrics = correct(old[:, :R], x.rollout_logprobs[:, :R].to(old.dtype), mask,
+                                             self.correction, global_mean)  # fmt: skip
+        return replace(x, response_mask=new_mask.to(x.response_mask.dtype)), weights, metrics
 
     def _global_sums(self, *values: float) -> list[float]:
         """Sums of these numbers over ranks, in one all-reduce."""
@@ -426,12 +461,16 @@ class PolicyWorker:
         old: torch.Tensor | None,
         ref: torch.Tensor | None,
         metrics: dict[str, list[float]],
+        weights: torch.Tensor | None = None,
     ) -> None:
         ac = self.actor_cfg
         mini = x.select(rows)
         # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch (agg_loss
         # divides by them and multiplies by the ranks, whose gradients FSDP averages)
         g_tokens, g_seqs = self._global_sums(float(mini.response_mask.sum()), float(mini.batch_size))
+        if g_tokens == 0:  # every token rejected (rollout correction) on every rank: nothing to learn, no step
+            metrics.setdefault("actor/empty_mini_batches", []).append(1.0)
+            return
         cfg = self.loss_config
         cfg.global_batch_info = dict(dp_size=self.world, batch_num_tokens=g_tokens, global_batch_size=g_seqs,
                                      loss_scale_factor=self.max_response_length)  # fmt: skip
@@ -456,7 +495,8 @@ class PolicyWorker:
                 adv = adv.unsqueeze(-1).expand_as(lp)
             loss, pg_metrics = self.policy_loss(
                 old_log_prob=old_lp, log_prob=lp, advantages=adv, response_mask=mask,
-                loss_agg_mode=ac.loss_agg_mode, config=cfg, rollout_is_weights=None,
+                loss_agg_mode=ac.loss_agg_mode, config=cfg,
+                rollout_is_weights=None if weights is None else weights[idx, :R].to(lp.device),
             )  # fmt: skip
             pg_loss = loss
             if mb.rollout_logprobs is not None and self.temperature == 1.0:

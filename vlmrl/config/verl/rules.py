@@ -200,10 +200,6 @@ RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------------ accepted at the value meaning "off"
     accept("algorithm.use_pf_ppo", (False,), "PF-PPO"),
     feature("algorithm.pf_ppo.*", "PF-PPO"),
-    accept("algorithm.rollout_correction.rollout_is", (None,), "rollout importance-sampling correction"),
-    accept("algorithm.rollout_correction.rollout_rs", (None,), "rollout rejection sampling"),
-    accept("algorithm.rollout_correction.bypass_mode", (False,), "rollout correction's bypass mode"),
-    notice("algorithm.rollout_correction.*", "rollout correction is off (rollout_is / rollout_rs unset)"),
     accept("algorithm.filter_groups.max_inflight_gen_batches", (1,), "overlapping generation batches"),
     accept(
         "actor_rollout_ref.hybrid_engine",
