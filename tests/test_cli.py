@@ -1,0 +1,78 @@
+"""The ``vlmrl`` console script (``vlmrl train|report|export|analyze``), installed by pip next to the ``python -m``
+forms: it dispatches to the same code, and ``analyze`` prints a run's metrics as the docs users copy show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vlmrl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(sys.executable).parent / "vlmrl"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    rows = [{"step": s, "reward/mean": s / 10, "response_length/mean": 20.0 - s, "timing/step_s": 0.5,
+             "val/reward/mean": 0.1 * s} for s in range(1, 6)]  # fmt: skip
+    rows[2].pop("response_length/mean")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_the_console_script_is_installed_and_dispatches(run_dir: Path) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["vlmrl"] == "vlmrl.cli:main"
+    assert SCRIPT.is_file(), f"{SCRIPT}: pip did not install the console script (scripts/install.sh)"
+    out = subprocess.run([str(SCRIPT), "analyze", "--log-dir", str(run_dir), "--metric", "reward/mean"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "reward/mean: first 0.1, last 0.5" in out.stdout, out.stdout + out.stderr
+    missing = subprocess.run([str(SCRIPT), "report", str(run_dir / "nope")], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert missing.returncode == 2 and "vlmrl.report:" in missing.stderr and "no metrics.jsonl" in missing.stderr
+    usage = subprocess.run([str(SCRIPT), "train", "--help"], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and "usage: python -m vlmrl.train" in usage.stdout
+    bad = subprocess.run([str(SCRIPT), "trian"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown command 'trian'" in bad.stderr
+
+
+def test_analyze_prints_the_metrics_per_step_and_a_summary(run_dir: Path, capsys) -> None:
+    assert main(["analyze", "--log-dir", str(run_dir), "--metric", "reward/mean,length_mean", "--every", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["step", "reward/mean", "response_length/mean"]  # a unique ending found the name
+    assert [ln.split()[0] for ln in lines[1:4]] == ["1", "3", "5"]  # every 2nd step, and the last
+    assert lines[2].split() == ["3", "0.3", "-"]  # not logged at that step
+    assert "response_length/mean: first 19, last 15, min 15, max 19, mean 17, steps 4" in out
+
+
+def test_analyze_json_and_listing(run_dir: Path, capsys) -> None:
+    assert main(["analyze", "--log-dir", str(run_dir), "--metric", "timing/step_s", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in data["rows"]] == [1, 2, 3, 4, 5] and data["summary"]["timing/step_s"]["mean"] == 0.5
+    assert main(["analyze", "--log-dir", str(run_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert "5 logged step(s)" in listing and "  response_length/mean (4)" in listing
+
+
+@pytest.mark.parametrize(
+    "metric,message",
+    [
+        ("rewrd/mean", "not logged by this run; did you mean reward/mean"),
+        ("mean", "is ambiguous"),
+    ],
+)
+def test_analyze_names_a_wrong_metric(run_dir: Path, capsys, metric: str, message: str) -> None:
+    assert main(["analyze", "--log-dir", str(run_dir), "--metric", metric]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_analyze_a_missing_run(tmp_path: Path, capsys) -> None:
+    assert main(["analyze", "--log-dir", str(tmp_path / "none")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""``vlmrl`` on the command line (installed by pip next to the ``python -m`` forms):
+
+    vlmrl train [--config-name NAME] key=value ...        # python -m vlmrl.train
+    vlmrl report RUN [RUN ...] -o report.html              # python -m vlmrl.report
+    vlmrl export --checkpoint RUN --output DIR             # python -m vlmrl.export
+    vlmrl analyze --log-dir RUN [--metric reward/mean,response_length/mean] [--every 10] [--json]
+
+``analyze`` reads a run's ``metrics.jsonl`` through the report's loader (the same validation: nothing outside the
+run folder is read) and prints the chosen metrics per step with a summary (first, last, min, max, mean); without
+``--metric`` it lists the metrics the run logged. A metric may be named in full or by a unique ending
+(``length_mean`` finds ``response_length/mean``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import sys
+
+COMMANDS = ("train", "report", "export", "analyze")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the subcommand; returns its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        print(__doc__.strip().split("\n\n")[0] + "\n" + __doc__.split("\n\n")[1], file=sys.stderr)
+        if args and args[0] not in ("-h", "--help"):
+            print(f"vlmrl: unknown command {args[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "train":
+        from vlmrl.train import main as train
+
+        return int(train(rest) or 0)
+    if cmd == "report":
+        from vlmrl.report.__main__ import main as report
+
+        return report(rest)
+    if cmd == "export":
+        from vlmrl.export import main as export
+
+        return export(rest)
+    return analyze(rest)
+
+
+def _resolve(name: str, available: list[str]) -> str:
+    """A metric by its full name or a unique ending (after a '/' or '_' boundary); ValueError naming candidates."""
+    if name in available:
+        return name
+    norm = name.replace("/", "_")
+    hits = [k for k in available if k.replace("/", "_").endswith("_" + norm) or k.replace("/", "_") == norm]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise ValueError(f"metric {name!r} is ambiguous: {', '.join(sorted(hits))}")
+    near = difflib.get_close_matches(name, available, n=5, cutoff=0.5)
+    raise ValueError(f"metric {name!r} was not logged by this run" + (f"; did you mean {', '.join(near)}?" if near
+                     else "; --metric omitted lists them"))  # fmt: skip
+
+
+def analyze(argv: list[str]) -> int:
+    """``vlmrl analyze``: a run's metrics per step, or the list of what it logged."""
+    from vlmrl.report import ReportError, load_run
+
+    ap = argparse.ArgumentParser(prog="vlmrl analyze", description="A run's logged metrics per step, with a summary.")
+    ap.add_argument("--log-dir", required=True, help="the run folder (trainer.default_local_dir) or its metrics.jsonl")
+    ap.add_argument("--metric", help="comma-separated metric names (full, or a unique ending); omit to list them")
+    ap.add_argument("--every", type=int, default=1, help="print every k-th step (the summary uses all; default 1)")
+    ap.add_argument("--json", action="store_true", help="print JSON (the rows and the summary) instead of a table")
+    a = ap.parse_args(argv)
+    if a.every < 1:
+        ap.error(f"--every must be >= 1, got {a.every}")
+    try:
+        run = load_run(a.log_dir)
+    except (FileNotFoundError, ReportError) as e:
+        print(f"vlmrl analyze: {e}", file=sys.stderr)
+        return 2
+    available = sorted({k for r in run.rows for k in r if k != "step"})
+    if not a.metric:
+        counts = {k: sum(1 for r in run.rows if k in r) for k in available}
+        print(f"{run.name}: {len(run.rows)} logged step(s); metrics (steps logged):")
+        for k in available:
+            print(f"  {k} ({counts[k]})")
+        return 0
+    try:
+        names = [_resolve(m.strip(), available) for m in a.metric.split(",") if m.strip()]
+    except ValueError as e:
+        print(f"vlmrl analyze: {e}", file=sys.stderr)
+        return 2
+    rows = [r for r in run.rows if any(n in r for n in names)]
+    summary = {}
+    for n in names:
+        vals = [float(r[n]) for r in rows if n in r and math.isfinite(float(r[n]))]
+        summary[n] = ({"first": vals[0], "last": vals[-1], "min": min(vals), "max": max(vals),
+                       "mean": sum(vals) / len(vals), "steps": len(vals)} if vals else {"steps": 0})  # fmt: skip
+    shown = [r for i, r in enumerate(rows) if i % a.every == 0 or i == len(rows) - 1]
+    if a.json:
+        print(json.dumps({"run": run.name, "rows": [{"step": r["step"], **{n: r.get(n) for n in names}}
+                                                    for r in shown], "summary": summary}))  # fmt: skip
+        return 0
+    width = max(12, *(len(n) for n in names))
+    print("step".rjust(6) + "".join(n.rjust(width + 2) for n in names))
+    for r in shown:
+        print(str(r["step"]).rjust(6) + "".join(_fmt(r.get(n)).rjust(width + 2) for n in names))
+    print()
+    for n in names:
+        s = summary[n]
+        print(f"{n}: " + (", ".join(f"{k} {_fmt(v) if k != 'steps' else v}" for k, v in s.items()) if s["steps"]
+                          else "never logged in these steps"))  # fmt: skip
+    return 0
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    f = float(v)  # type: ignore[arg-type]
+    return f"{f:.4g}" if abs(f) < 1e5 else f"{f:.3e}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
