@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from runs import base_args, make_colour_data, metrics, run_to_end
 
-from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings, get_policy_loss
+from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,6 @@ def test_each_loss_trains_two_steps(worker, mode: str) -> None:
 
     w, ds = worker
     pol = w.policy
-    pol.policy_loss = get_policy_loss(mode)
     pol.loss_config = LossConfig(clip_ratio=0.2, clip_ratio_high=0.28, policy_loss=PolicyLossSettings(
         loss_mode=mode, clip_cov_ratio=0.2, clip_cov_lb=-10.0, kl_cov_ratio=0.2, dro_beta=0.1))  # fmt: skip
     for step in range(2):
@@ -117,7 +116,6 @@ def test_rollout_correction_in_the_update(worker) -> None:
 
     w, ds = worker
     pol = w.policy
-    pol.policy_loss = get_policy_loss("vanilla")
     pol.loss_config = LossConfig(clip_ratio=0.2)
 
     def step(correction, rows):

@@ -1,4 +1,5 @@
-"""The public API for algorithms of your own: verl's registries, drop-in.
+"""The public API for algorithms of your own: a class with step hooks (``RLAlgorithm``, named by ``algorithm.name``;
+``vlmrl.algos.algorithm`` documents the hooks and their data) and verl's registries, drop-in.
 
 A file written for verl 0.9.1's registries works with one import line changed::
 
@@ -27,6 +28,7 @@ import importlib
 import sys
 from collections.abc import Iterable
 
+from vlmrl.algos.algorithm import AlgorithmError, RLAlgorithm
 from vlmrl.algos.estimators import (
     ADV_ESTIMATORS,
     EstimatorConfig,
@@ -38,6 +40,7 @@ from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, agg_loss, get_policy_l
 from vlmrl.userfiles import import_file
 
 __all__ = [
+    "AlgorithmError",
     "EstimatorConfig",
     "LossConfig",
     "agg_loss",
@@ -47,6 +50,7 @@ __all__ = [
     "load_plugins",
     "masked_mean",
     "masked_whiten",
+    "RLAlgorithm",
     "register_adv_est",
     "register_policy_loss",
 ]

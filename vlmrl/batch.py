@@ -277,6 +277,9 @@ class TrainShard:
     """Samples per critic optimizer step on this worker."""
     update_actor: bool = True
     """False during trainer.critic_warmup: only the critic learns."""
+    algorithm_state: dict[str, Any] | None = None
+    """The algorithm class's state after this step's ``before_train_step`` (``algorithm.name``), for the workers'
+    instances."""
 
 
 @dataclass

@@ -344,6 +344,17 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
     high = act.clip_ratio_high if act.clip_ratio_high is not None else act.clip_ratio
     rep.plan.append(f"policy loss: {act.policy_loss.loss_mode} ({act.loss_agg_mode}, clip {low:g} / {high:g})")
+    if alg.name:
+        from vlmrl.algos.algorithm import load_class, parameters
+
+        try:
+            defaults = parameters(load_class(alg.name))
+            given = dict(alg.params)
+            shown = ", ".join(f"{k}={given.get(k, v)!r}" + ("" if k in given else " (default)")
+                              for k, v in defaults.items())  # fmt: skip
+            rep.plan.append(f"algorithm class: {alg.name}({shown})")
+        except Exception as e:  # noqa: BLE001 - the config check names the problem; the plan says it is missing
+            rep.plan.append(f"algorithm class: {alg.name} (does not load: {type(e).__name__})")
     rc = alg.rollout_correction
     if rc.enabled:
         parts = (

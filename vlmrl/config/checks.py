@@ -113,6 +113,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
         p.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
                  "(verl's default 3.0), or 0 for no dual clip.")  # fmt: skip
     p.extend(rollout_correction_problems(cfg))
+    p.extend(algorithm_class_problems(cfg))
     if alg.gdpo_reward_weights is not None and len(alg.gdpo_reward_weights) != len(alg.gdpo_reward_keys or []):
         p.append(f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
                  f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key.")  # fmt: skip
@@ -168,6 +169,29 @@ INLINE_TIMEOUT = (
     "socket read): set reward.timeout_s=0 with it (no timeout, for debugging), or reward.num_workers>=1 (worker "
     "processes, where reward.timeout_s is enforced by ending the worker)."
 )
+
+
+def algorithm_class_problems(cfg: VLMRLConfig) -> list[str]:
+    """``algorithm.name``: the class loads and takes ``algorithm.params``; parameters without a class are unknown
+    keys (named with the nearest key)."""
+    from vlmrl.config.keys import nearest_key
+
+    alg = cfg.algorithm
+    if alg.name is None:
+        out = []
+        for k in alg.params:
+            near = nearest_key(f"algorithm.{k}")
+            out.append(f"Unknown config key 'algorithm.{k}'." + (f" Did you mean '{near}'?" if near else "")
+                       + " (keys under algorithm other than the schema's are the arguments of algorithm.name's "
+                       "class, and none is set)")  # fmt: skip
+        return out
+    from vlmrl.algos.algorithm import build_algorithm
+
+    try:
+        build_algorithm(alg.name, dict(alg.params))
+    except Exception as e:  # noqa: BLE001 - a user's file: anything it raises at import or construction
+        return [f"algorithm.name={alg.name!r}: {type(e).__name__}: {e}"]
+    return []
 
 
 def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:

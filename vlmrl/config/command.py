@@ -25,7 +25,7 @@ from vlmrl.config.checks import check_values, machine_problems, unused_settings
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
 from vlmrl.config.keys import translate
-from vlmrl.config.schema import CHOICES, LOGGERS, NULLABLE_CHOICES, VLMRLConfig
+from vlmrl.config.schema import CHOICES, LOGGERS, NULLABLE_CHOICES, AlgorithmConfig, VLMRLConfig
 from vlmrl.config.verl import VALUE_REASONS, parse_value, render
 from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
 
@@ -216,7 +216,9 @@ def register() -> None:
     """Register the schema with Hydra's ConfigStore as ``vlmrl_schema``."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="vlmrl_schema", node=VLMRLConfig)
+    schema = OmegaConf.structured(VLMRLConfig)
+    OmegaConf.set_struct(schema.algorithm, False)  # a config file's algorithm block may hold the class's parameters
+    ConfigStore.instance().store(name="vlmrl_schema", node=schema)
 
 
 # mandatory keys (MISSING in the schema) and how to set them
@@ -251,9 +253,30 @@ def _normalize_logger(cfg: VLMRLConfig) -> list[str]:
     return []
 
 
+def _class_parameters(cfg: DictConfig) -> DictConfig:
+    """Keys of a config file's ``algorithm`` block that the schema does not know, moved under ``algorithm.params``
+    (the arguments of ``algorithm.name``'s class, as ``+algorithm.x=...`` on the command line)."""
+    alg = cfg.get("algorithm") if isinstance(cfg, DictConfig) else None
+    if not isinstance(alg, DictConfig):
+        return cfg
+    known = set(AlgorithmConfig.__dataclass_fields__)
+    extra = [k for k in alg.keys() if k not in known]
+    if not extra:
+        return cfg
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    params = cfg.algorithm.get("params") or {}
+    for k in extra:
+        params = {**params, str(k): cfg.algorithm[k]}
+        cfg.algorithm.pop(k)
+    cfg.algorithm.params = params
+    return cfg
+
+
 def build(cfg: DictConfig) -> tuple[VLMRLConfig | None, list[str]]:
     """Resolve interpolations, type the config and run every check of values (``checks.check_values``); returns the
     typed config (None when a mandatory key is unset) and every problem found."""
+    cfg = _class_parameters(cfg)
     merged = OmegaConf.merge(OmegaConf.structured(VLMRLConfig), cfg)
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:

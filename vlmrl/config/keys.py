@@ -15,7 +15,12 @@ from vlmrl.config.files import NO_EFFECT, names_hydra
 from vlmrl.config.schema import VLMRLConfig
 from vlmrl.config.verl import Translated
 
-OPEN_DICTS = ("actor_rollout_ref.rollout.engine_kwargs.vllm", "custom_reward_function.reward_kwargs", "reward.dispatch")
+OPEN_DICTS = (
+    "actor_rollout_ref.rollout.engine_kwargs.vllm",
+    "custom_reward_function.reward_kwargs",
+    "reward.dispatch",
+    "algorithm.params",
+)
 """dict-typed fields: any key below them is valid (passed through and checked by their consumer)."""
 
 _OVERRIDE = re.compile(r"^(\+\+|\+|~)?([^=]+)(=.*)?$", re.DOTALL)
@@ -91,6 +96,11 @@ def translate(overrides: list[str]) -> Translated:
             before = len(out.overrides)
             verl.apply(rule, "", key, f"{key}{rest}" if prefix != "~" else ov, out)
             out.overrides[before:] = [o if o.startswith(("+", "~")) else f"++{o}" for o in out.overrides[before:]]
+        elif key.startswith("algorithm.") and key.count(".") == 1:
+            # a key the schema does not know under algorithm: an argument of algorithm.name's class (checked later:
+            # without a class it is an unknown key)
+            out.overrides.append(f"~algorithm.params.{key[10:]}" if prefix == "~" else
+                                 f"++algorithm.params.{key[10:]}{rest}")  # fmt: skip
         elif key in verl.verl_keys() or any(k.startswith(key + ".") for k in verl.verl_keys()):
             out.problems.append(f"'{key}': not implemented in vlmrl: a verl setting vlmrl has no counterpart for.")
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, RolloutCorrectionConfig, VLMRLConfig
 
@@ -180,6 +181,8 @@ class WorkerPlan:
     rollout_correction: RolloutCorrectionConfig | None = None
     """``algorithm.rollout_correction`` when it applies (None: off)."""
     plugins: tuple[str, ...] = ()
+    algorithm: tuple[str | None, dict[str, Any]] = (None, {})
+    """``algorithm.name`` and its ``params``: the class each worker builds (its state arrives with each shard)."""
     """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
 
 
@@ -207,4 +210,5 @@ def worker_plan(
         reference=reference_needed(cfg),
         rollout_correction=cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.enabled else None,
         plugins=tuple(cfg.algorithm.plugins),
+        algorithm=(cfg.algorithm.name, dict(cfg.algorithm.params)),
     )

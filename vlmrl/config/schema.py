@@ -369,6 +369,12 @@ class AlgorithmConfig:
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     gamma: float = 1.0
     """Discount of token-level rewards (GAE, REINFORCE++)."""
+    name: str | None = None
+    """An algorithm class of your own (``vlmrl.algorithms.RLAlgorithm``): ``module.Class`` importable from the working
+    directory, or ``path/to/file.py:Class``. Keys under ``algorithm`` the schema does not know become its
+    constructor's arguments (``params``)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The class's constructor arguments: filled from the unknown keys under ``algorithm`` (``+algorithm.x=1``)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights and rejection against the engine's own log-probs (off by default)."""
     plugins: list[str] = field(default_factory=list)

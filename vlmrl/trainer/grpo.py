@@ -30,7 +30,9 @@ from transformers import AutoProcessor
 from vlmrl import rng
 from vlmrl.algorithms import load_plugins
 from vlmrl.algos import filter_groups
+from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
 from vlmrl.algos.estimators import SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
+from vlmrl.algos.losses import LossConfig
 from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
@@ -47,8 +49,10 @@ from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.gallery import write_gallery
 from vlmrl.trainer.step import (
     StepData,
+    after_train_step,
     assemble,
     attach_token_targets,
+    before_train_step,
     gather_prepared,
     plan_shards,
     split_even,
@@ -117,6 +121,10 @@ class Trainer:
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
         alg = cfg.algorithm
         load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
+        self.algorithm = build_algorithm(alg.name, dict(alg.params),
+                                         LossConfig.from_actor(cfg.actor_rollout_ref.actor))  # fmt: skip
+        """``algorithm.name``'s instance (the base class's hooks do nothing): its hooks run here, its
+        ``compute_loss`` in the workers' instances, which get its state with each shard."""
         self.critic = critic_plan(cfg)
         self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
                                           alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
@@ -206,6 +214,7 @@ class Trainer:
         rng.restore(state["rng"])
         if self.kl_ctrl is not None and "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
         print(
             f"[vlmrl] resumed from {path} at step {self.step} ({sw.elapsed:.1f} s)",
             flush=True,
@@ -228,6 +237,7 @@ class Trainer:
             }
             if self.kl_ctrl is not None:
                 state["kl_ctrl"] = self.kl_ctrl.state_dict()
+            state["algorithm"] = self.algorithm.state_dict()
             ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
         except (OSError, WorkerError) as e:  # a full disk, a quota, a read-only mount: the previous checkpoint stays
             shutil.rmtree(tmp, ignore_errors=True)
@@ -319,9 +329,10 @@ class Trainer:
                 step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ dynamic sampling)
                 with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
                     self.group.sleep_engines()
+                scored = before_train_step(self.algorithm, step, self.step)  # the algorithm's hook: may reshape rewards
                 if not self.token_level:  # GRPO family: one advantage per sample, from the scores alone
                     with timer("advantages"):
-                        adv = self.advantages(step)
+                        adv = self.advantages(scored)
                     shards = plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp)
                     ppo = {}
                 else:  # PPO: old/ref log-probs and values first (kept on the workers), then per-token advantages
@@ -330,7 +341,7 @@ class Trainer:
                         prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None)
                     with timer("advantages"):
                         tokens = gather_prepared(shards, prepared, len(step.samples))
-                        adv_tok, returns, ppo = token_targets(step, tokens, self.cfg.algorithm, self.kl_ctrl)
+                        adv_tok, returns, ppo = token_targets(scored, tokens, self.cfg.algorithm, self.kl_ctrl)
                         adv = (adv_tok * tokens.mask).sum(-1) / tokens.mask.sum(-1).clamp(min=1.0)
                     shards = attach_token_targets(
                         shards,
@@ -341,10 +352,14 @@ class Trainer:
                         update_actor=self.step >= self.cfg.trainer.critic_warmup,
                     )
                 with timer("train"):  # (old/ref log-probs and) the update, each worker on exactly its shard
+                    state = self.algorithm.state_dict()
+                    for shard in shards:
+                        shard.algorithm_state = state
                     updated = self.group.update(shards)
                 with timer("push"):  # the new weights into the engines, which wake for the next rollout
                     self.group.push_weights()
             metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo
+            metrics |= after_train_step(self.algorithm, metrics, self.step)  # the algorithm's hook, algorithm/* metrics
             self._warn_if_flat(metrics)
             if tr.rollout_data_dir:
                 self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
@@ -494,7 +509,7 @@ def fit(cfg: VLMRLConfig, checked: bool = False) -> dict[str, float]:
         out = trainer.fit()
         failed = False
         return out
-    except (WorkerError, RewardError, HangError, FloatingPointError, ckpt.CheckpointError) as e:
+    except (WorkerError, RewardError, HangError, FloatingPointError, ckpt.CheckpointError, AlgorithmError) as e:
         last = ckpt.find_resume(trainer.out_dir)
         where = f"{last} (trainer.resume_mode=auto continues from it)" if last else "none yet"
         raise RunStopped(f"step {trainer.step}: {e}\nlast complete checkpoint: {where}") from e

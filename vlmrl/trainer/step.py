@@ -12,12 +12,13 @@ PPO path: ──plan_shards──▶ list[TrainShard] ──WorkerGroup.prepare�
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from vlmrl.algos.algorithm import AlgorithmError, RLAlgorithm, call_hook
 from vlmrl.algos.estimators import EstimatorConfig
 from vlmrl.algos.ppo import KLController, explained_variance, kl_in_reward, masked_mean, token_advantages, token_scores
 from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard
@@ -215,3 +216,31 @@ def step_metrics(
     out["throughput/tokens_per_s"] = tokens / max(out["timing/step_s"], 1e-9)
     out["training/epoch"] = float(epoch)
     return out
+
+
+def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int) -> StepData:
+    """The algorithm's ``before_train_step`` on this step's rewards (``vlmrl.algos.algorithm``); returns the step the
+    advantages are computed from: its scores replaced by the hook's ``rewards`` (the logged reward metrics keep the
+    scores as the reward functions gave them). The base class's hook (none) costs nothing."""
+    if type(algo).before_train_step is RLAlgorithm.before_train_step:
+        return step
+    rewards = torch.tensor(step.scores.scores, dtype=torch.float32)
+    data = {
+        "rewards": rewards, "group": torch.arange(len(rewards)) // step.rollout.n,
+        "response_lengths": torch.tensor([len(r) for r in step.rollout.response_ids]),
+        "responses": step.rollout.response_ids, "texts": [s.response for s in step.samples],
+        "components": step.scores.components,
+    }  # fmt: skip
+    call_hook(algo, "before_train_step", step_no, step_no, data)
+    shaped = torch.as_tensor(data["rewards"], dtype=torch.float32).reshape(-1)
+    if shaped.shape != rewards.shape or not torch.isfinite(shaped).all():
+        raise AlgorithmError(f"algorithm {type(algo).__name__}.before_train_step at step {step_no}: "
+                             f"data['rewards'] must stay {len(rewards)} finite numbers")  # fmt: skip
+    return replace(step, scores=replace(step.scores, scores=shaped.tolist()))
+
+
+def after_train_step(algo: RLAlgorithm, metrics: dict[str, float], step_no: int) -> dict[str, float]:
+    """The algorithm's ``after_train_step`` with the step's metrics; its ``get_metrics`` under ``algorithm/``."""
+    call_hook(algo, "after_train_step", step_no, step_no, dict(metrics))
+    extra = call_hook(algo, "get_metrics", step_no) or {}
+    return {f"algorithm/{k}": float(v) for k, v in extra.items()}

@@ -132,7 +132,8 @@ class HybridWorker:
                                        vision_ids=self.vision_ids, seed=plan.seed,
                                        max_response_length=plan.max_response_length,
                                        reference=plan.reference,
-                                       rollout_correction=plan.rollout_correction)  # fmt: skip
+                                       rollout_correction=plan.rollout_correction,
+                                       algorithm=plan.algorithm)  # fmt: skip
         self.critic = None
         if plan.critic is not None:
             with stage(f"worker {rank} could not load the critic from {plan.critic.path}",
@@ -295,6 +296,8 @@ class HybridWorker:
         if self.critic is not None and shard.returns is not None:
             assert values is not None, "a critic update needs the values of prepare"
             metrics |= self.critic.update(x, shard.returns, values, shard.critic_mini_batch_samples)
+        if shard.algorithm_state is not None:
+            self.policy.algorithm.load_state_dict(shard.algorithm_state)
         if shard.update_actor:
             metrics |= self.policy.update(x, adv, shard.mini_batch_samples, given)
         if self.device == "cuda":  # verl's names; peak since the previous step

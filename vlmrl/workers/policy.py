@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from vlmrl import rng
+from vlmrl.algos.algorithm import build_algorithm, call_hook, checked_loss
 from vlmrl.algos.core import kl_penalty
-from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
+from vlmrl.algos.losses import LossConfig
 from vlmrl.algos.rollout_correction import correct
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
@@ -288,11 +289,13 @@ class PolicyWorker:
         max_response_length: int,
         reference: bool | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,
+        algorithm: tuple[str | None, dict[str, Any]] = (None, {}),
     ) -> None:
         """``arr`` is ``actor_rollout_ref``; ``seed`` (trainer.seed) orders mini-batches; ``max_response_length``
         (data.max_response_length) normalises the seq-mean-token-sum-norm loss; ``reference``: build the frozen
         reference (``config.plan.reference_needed``; None: when the KL loss is on); ``rollout_correction``: weights
-        and rejection against the engine's log-probs in each update (None: off)."""
+        and rejection against the engine's log-probs in each update (None: off); ``algorithm``: the class whose
+        ``compute_loss`` runs on each micro-batch and its parameters (``algorithm.name``; None: the base class)."""
         self.arr = arr
         self.correction = rollout_correction
         self.device = device
@@ -333,8 +336,8 @@ class PolicyWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
         )
-        self.policy_loss = get_policy_loss(arr.actor.policy_loss.loss_mode)
         self.loss_config = LossConfig.from_actor(arr.actor)
+        self.algorithm = build_algorithm(algorithm[0], dict(algorithm[1]), self.loss_config)
         self.temperature = max(arr.rollout.temperature, 1e-6)
         # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
         # it there already (CPUOffloadPolicy); on a CPU device it is host memory anyway.
@@ -493,26 +496,30 @@ class PolicyWorker:
             adv = (advantages[idx] if advantages.dim() == 1 else advantages[idx, :R]).to(lp.device)
             if adv.dim() == 1:
                 adv = adv.unsqueeze(-1).expand_as(lp)
-            loss, pg_metrics = self.policy_loss(
-                old_log_prob=old_lp, log_prob=lp, advantages=adv, response_mask=mask,
-                loss_agg_mode=ac.loss_agg_mode, config=cfg,
-                rollout_is_weights=None if weights is None else weights[idx, :R].to(lp.device),
-            )  # fmt: skip
-            pg_loss = loss
+            data = {
+                "responses": mb.responses, "response_mask": mask, "attention_mask": mb.attention_mask,
+                "old_log_probs": old_lp, "log_probs": lp, "advantages": adv, "entropy": ent,
+                "ref_log_probs": None if ref is None else ref[idx, :R].to(lp.device),
+                "rollout_is_weights": None if weights is None else weights[idx, :R].to(lp.device),
+                "response_lengths": mask.sum(-1),
+            }  # fmt: skip
+            self.algorithm.loss_config = cfg
+            step = int(self.scheduler.last_epoch) + 1
+            out = call_hook(self.algorithm, "compute_loss", step, data)
+            loss, loss_metrics = checked_loss(self.algorithm, out, step)
+            pg_loss = loss_metrics.pop("pg_loss", float(loss.detach()))
             if mb.rollout_logprobs is not None and self.temperature == 1.0:
                 # engine vs trainer log-probs of the same tokens: drifts when a weight push or M-RoPE input is wrong
                 gap = (lp.detach() - mb.rollout_logprobs.to(lp.device)).abs()
                 add("rollout/logprob_diff", float((gap * m).sum()))
-            if ac.entropy_coeff:
-                loss = loss - ac.entropy_coeff * agg_loss(ent, mask, ac.loss_agg_mode, **cfg.global_batch_info)
             if ref is not None:
-                kl = kl_penalty(lp, ref[idx, :R].to(lp.device), ac.kl_loss_type)
-                loss = loss + ac.kl_loss_coef * agg_loss(kl, mask, ac.loss_agg_mode, **cfg.global_batch_info)
-                add("actor/kl_loss", float((kl.detach() * m).sum()))
+                kl = kl_penalty(lp.detach(), data["ref_log_probs"], ac.kl_loss_type)
+                add("actor/kl_loss", float((kl * m).sum()))
             (loss + extra).backward()
-            add("actor/pg_loss", float(pg_loss.detach()))  # the micro-batch's part of the loss (x ranks)
-            for name, value in pg_metrics.items():  # the loss's own diagnostics: per-token means, weighted
-                add(name, float(value) * n_tok)
+            add("actor/pg_loss", float(pg_loss))  # the micro-batch's part of the loss (x ranks)
+            for name, value in loss_metrics.items():  # the loss's own diagnostics: per-token means, weighted
+                if name != "kl_loss":
+                    add(f"actor/{name}", float(value) * n_tok)
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)

@@ -1,0 +1,176 @@
+"""An algorithm class of your own (``algorithm.name``, ``vlmrl.algorithms.RLAlgorithm``): its parameters from the
+unknown keys under ``algorithm`` (command line and config file), its hooks where the docs say (the rewards it
+reshapes reach the advantages; the state ``before_train_step`` sets is what every worker's ``compute_loss`` sees in
+the same step; its metrics logged; its state checkpointed), failures named with the class, hook and step, and the
+length-aware example's effect: response lengths move into the window on a task where length is otherwise free."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from runs import Run, base_args, make_colour_data, metrics, run_to_end
+
+from vlmrl.config import ConfigError, load
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "algorithms" / "length_aware.py"
+
+SPY = """
+import json, os
+from pathlib import Path
+
+import torch
+
+from vlmrl.algorithms import RLAlgorithm
+
+
+class Spy(RLAlgorithm):
+    def __init__(self, scale=1.0, fail_at=0, nan_at=0):
+        super().__init__()
+        self.scale, self.fail_at, self.nan_at = scale, fail_at, nan_at
+        self.marker = -1
+        self.after = []
+
+    def before_train_step(self, step, data):
+        if step == self.fail_at:
+            raise RuntimeError("planned failure")
+        self.marker = step  # the workers must see this step's value in this step's compute_loss
+        self.seen_mean = float(data["rewards"].mean())
+        data["rewards"] *= self.scale
+
+    def compute_loss(self, data):
+        out = super().compute_loss(data)
+        with Path(__file__).with_name("losses.jsonl").open("a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "marker": self.marker,
+                                "shape": list(data["log_probs"].shape)}) + "\\n")
+        if self.marker == self.nan_at:
+            out["loss"] = out["loss"] * float("nan")
+        out["marker"] = torch.tensor(float(self.marker))
+        return out
+
+    def after_train_step(self, step, metrics):
+        self.after.append([step, metrics["reward/mean"]])
+
+    def get_metrics(self):
+        return {"marker": self.marker, "after_calls": len(self.after)}
+"""
+
+
+@pytest.fixture(scope="module")
+def colour_data(tmp_path_factory) -> Path:
+    return make_colour_data(tmp_path_factory.mktemp("colour"))
+
+
+def _spy(tmp_path: Path) -> Path:
+    f = tmp_path / "spy_algo.py"
+    f.write_text(SPY)
+    return f
+
+
+def test_parameters_come_from_unknown_algorithm_keys(colour_data: Path, tmp_path: Path) -> None:
+    base = [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tmp_path}"]
+    spec = f"{EXAMPLE}:LengthAware"
+    cfg = load([*base, f"algorithm.name={spec}", "+algorithm.min_length=2", "algorithm.max_length=9"],
+               config_name="tiny_cpu")  # fmt: skip
+    assert cfg.algorithm.name == spec and dict(cfg.algorithm.params) == {"min_length": 2, "max_length": 9}
+    # a config file's algorithm block (Hydra's config dir, as a user's own preset)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "mine.yaml").write_text(
+        f"defaults:\n  - tiny_cpu\n  - _self_\nalgorithm:\n  name: {spec}\n  min_length: 3\n  penalty: 0.25\n"
+    )
+    from vlmrl.config.command import compose
+
+    composed = compose(["--config-dir", str(tmp_path / "conf"), "--config-name", "mine", *base])
+    assert not composed.problems, composed.problems
+    assert dict(composed.cfg.algorithm.params) == {"min_length": 3, "penalty": 0.25}
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["+algorithm.min_lenght=3"], "Unknown config key 'algorithm.min_lenght'"),
+        (["algorithm.adv_estimater=grpo"], "Did you mean 'algorithm.adv_estimator'?"),
+        ([f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_lenght=3"],
+         "its constructor does not take these parameters (min_lenght)"),
+        ([f"algorithm.name={EXAMPLE}:NoSuchClass"], "has no function 'NoSuchClass'"),
+        (["algorithm.name=vlmrl.algos.losses.LossConfig"], "is not a subclass of vlmrl.algorithms.RLAlgorithm"),
+        ([f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_length=9"], "need 0 < min_length <= max_length"),
+    ],
+)  # fmt: skip
+def test_bad_classes_and_parameters_are_config_problems(colour_data: Path, tmp_path: Path, extra, message) -> None:
+    base = [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tmp_path}"]
+    with pytest.raises(ConfigError) as e:
+        load([*base, *extra], config_name="tiny_cpu")
+    assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colour_data: Path, tmp_path: Path) -> None:
+    """The quick start's launch (2 CPU worker processes): the state set in ``before_train_step`` is what both workers'
+    ``compute_loss`` see in the same step; the hooks' metrics are logged; the state is in the checkpoint."""
+    spy = _spy(tmp_path)
+    out = tmp_path / "run"
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "data.val_files=null",
+                         f"algorithm.name={spy}:Spy", "+algorithm.scale=2.0", "trainer.save_freq=3"))  # fmt: skip
+    calls = [json.loads(x) for x in (tmp_path / "losses.jsonl").read_text().splitlines()]
+    assert len({c["pid"] for c in calls}) == 2  # both workers ran the class's compute_loss
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["algorithm/marker"] == r["step"] and r["actor/marker"] == r["step"], r  # same step, every worker
+        assert r["algorithm/after_calls"] == r["step"]
+    state = json.loads((out / "global_step_3" / "trainer_state.json").read_text())["algorithm"]
+    assert state["marker"] == 3 and state["scale"] == 2.0 and [s for s, _ in state["after"]] == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,message", [("fail_at", "Spy.before_train_step failed at step 2: RuntimeError: "
+                                            "planned failure"), ("nan_at", "Spy.compute_loss at step 2: 'loss' is "
+                                            "not finite")])  # fmt: skip
+def test_a_failing_class_stops_the_run_naming_it(tiny_model_dir, colour_data, tmp_path, where, message) -> None:
+    spy = _spy(tmp_path)
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=4", "data.val_files=null",
+                        "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", f"algorithm.name={spy}:Spy",
+                        f"+algorithm.{where}=2", "trainer.save_freq=1"), {"OMP_NUM_THREADS": "1"})  # fmt: skip
+    code = run.proc.wait(timeout=300)
+    log = run.output()
+    assert code != 0 and message in log, log[-3000:]
+    assert "last complete checkpoint:" in log and (out / "global_step_1" / "trainer_state.json").is_file()
+
+
+@pytest.mark.slow
+def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colour_data: Path, tmp_path) -> None:
+    """The quick start's task, where a response's length does not change its reward: without the class responses
+    stay near the length cap (8 tokens); with it (window 1-5 tokens) most land inside within 50 steps."""
+    fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
+            "trainer.total_training_steps=50")  # fmt: skip
+    plain, shaped = tmp_path / "plain", tmp_path / "shaped"
+    run_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
+    run_to_end(base_args(tiny_model_dir, colour_data, shaped, *fast, f"algorithm.name={EXAMPLE}:LengthAware",
+                         "+algorithm.min_length=1", "+algorithm.max_length=5", "+algorithm.penalty=1.0",
+                         "+algorithm.patience=1000"))  # fmt: skip
+    tail = lambda rows, key: sum(r[key] for r in rows[-5:]) / 5  # noqa: E731
+    plain_len, shaped_rows = tail(metrics(plain), "response_length/mean"), metrics(shaped)
+    assert plain_len > 6.5, plain_len  # free length: near the 8-token cap
+    assert shaped_rows[0]["algorithm/in_window"] < 0.2 and tail(shaped_rows, "algorithm/in_window") >= 0.8
+    assert tail(shaped_rows, "response_length/mean") < 5.0
+
+
+def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, colour_data: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
+         f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
+         "trainer.dry_run=true",
+         f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.max_length=7"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert (
+        f"algorithm class: {EXAMPLE}:LengthAware(min_length=4 (default), max_length=7, penalty=0.5 (default), "
+        "patience=3 (default))" in out.stdout
+    ), out.stdout[-3000:] + out.stderr[-2000:]
