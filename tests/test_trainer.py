@@ -643,7 +643,8 @@ def test_val_only_records_its_metrics(val_only_run):
 
 
 def test_user_advantage_estimator_from_file_drives_the_update(tiny_model_dir, data, tmp_path):
-    """algorithm.adv_estimator=file.py:fn is called once per step with the step's scores and groups, and its output
+    """algorithm.adv_estimator=file.py:fn (verl's signature) is called once per step with the step's token rewards,
+    response masks and prompt ids, and its output
     is what trains: a constant 0.25 advantage gives advantages/mean 0.25 and, on-policy with token-mean, a policy
     loss of exactly -0.25 and a non-zero gradient (GRPO on the untrained model's all-zero rewards would give none).
     Validation with log_val_generations=0 writes no gallery; without tensorboard in trainer.logger no event file."""
@@ -651,11 +652,13 @@ def test_user_advantage_estimator_from_file_drives_the_update(tiny_model_dir, da
     est = tmp_path / "my_adv.py"
     est.write_text(
         "import json\nimport torch\n\n"
-        "def quarter(scores, group, *, norm_by_std=True, response_lengths=None, **kw):\n"
+        "def quarter(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,\n"
+        "            config=None, **kw):\n"
         f"    with open({str(calls)!r}, 'a') as f:\n"
-        "        f.write(json.dumps({'n': len(scores), 'groups': int(group.max()) + 1,\n"
-        "                            'lengths': [int(x) for x in response_lengths]}) + '\\n')\n"
-        "    return torch.full_like(scores, 0.25)\n"
+        "        f.write(json.dumps({'n': len(token_level_rewards), 'groups': len(set(index.tolist())),\n"
+        "                            'lengths': [int(x) for x in response_mask.sum(-1)]}) + '\\n')\n"
+        "    adv = 0.25 * response_mask\n"
+        "    return adv, adv\n"
     )
     out = tmp_path / "run"
     cfg = make_cfg(tiny_model_dir, data, out, f"algorithm.adv_estimator={est}:quarter",
