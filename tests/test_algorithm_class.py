@@ -43,8 +43,10 @@ class Spy(RLAlgorithm):
     def compute_loss(self, data):
         out = super().compute_loss(data)
         with Path(__file__).with_name("losses.jsonl").open("a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "marker": self.marker,
-                                "shape": list(data["log_probs"].shape)}) + "\\n")
+            r = data["rewards"]
+            f.write(json.dumps({"pid": os.getpid(), "marker": self.marker, "shape": list(data["log_probs"].shape),
+                                "rewards_shape": list(r.shape), "one_per_row": bool(((r != 0).sum(-1) <= 1).all()),
+                                "rewards_sum": float(r.sum())}) + "\\n")
         if self.marker == self.nan_at:
             out["loss"] = out["loss"] * float("nan")
         out["marker"] = torch.tensor(float(self.marker))
@@ -116,7 +118,11 @@ def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colo
                          f"algorithm.name={spy}:Spy", "+algorithm.scale=2.0", "trainer.save_freq=3"))  # fmt: skip
     calls = [json.loads(x) for x in (tmp_path / "losses.jsonl").read_text().splitlines()]
     assert len({c["pid"] for c in calls}) == 2  # both workers ran the class's compute_loss
+    assert all(c["rewards_shape"] == c["shape"] and c["one_per_row"] for c in calls)  # scores on last tokens
     rows = metrics(out)
+    for r in rows:  # the rewards compute_loss gets are the hook's: doubled (scale 2), 16 prompts x 8 samples
+        total = sum(c["rewards_sum"] for c in calls if c["marker"] == r["step"])
+        assert total == pytest.approx(2 * r["reward/mean"] * 128, abs=1e-3), (r["step"], total)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r["algorithm/marker"] == r["step"] and r["actor/marker"] == r["step"], r  # same step, every worker
@@ -174,3 +180,17 @@ def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, co
         f"algorithm class: {EXAMPLE}:LengthAware(min_length=4 (default), max_length=7, penalty=0.5 (default), "
         "patience=3 (default))" in out.stdout
     ), out.stdout[-3000:] + out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_class_state_resumes_from_the_checkpoint(tiny_model_dir, colour_data: Path, tmp_path: Path) -> None:
+    """A run cut after step 2 and resumed: the instance's state (here the list ``after_train_step`` appends to) comes
+    back from the checkpoint, so step 3 counts 3 calls as an uncut run does."""
+    spy = _spy(tmp_path)
+    out = tmp_path / "run"
+    fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
+            f"algorithm.name={spy}:Spy", "trainer.save_freq=2")  # fmt: skip
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2", *fast))
+    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
+    step3 = [r for r in metrics(out) if r["step"] == 3]
+    assert step3 and step3[-1]["algorithm/after_calls"] == 3 and step3[-1]["algorithm/marker"] == 3, step3

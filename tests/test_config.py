@@ -218,7 +218,10 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("global_profiler.tool=torch_memory", "verl's profiler"),
         ("actor_rollout_ref.model.enable_activation_offload=True", "activation offloading"),
         ("actor_rollout_ref.rollout.do_sample=False", "greedy training rollouts"),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode", "rollout-correction bypass mode"),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+            "set algorithm.rollout_correction.bypass_mode=True instead",
+        ),
     ],
 )
 def test_unsupported_option_is_rejected_with_the_reason(tmp_path: Path, override: str, reason: str) -> None:

@@ -145,8 +145,8 @@ def test_dual_clip_off_and_bounds() -> None:
 
 def test_names_and_refusals() -> None:
     assert get_policy_loss("ppo") is get_policy_loss("vanilla")  # vlmrl's older name
-    with pytest.raises(ValueError, match="bypass mode"):
-        get_policy_loss("bypass_mode")
+    with pytest.raises(ValueError, match="set algorithm.rollout_correction.bypass_mode=True"):
+        run(get_policy_loss("bypass_mode"), batch(0), "token-mean", our_config("bypass_mode"))
     with pytest.raises(ValueError, match="unknown; choose one of"):
         get_policy_loss("gspoo")
     cfg = our_config("dro")
@@ -154,3 +154,39 @@ def test_names_and_refusals() -> None:
     with pytest.raises(ValueError, match="dro_beta"):
         run(losses.dro, batch(0), "token-mean", cfg)
     assert set(MODES) | {"bypass_mode"} == set(verl_algos.POLICY_LOSS_REGISTRY), "a verl loss this test misses"
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+@pytest.mark.parametrize(
+    "corr",
+    [dict(rollout_is="token", rollout_is_threshold=2.0),
+     dict(rollout_is="sequence", rollout_is_threshold="0.5_2.0", rollout_rs="token_k1",
+          rollout_rs_threshold="0.8_1.25"),
+     dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.035)],
+)  # fmt: skip
+def test_bypass_mode_equals_verls(loss_type: str, corr: dict) -> None:
+    """Rollout correction's bypass mode: the old log-probs are the engine's; weights and rejection against the current
+    policy inside the loss; PPO clip on the kept tokens or REINFORCE with the weights."""
+    from types import SimpleNamespace
+
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    full = {**dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
+                   rollout_rs_threshold=None), **corr, "loss_type": loss_type}  # fmt: skip
+    for seed in (0, 1):
+        b = batch(seed)
+        cfg = our_config("bypass_mode")
+        cfg.policy_loss.rollout_correction = SimpleNamespace(**full)
+        ours = run(get_policy_loss("bypass_mode"), b, "token-mean", cfg)
+        vcfg = VerlActorConfig(
+            strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
+            policy_loss=VerlPolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(
+                **{k: v for k, v in full.items() if k != "loss_type"}, loss_type=loss_type)), **SETTINGS,
+        )  # fmt: skip
+        theirs = run(verl_algos.get_policy_loss_fn("bypass_mode"), b, "token-mean", vcfg)
+        torch.testing.assert_close(ours[0], theirs[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(ours[1], theirs[1], atol=ATOL, rtol=0)
+        for k, v in ours[2].items():
+            assert v == pytest.approx(float(theirs[2][k]), abs=1e-5), (k, v, theirs[2][k])
+        if "rollout_rs" in corr:  # the bounds reject some tokens, not all: the case tests the mask
+            assert 0 < ours[2]["rollout_corr/rollout_rs_masked_fraction"] < 1, ours[2]

@@ -40,7 +40,7 @@ def worker(tiny_model_dir, colour_data, tmp_path_factory):
     w.shutdown()
 
 
-@pytest.mark.parametrize("mode", sorted(POLICY_LOSSES))
+@pytest.mark.parametrize("mode", sorted(set(POLICY_LOSSES) - {"bypass_mode"}))  # bypass: its own test below
 def test_each_loss_trains_two_steps(worker, mode: str) -> None:
     from vlmrl.batch import TrainShard
 
@@ -130,7 +130,7 @@ def test_rollout_correction_in_the_update(worker) -> None:
         return m, moved
 
     base = dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
-                rollout_rs_threshold=None)  # fmt: skip
+                rollout_rs_threshold=None, bypass_mode=False)  # fmt: skip
     try:
         keep = SimpleNamespace(**{**base, "rollout_is": "token", "rollout_is_threshold": 100.0,
                                   "rollout_rs": "token_k1", "rollout_rs_threshold": "0.001_1000"})  # fmt: skip
@@ -149,3 +149,29 @@ def _full(p):
     """A parameter's full value, whether FSDP holds it sharded (a DTensor) or gathered."""
     t = p.detach()
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
+
+
+def test_bypass_mode_in_the_update(worker) -> None:
+    """Rollout correction's bypass mode in the workers' update: the engine's log-probs are the old ones (no
+    recomputation), the loss computes weights and rejection against the current policy and logs them."""
+    from types import SimpleNamespace
+
+    from vlmrl.batch import TrainShard
+
+    w, ds = worker
+    pol = w.policy
+    rc = SimpleNamespace(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=False,
+                         rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0", bypass_mode=True,
+                         loss_type="reinforce")  # fmt: skip
+    try:
+        pol.correction = rc
+        pol.loss_config = LossConfig(clip_ratio=0.2, policy_loss=PolicyLossSettings(loss_mode="bypass_mode"))
+        pol.loss_config.policy_loss.rollout_correction = rc
+        rb = w.generate(ds.get_batch([12, 13]))
+        shard = TrainShard(stored=[(rid, g) for _, rid, g in rb.origins], sent=None,
+                           advantages=[1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.25, -0.25], mini_batch_samples=4)  # fmt: skip
+        m = w.update(shard)
+        assert m["actor/grad_norm"] > 0 and "rollout_corr/rollout_is_mean" in m and "rollout_corr/kl" in m, m
+        assert abs(m["rollout_corr/rollout_is_mean"] - 1.0) < 0.1, m
+    finally:
+        pol.correction = None

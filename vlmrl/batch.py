@@ -277,6 +277,9 @@ class TrainShard:
     """Samples per critic optimizer step on this worker."""
     update_actor: bool = True
     """False during trainer.critic_warmup: only the critic learns."""
+    rewards: list[float] = field(default_factory=list)
+    """Each sample's score as the advantages saw it (after ``before_train_step``), in order: ``compute_loss``'s
+    token-level ``rewards``."""
     algorithm_state: dict[str, Any] | None = None
     """The algorithm class's state after this step's ``before_train_step`` (``algorithm.name``), for the workers'
     instances."""

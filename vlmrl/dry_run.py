@@ -367,6 +367,9 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
             else []
         )
         parts += [f"rejection {rc.rollout_rs} (threshold {rc.rollout_rs_threshold})"] if rc.rollout_rs else []
+        parts += (
+            [f"bypass mode (the engine's log-probs as the old ones, {rc.loss_type} loss)"] if rc.bypass_mode else []
+        )
         rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))  # fmt: skip
     crit = critic_plan(cfg)
     if crit is not None:

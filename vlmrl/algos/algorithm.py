@@ -12,7 +12,8 @@ file's ``algorithm`` block). Where the hooks run:
 2. ``compute_loss(data) -> dict``, on every worker for every micro-batch (under FSDP). ``data`` holds [b, R]
    tensors: ``responses``, ``response_mask`` (1 on generated tokens), ``attention_mask`` ([b, P+R]),
    ``old_log_probs``, ``log_probs`` (with gradient), ``ref_log_probs`` (None without a reference), ``advantages``,
-   ``entropy``, ``rollout_is_weights`` (None without rollout correction), ``response_lengths`` [b]. Return
+   ``entropy``, ``rollout_is_weights`` (None without rollout correction), ``rewards`` (each sample's score, as
+   the advantages saw it, on its last generated token), ``response_lengths`` [b]. Return
    ``{"loss": scalar tensor with gradient, **metrics}``; the metrics are logged under ``actor/``. The default is
    the configured policy loss (``actor.policy_loss.loss_mode``) with the entropy bonus and the KL loss, so a
    subclass can call ``super().compute_loss(data)`` and add to ``out["loss"]``.
@@ -71,6 +72,7 @@ class RLAlgorithm:
             rollout_is_weights=data.get("rollout_is_weights"),
         )  # fmt: skip
         out: dict[str, Any] = {"pg_loss": loss, **{k.removeprefix("actor/"): v for k, v in metrics.items()}}
+        # (names with a '/' left, e.g. bypass mode's rollout_corr/*, are logged as they are; the others under actor/)
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * agg_loss(data["entropy"], mask, cfg.loss_agg_mode, **info)
         if data.get("ref_log_probs") is not None:

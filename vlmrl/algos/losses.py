@@ -9,8 +9,8 @@ ranks (FSDP averages gradients over them), so summing the micro-batch losses' gr
 
 The built-ins are verl 0.9.1's ``core_algos`` losses, to the same tensors (tests/test_losses.py runs verl's own
 functions beside these): ``vanilla`` (PPO clip, dual clip; vlmrl's older name ``ppo``), ``gspo``, ``sapo``, ``gpg``,
-``clip_cov``, ``kl_cov``, ``geo_mean``, ``dro``, ``cispo``, ``dppo_tv``, ``dppo_kl`` (``bypass_mode`` is refused:
-``NOT_BUILT``). One difference, named where it
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``dro``, ``cispo``, ``dppo_tv``, ``dppo_kl``, ``bypass_mode`` (rollout
+correction's bypass mode, which the trainer selects itself). One difference, named where it
 is: ``geo_mean`` divides by the mini-batch's sequence count (verl: the micro-batch's mean), so micro-batching does
 not change it.
 """
@@ -30,12 +30,8 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 ALIASES = {"ppo": "vanilla"}
 """vlmrl's older names of built-in losses."""
-NOT_BUILT = {
-    "bypass_mode": "it is verl's rollout-correction bypass mode (the engine's log-probs taken as the old ones, "
-    "algorithm.rollout_correction.bypass_mode), which vlmrl does not implement yet; the decoupled correction "
-    "(algorithm.rollout_correction.rollout_is / rollout_rs) works with every loss",
-}
-"""Losses verl 0.9.1 registers that vlmrl refuses, with why."""
+NOT_BUILT: dict[str, str] = {}
+"""Losses verl 0.9.1 registers that vlmrl refuses, with why (none now)."""
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -443,3 +439,37 @@ def cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="toke
     losses = -clipped.detach() * advantages * log_prob
     loss = _agg(losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return loss, _metrics(masked_mean((ratio != clipped).float(), response_mask), masked_mean(-neg_kl, response_mask))
+
+
+def reinforce(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-sum", config=None,
+              rollout_is_weights=None):  # fmt: skip
+    """REINFORCE, -A log p (times the importance weights): bypass mode's ``loss_type=reinforce``."""
+    losses = -advantages * log_prob
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights
+    loss = agg_loss(losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    return loss, {"actor/ppo_kl": _f(masked_mean(-(log_prob - rollout_log_prob), response_mask))}
+
+
+@register_policy_loss("bypass_mode")
+def bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                rollout_is_weights=None):  # fmt: skip
+    """Rollout correction's bypass mode: the old log-probs are the engine's; the importance weights and the rejection
+    mask are computed against the current policy (``config.policy_loss.rollout_correction``), then PPO clip on the
+    kept tokens (``loss_type=ppo_clip``, no weights) or REINFORCE with the weights (``loss_type=reinforce``)."""
+    from vlmrl.algos.rollout_correction import correct
+
+    rc = config.policy_loss.rollout_correction if config is not None else None
+    if rc is None:
+        raise ValueError("actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction.bypass_mode=True "
+                         "(the trainer then uses the engine's log-probs as the old ones and this loss)")  # fmt: skip
+    loss_type = getattr(rc, "loss_type", "ppo_clip")
+    with torch.no_grad():
+        weights, mask, corr = correct(log_prob, old_log_prob, response_mask, rc)
+    if loss_type == "reinforce":
+        loss, metrics = reinforce(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, weights)
+    elif loss_type == "ppo_clip":
+        loss, metrics = vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, None)
+    else:
+        raise ValueError(f"algorithm.rollout_correction.loss_type={loss_type!r}: use ppo_clip | reinforce")
+    return loss, {**metrics, **corr}

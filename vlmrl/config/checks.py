@@ -195,14 +195,16 @@ def algorithm_class_problems(cfg: VLMRLConfig) -> list[str]:
 
 
 def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
-    """``algorithm.rollout_correction``: bypass mode refused (not built), the settings parsed (as the workers will),
-    and a sampling temperature of 1 (the engine reports log-probs of the unscaled distribution)."""
+    """``algorithm.rollout_correction``: the bypass loss only through bypass mode (as verl), the settings parsed (as
+    the workers will), and a sampling temperature of 1 (the engine reports log-probs of the unscaled
+    distribution)."""
     rc = cfg.algorithm.rollout_correction
     key = "algorithm.rollout_correction"
     p = []
-    if rc.bypass_mode:
-        p.append(f"{key}.bypass_mode=True: not implemented in vlmrl yet (verl's bypass mode takes the engine's "
-                 "log-probs as the old ones); use the default decoupled mode: rollout_is / rollout_rs.")  # fmt: skip
+    if cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode" and not rc.bypass_mode:
+        p.append("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction."
+                 "bypass_mode=True instead (as in verl, the trainer then picks this loss and the old log-probs)."
+                 )  # fmt: skip
     if rc.loss_type not in ("ppo_clip", "reinforce"):
         p.append(f"{key}.loss_type={rc.loss_type!r}: use ppo_clip | reinforce (bypass mode's loss).")
     if not rc.enabled:

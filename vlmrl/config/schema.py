@@ -349,14 +349,15 @@ class RolloutCorrectionConfig:
     """Bounds of each rollout_rs option (k1: "lower_upper" ratio bounds or one upper; k2/k3: an upper bound), one
     shared or one per option, comma-separated."""
     bypass_mode: bool = False
-    """verl's bypass mode (the engine's log-probs as the old ones): not implemented yet, refused when True."""
+    """verl's bypass mode: the engine's log-probs are the old ones (no recomputation), the weights and rejection are
+    computed against the current policy inside the loss (``actor.policy_loss.loss_mode`` becomes bypass_mode)."""
     loss_type: str = "ppo_clip"
-    """Bypass mode's loss (ppo_clip | reinforce): used only with bypass_mode."""
+    """Bypass mode's loss: ppo_clip (PPO clip on the kept tokens) | reinforce (REINFORCE with the weights)."""
 
     @property
     def enabled(self) -> bool:
-        """Whether any correction applies."""
-        return self.rollout_is is not None or self.rollout_rs is not None
+        """Whether any correction applies (bypass mode is one)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
 
 
 @dataclass

@@ -355,6 +355,7 @@ class Trainer:
                     state = self.algorithm.state_dict()
                     for shard in shards:
                         shard.algorithm_state = state
+                        shard.rewards = [scored.scores.scores[i] for i in shard.samples]
                     updated = self.group.update(shards)
                 with timer("push"):  # the new weights into the engines, which wake for the next rollout
                     self.group.push_weights()

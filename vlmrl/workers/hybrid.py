@@ -299,7 +299,8 @@ class HybridWorker:
         if shard.algorithm_state is not None:
             self.policy.algorithm.load_state_dict(shard.algorithm_state)
         if shard.update_actor:
-            metrics |= self.policy.update(x, adv, shard.mini_batch_samples, given)
+            rewards = torch.tensor(shard.rewards, dtype=torch.float32) if shard.rewards else None
+            metrics |= self.policy.update(x, adv, shard.mini_batch_samples, given, rewards)
         if self.device == "cuda":  # verl's names; peak since the previous step
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30

@@ -176,6 +176,16 @@ def token_micro_batches(
     return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)))
 
 
+def last_token_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[b, R]: each score on its sample's last response token (mask 1), zeros elsewhere (verl's token-level
+    rewards)."""
+    out = torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = ((mask > 0) * positions).amax(dim=-1)
+    out[torch.arange(mask.shape[0], device=mask.device), last] = scores
+    return out
+
+
 def global_sums(device: str, world: int, *values: float) -> list[float]:
     """Sums of these numbers over ranks, in one all-reduce."""
     if not dist.is_initialized() or world == 1:
@@ -337,6 +347,9 @@ class PolicyWorker:
             self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
         )
         self.loss_config = LossConfig.from_actor(arr.actor)
+        if rollout_correction is not None and rollout_correction.bypass_mode:  # as verl's apply_bypass_mode
+            self.loss_config.policy_loss.loss_mode = "bypass_mode"
+            self.loss_config.policy_loss.rollout_correction = rollout_correction
         self.algorithm = build_algorithm(algorithm[0], dict(algorithm[1]), self.loss_config)
         self.temperature = max(arr.rollout.temperature, 1e-6)
         # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
@@ -397,10 +410,12 @@ class PolicyWorker:
         advantages: torch.Tensor,
         mini_batch_samples: int,
         given: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+        rewards: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """PPO-style update over ``x`` (this rank's samples) with ``ppo_epochs`` passes of mini-batches.
         ``advantages``: [B] (one per sample) or [B, R] (per token). ``given``: old and reference log-probs computed
-        before (``old_and_ref``); else they are computed here.
+        before (``old_and_ref``); else they are computed here. ``rewards``: [B] each sample's score (the algorithm
+        class's ``compute_loss`` gets it on the last generated token).
 
         With one epoch and one mini-batch the data is exactly on-policy: the old log-probs equal the current ones,
         so the ratio is computed against their detached values and no separate forward is spent on them.
@@ -408,16 +423,19 @@ class PolicyWorker:
         ac = self.actor_cfg
         timer = Timer()
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
+        bypass = self.correction is not None and self.correction.bypass_mode
+        decoupled = self.correction is not None and not bypass
         with timer("old_ref_logprob"):
-            old, ref = (
-                given
-                if given is not None
-                else self.old_and_ref(x, mini_batch_samples, need_old=self.correction is not None)
-            )
-            if self.correction is not None and old is None:  # (a prepared shard computed none: on-policy)
+            old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples, need_old=decoupled)
+            if decoupled and old is None:  # (a prepared shard computed none: on-policy)
                 old = self.logprobs(x, "actor")
+            if bypass:  # verl's bypass mode: the engine's log-probs are the old ones (no recomputation)
+                if x.rollout_logprobs is None:
+                    raise RuntimeError("algorithm.rollout_correction.bypass_mode needs the engine's log-probs of the "
+                                       "sampled tokens, and this rollout returned none")  # fmt: skip
+                old = x.rollout_logprobs[:, : x.response_mask.shape[1]].float()
         weights, corrected = None, {}
-        if self.correction is not None:
+        if decoupled:
             x, weights, corrected = self._correct(x, old)
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
@@ -426,7 +444,7 @@ class PolicyWorker:
             for _epoch in range(ac.ppo_epochs):
                 order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
                 for mini in order.chunk(n_mini):
-                    self._mini_step(x, mini, advantages, old, ref, metrics, weights)
+                    self._mini_step(x, mini, advantages, old, ref, metrics, weights, rewards)
             self.scheduler.step()
         empty = len(metrics.pop("actor/empty_mini_batches", []))
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
@@ -465,6 +483,7 @@ class PolicyWorker:
         ref: torch.Tensor | None,
         metrics: dict[str, list[float]],
         weights: torch.Tensor | None = None,
+        rewards: torch.Tensor | None = None,
     ) -> None:
         ac = self.actor_cfg
         mini = x.select(rows)
@@ -502,6 +521,7 @@ class PolicyWorker:
                 "ref_log_probs": None if ref is None else ref[idx, :R].to(lp.device),
                 "rollout_is_weights": None if weights is None else weights[idx, :R].to(lp.device),
                 "response_lengths": mask.sum(-1),
+                "rewards": None if rewards is None else last_token_scores(rewards[idx].to(lp.device), mask),
             }  # fmt: skip
             self.algorithm.loss_config = cfg
             step = int(self.scheduler.last_epoch) + 1
@@ -519,7 +539,7 @@ class PolicyWorker:
             add("actor/pg_loss", float(pg_loss))  # the micro-batch's part of the loss (x ranks)
             for name, value in loss_metrics.items():  # the loss's own diagnostics: per-token means, weighted
                 if name != "kl_loss":
-                    add(f"actor/{name}", float(value) * n_tok)
+                    add(name if "/" in name else f"actor/{name}", float(value) * n_tok)
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
