@@ -44,7 +44,9 @@ def batch(seed: int, B: int = 9, R: int = 7, per_token: bool = False) -> dict:
     if per_token:
         rewards = rewards - 0.01 * torch.rand(B, R, generator=g) * mask
     index = np.array(["p2", "p0", "p1", "p0", "p2", "p1", "p0", "p2", "p3"][:B], dtype=object)
-    return {"rewards": rewards, "mask": mask, "index": index, "scores": scores, "lengths": lengths}
+    baselines = torch.randint(0, 3, (B,), generator=g).float()
+    return {"rewards": rewards, "mask": mask, "index": index, "scores": scores, "lengths": lengths,
+            "baselines": baselines}  # fmt: skip
 
 
 def verl_config(**kw) -> AlgoConfig:
@@ -53,6 +55,8 @@ def verl_config(**kw) -> AlgoConfig:
 
 def call(fn, b: dict, cfg, norm: bool = True, **extra):
     kw = dict(token_level_rewards=b["rewards"].clone(), response_mask=b["mask"], index=b["index"], config=cfg, **extra)
+    if "reward_baselines" in fn.__code__.co_varnames:  # ReMax: a greedy rollout's reward per sample
+        kw["reward_baselines"] = b["baselines"]
     if "norm_adv_by_std_in_grpo" in fn.__code__.co_varnames:
         kw["norm_adv_by_std_in_grpo"] = norm
     return fn(**kw)
@@ -104,7 +108,8 @@ def test_sequence_path_equals_the_token_form(name: str) -> None:
     if name == "grpo_passk":
         b = {k: v[:8] for k, v in b.items()}
     cfg = EstimatorConfig()
-    seq = sequence_advantages(name, b["scores"], torch.as_tensor(b["index"]), b["lengths"].float(), cfg)
+    seq = sequence_advantages(name, b["scores"], torch.as_tensor(b["index"]), b["lengths"].float(), cfg,
+                              baselines=b["baselines"].tolist() if name == "remax" else None)  # fmt: skip
     tok, _ = call(get_adv_estimator_fn(name), b, cfg)
     rows = torch.arange(len(seq))
     torch.testing.assert_close(seq, tok[rows, b["lengths"] - 1].float(), atol=ATOL, rtol=0)

@@ -45,7 +45,8 @@ def colour_data(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["grpo_vectorized", "rloo_vectorized", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo"]
+    "name",
+    ["grpo_vectorized", "rloo_vectorized", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo", "remax"],
 )
 def test_each_estimator_trains_two_steps(tiny_model_dir, colour_data, tmp_path, name: str) -> None:
     reward = tmp_path / "reward.py"
@@ -59,6 +60,7 @@ def test_each_estimator_trains_two_steps(tiny_model_dir, colour_data, tmp_path, 
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert math.isfinite(r["actor/pg_loss"]) and math.isfinite(r["advantages/mean"]), r
+        assert ("timing/baseline_s" in r) == (name == "remax")  # ReMax's greedy baseline rollout, timed
 
 
 @pytest.mark.slow

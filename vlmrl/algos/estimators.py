@@ -8,9 +8,9 @@ response mask, ``index`` the prompt (group) id of each sample (a numpy array), `
 
 The built-ins are verl 0.9.1's ``core_algos`` estimators, to the same tensors (tests/test_estimators.py runs verl's
 own functions beside these): ``grpo``, ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``,
-``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``; plus vlmrl's ``dr_grpo`` (GRPO
-without the std). ``gae`` needs the critic's values (``vlmrl.algos.ppo``). Refused, with why (``NOT_BUILT``):
-``remax`` and the optimal-token-baseline pair.
+``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``, ``remax`` (the trainer rolls
+out each prompt greedily for its baseline); plus vlmrl's ``dr_grpo`` (GRPO without the std). ``gae`` needs the
+critic's values (``vlmrl.algos.ppo``). Refused, with why (``NOT_BUILT``): the optimal-token-baseline pair.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from vlmrl.userfiles import load_callable
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, EstimatorFn] = {}
 NOT_BUILT = {
-    "remax": "its baseline is the reward of a greedy rollout of each prompt, which vlmrl does not generate yet",
     "optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
     "actor.calculate_sum_pi_squared), which vlmrl's forward does not compute yet",
     "tir_optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
@@ -244,6 +243,15 @@ def reinforce_plus_plus(token_level_rewards, response_mask, config=None, **kwarg
     return adv, returns
 
 
+@register_adv_est("remax")
+def remax(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
+    """ReMax: the return (reward-to-go) minus the reward of the prompt's greedy rollout (``reward_baselines`` [B])."""
+    with torch.no_grad():
+        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        adv = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return adv, returns
+
+
 @register_adv_est("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """REINFORCE++ with a baseline: r - group mean on every response token, whitened over the batch's tokens."""
@@ -310,6 +318,7 @@ def sequence_advantages(
     lengths: torch.Tensor,
     config: EstimatorConfig,
     components: dict[str, list[float]] | None = None,
+    baselines: list[float] | None = None,
 ) -> torch.Tensor:
     """One advantage per sample for a ``SEQUENCE_LEVEL`` estimator: its token form run on each score placed on the
     sample's last generated token (``lengths`` of them), read back per sample; raises if any is NaN/inf."""
@@ -326,6 +335,8 @@ def sequence_advantages(
     kwargs: dict[str, Any] = {}
     if name == "gdpo":
         kwargs = {"non_tensor_batch": components or {}, "batch": None}
+    if baselines is not None:  # ReMax: each sample's greedy-rollout reward
+        kwargs["reward_baselines"] = torch.tensor(baselines, dtype=torch.float64)
     out = fn(token_level_rewards=rewards, response_mask=read_mask, index=group.numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
     adv, _ = checked(name, out, (B, L))

@@ -183,10 +183,11 @@ def token_advantages(
     values: torch.Tensor | None = None,
     config: EstimatorConfig | None = None,
     components: dict[str, list[float]] | None = None,
+    baselines: list[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns [B, R] for ``estimator``: GAE (needs the critic's ``values``; ``config.gamma`` and
     ``lam``), or any estimator of ``vlmrl.algos.estimators`` (built-in, registered or from a file), called as verl
-    calls it (``index``: each sample's prompt; GDPO also gets the reward ``components``)."""
+    calls it (``index``: each sample's prompt; GDPO also gets the reward ``components``, ReMax the ``baselines``)."""
     config = config or EstimatorConfig(adv_estimator=estimator)
     if estimator == "gae":
         if values is None:
@@ -196,6 +197,8 @@ def token_advantages(
     kwargs: dict[str, object] = {}
     if estimator == "gdpo":
         kwargs = {"non_tensor_batch": components or {}, "batch": None}
+    if baselines is not None:  # ReMax: each sample's greedy-rollout reward
+        kwargs["reward_baselines"] = torch.tensor(baselines, dtype=token_rewards.dtype)
     m = mask.to(token_rewards.dtype)
     out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip

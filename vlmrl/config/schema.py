@@ -20,14 +20,14 @@ AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-me
 """verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
 SEQUENCE_ESTIMATORS = frozenset(
     {"grpo", "grpo_vectorized", "dr_grpo", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk",
-     "reinforce_plus_plus_baseline", "gdpo"}
+     "reinforce_plus_plus_baseline", "gdpo", "remax"}
 )  # fmt: skip
 """Built-in estimators whose advantage is one number per sample (``vlmrl.algos.estimators``): the trainer computes
 them from the scores and response lengths alone, before any log-prob is known. Others (``gae``,
 ``reinforce_plus_plus`` with its discounting, a user's estimator) run per token after the workers' forward."""
-GROUP_ESTIMATORS = SEQUENCE_ESTIMATORS
-"""Built-in estimators that compare the samples of a prompt (they need rollout.n >= 2): all the sequence-level
-ones."""
+GROUP_ESTIMATORS = SEQUENCE_ESTIMATORS - {"remax"}
+"""Built-in estimators that compare the samples of a prompt (they need rollout.n >= 2): the sequence-level ones but
+ReMax (its baseline is a greedy rollout)."""
 
 # ----------------------------------------------------------------------------------------------------------- data
 
@@ -364,7 +364,7 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | grpo_vectorized | dr_grpo | rloo | rloo_vectorized | opo | gpg | grpo_passk | reinforce_plus_plus |
-    reinforce_plus_plus_baseline | gdpo | gae (PPO with a critic: verl's default, vlmrl's quick start uses grpo)
+    reinforce_plus_plus_baseline | gdpo | remax | gae (PPO with a critic: verl's default, vlmrl's quick start uses grpo)
     (``vlmrl.algos.estimators``), a name a user's file registers, or ``path/to/file.py:fn``."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""

@@ -284,7 +284,15 @@ class Trainer:
             with timer("reward"):
                 samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
                 scored = self.rewards.score(samples)
-            return StepData(prompts, rb, samples, scored)
+            baselines = None
+            if cfg.algorithm.adv_estimator == "remax":  # its baseline: each prompt's greedy rollout, scored
+                with timer("baseline"):
+                    greedy = self.rollout(prompts, validate=True)
+                    ref = self.rewards.score(RewardSample.of_rollout(prompts, greedy, self.tokenizer,
+                                                                     cfg.data.max_response_length))  # fmt: skip
+                    per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
+                    baselines = per_prompt.repeat_interleave(rb.n).tolist()
+            return StepData(prompts, rb, samples, scored, baselines)
 
         collected = [one_batch()]
         if not fg.enable:
@@ -393,7 +401,7 @@ class Trainer:
         lengths = torch.tensor([len(r) for r in step.rollout.response_ids], dtype=torch.float32)
         group = torch.arange(len(scores)) // step.rollout.n
         adv = sequence_advantages(alg.adv_estimator, scores, group, lengths, EstimatorConfig.from_algorithm(alg),
-                                  step.scores.components)  # fmt: skip
+                                  step.scores.components, step.baselines)  # fmt: skip
         if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
             raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
         return adv

@@ -36,6 +36,8 @@ class StepData:
     rollout: RolloutBatch
     samples: list[RewardSample]
     scores: RewardOutput
+    baselines: list[float] | None = None
+    """Per sample: its prompt's greedy-rollout reward (ReMax's baseline; None for other estimators)."""
 
 
 def split_even(items: list[Any], parts: int) -> list[list[Any]]:
@@ -56,7 +58,10 @@ def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepDa
     samples = [s for b, g in chosen for s in collected[b].samples[g * n : (g + 1) * n]]
     picked = [(collected[b].scores, list(range(g * n, (g + 1) * n))) for b, g in chosen]
     scores = RewardOutput.combine(picked, samples, [c.scores for c in collected])
-    return StepData(prompts, rollout, samples, scores)
+    baselines = None
+    if collected[0].baselines is not None:
+        baselines = [v for b, g in chosen for v in collected[b].baselines[g * n : (g + 1) * n]]  # type: ignore[index]
+    return StepData(prompts, rollout, samples, scores, baselines)
 
 
 def plan_shards(
@@ -130,8 +135,8 @@ def token_targets(
         rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, kl_ctrl, alg.kl_penalty)
     group = torch.arange(len(scores)) // step.rollout.n
     adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values,
-                                    config=EstimatorConfig.from_algorithm(alg),
-                                    components=step.scores.components)  # fmt: skip
+                                    config=EstimatorConfig.from_algorithm(alg), components=step.scores.components,
+                                    baselines=step.baselines)  # fmt: skip
     if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
         raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
     if tb.values is None:
