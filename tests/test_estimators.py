@@ -45,8 +45,11 @@ def batch(seed: int, B: int = 9, R: int = 7, per_token: bool = False) -> dict:
         rewards = rewards - 0.01 * torch.rand(B, R, generator=g) * mask
     index = np.array(["p2", "p0", "p1", "p0", "p2", "p1", "p0", "p2", "p3"][:B], dtype=object)
     baselines = torch.randint(0, 3, (B,), generator=g).float()
+    old = -torch.rand(B, R, generator=g) * 3.0
+    pi2 = torch.rand(B, R, generator=g) * 0.5
+    is_weights = (torch.rand(B, R, generator=g) + 0.5) if seed % 2 else None
     return {"rewards": rewards, "mask": mask, "index": index, "scores": scores, "lengths": lengths,
-            "baselines": baselines}  # fmt: skip
+            "baselines": baselines, "old": old, "pi2": pi2, "is_weights": is_weights}  # fmt: skip
 
 
 def verl_config(**kw) -> AlgoConfig:
@@ -57,6 +60,8 @@ def call(fn, b: dict, cfg, norm: bool = True, **extra):
     kw = dict(token_level_rewards=b["rewards"].clone(), response_mask=b["mask"], index=b["index"], config=cfg, **extra)
     if "reward_baselines" in fn.__code__.co_varnames:  # ReMax: a greedy rollout's reward per sample
         kw["reward_baselines"] = b["baselines"]
+    if "sum_pi_squared" in fn.__code__.co_varnames:  # the optimal-token-baseline pair
+        kw |= {"old_log_probs": b["old"], "sum_pi_squared": b["pi2"], "rollout_is_weights": b["is_weights"]}
     if "norm_adv_by_std_in_grpo" in fn.__code__.co_varnames:
         kw["norm_adv_by_std_in_grpo"] = norm
     return fn(**kw)
@@ -69,7 +74,7 @@ def test_each_estimator_equals_verls(name: str, norm: bool, per_token: bool) -> 
     for seed in (0, 1, 2):
         b = batch(seed, per_token=per_token)
         if name == "grpo_passk":  # every prompt needs 2 samples: drop the single one
-            b = {k: v[:8] if k != "index" else v[:8] for k, v in b.items()}
+            b = {k: v[:8] if v is not None else None for k, v in b.items()}
         ours = call(get_adv_estimator_fn(name), b, EstimatorConfig(gamma=0.9, norm_adv_by_std_in_grpo=norm), norm)
         theirs = call(verl_algos.get_adv_estimator_fn(name), b, verl_config(gamma=0.9, norm_adv_by_std_in_grpo=norm),
                       norm)  # fmt: skip
@@ -106,7 +111,7 @@ def test_sequence_path_equals_the_token_form(name: str) -> None:
     b["mask"][0, 2:4] = 1.0  # single turn: no tool span
     b["index"] = np.array([0, 1, 2, 1, 0, 2, 1, 0, 3][:9])
     if name == "grpo_passk":
-        b = {k: v[:8] for k, v in b.items()}
+        b = {k: v[:8] if v is not None else None for k, v in b.items()}
     cfg = EstimatorConfig()
     seq = sequence_advantages(name, b["scores"], torch.as_tensor(b["index"]), b["lengths"].float(), cfg,
                               baselines=b["baselines"].tolist() if name == "remax" else None)  # fmt: skip

@@ -46,7 +46,18 @@ def colour_data(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    ["grpo_vectorized", "rloo_vectorized", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo", "remax"],
+    [
+        "grpo_vectorized",
+        "rloo_vectorized",
+        "opo",
+        "gpg",
+        "grpo_passk",
+        "reinforce_plus_plus_baseline",
+        "gdpo",
+        "remax",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    ],
 )
 def test_each_estimator_trains_two_steps(tiny_model_dir, colour_data, tmp_path, name: str) -> None:
     reward = tmp_path / "reward.py"

@@ -298,3 +298,5 @@ class PreparedShard:
     """The reference's log-probs (None without a reference)."""
     values: torch.Tensor | None
     """The critic's values (None without a critic)."""
+    sum_pi_squared: torch.Tensor | None = None
+    """The policy's sum over the vocabulary of squared token probabilities (optimal-token-baseline estimators)."""

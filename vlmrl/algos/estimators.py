@@ -10,7 +10,8 @@ The built-ins are verl 0.9.1's ``core_algos`` estimators, to the same tensors (t
 own functions beside these): ``grpo``, ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``,
 ``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``, ``remax`` (the trainer rolls
 out each prompt greedily for its baseline); plus vlmrl's ``dr_grpo`` (GRPO without the std). ``gae`` needs the
-critic's values (``vlmrl.algos.ppo``). Refused, with why (``NOT_BUILT``): the optimal-token-baseline pair.
+critic's values (``vlmrl.algos.ppo``); ``optimal_token_baseline`` and ``tir_optimal_token_baseline`` the policy's
+old log-probs and the sum of its squared token probabilities (the workers compute them before the advantages).
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ from vlmrl.userfiles import load_callable
 
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, EstimatorFn] = {}
-NOT_BUILT = {
-    "optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
-    "actor.calculate_sum_pi_squared), which vlmrl's forward does not compute yet",
-    "tir_optimal_token_baseline": "it needs the policy's sum of squared token probabilities (verl: "
-    "actor.calculate_sum_pi_squared), which vlmrl's forward does not compute yet",
-}
-"""Estimators verl 0.9.1 registers that vlmrl refuses, with why."""
+NOT_BUILT: dict[str, str] = {}
+"""Estimators verl 0.9.1 registers that vlmrl refuses, with why (none now)."""
+NEEDS_PI2 = frozenset({"optimal_token_baseline", "tir_optimal_token_baseline"})
+"""Estimators that need the policy's old log-probs and the sum of its squared token probabilities (the workers
+compute both before the advantages)."""
 SEQUENCE_LEVEL, GROUP = SEQUENCE_ESTIMATORS, GROUP_ESTIMATORS  # (names: vlmrl.config.schema)
 
 
@@ -249,6 +248,93 @@ def remax(token_level_rewards, reward_baselines, response_mask, config=None, **k
     with torch.no_grad():
         returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
         adv = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return adv, returns
+
+
+def _reward_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+
+
+def _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask):
+    """Cumulative path-variance weights: sum over t' <= t of (1 - 2 pi_t' + sum_a pi(a)^2) (times the squared IS
+    weights)."""
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights**2
+    return (w * response_mask).cumsum(dim=-1)
+
+
+def _zero_tail(baselines, rows, lengths, trajectories) -> None:
+    """Where one trajectory of a group is strictly the longest, its steps past the second longest get baseline 0."""
+    sorted_lengths, _ = torch.sort(lengths)
+    longest, second = int(sorted_lengths[-1]), int(sorted_lengths[-2])
+    at = (lengths == longest).nonzero(as_tuple=True)[0]
+    if at.numel() == 1 and longest > second:
+        baselines[trajectories[int(at[0])], second:] = 0.0
+
+
+@register_adv_est("optimal_token_baseline")
+def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                           rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
+    """Optimal token baseline: per step t, the group's reward-to-go weighted by each trajectory's cumulative path
+    variance (``_path_weights``), as baseline of that step."""
+    with torch.no_grad():
+        returns = _reward_to_go(token_level_rewards, response_mask)
+        w_cum = _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+        inv, counts = _groups(index, returns.device)
+        baselines = torch.zeros_like(returns)
+        for g in range(len(counts)):
+            trajectories = torch.nonzero(inv == g, as_tuple=True)[0]
+            if len(trajectories) == 1:
+                continue
+            m = response_mask[trajectories]
+            b = (returns[trajectories] * w_cum[trajectories] * m).sum(dim=0) / ((w_cum[trajectories] * m).sum(dim=0)
+                                                                               + epsilon)  # fmt: skip
+            baselines[trajectories] = b.unsqueeze(0).expand(len(trajectories), -1)
+            if handle_zero_tail:
+                _zero_tail(baselines, trajectories, m.sum(dim=-1), trajectories.tolist())
+        adv = (returns - baselines) * response_mask
+    return adv, returns
+
+
+@register_adv_est("tir_optimal_token_baseline")
+def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                               rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
+    """The optimal token baseline for multi-turn, tool-interleaved responses: steps are the generated tokens only
+    (tool outputs, masked, are skipped), aligned by their order among a trajectory's generated tokens."""
+    with torch.no_grad():
+        returns = _reward_to_go(token_level_rewards, response_mask)
+        w_cum = _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+        lengths = response_mask.sum(dim=-1).to(dtype=torch.long)
+        T = int(lengths.max()) if lengths.numel() else 0
+        w_steps = w_cum.new_zeros((len(lengths), T))
+        r_steps = torch.zeros_like(w_steps)
+        for i in range(len(lengths)):
+            if lengths[i] > 0:
+                keep = response_mask[i].bool()
+                w_steps[i, : lengths[i]] = w_cum[i, keep]
+                r_steps[i, : lengths[i]] = returns[i, keep]
+        ids = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+        groups: dict[Any, list[int]] = {}
+        for i in range(len(lengths)):
+            if lengths[i] > 0:
+                groups.setdefault(ids[i], []).append(i)
+        baselines = torch.zeros_like(r_steps)
+        for members in groups.values():
+            rows = torch.tensor(members, device=r_steps.device)
+            if len(members) == 1:
+                baselines[rows[0]] = 0.0
+                continue
+            b = (r_steps[rows] * w_steps[rows]).sum(dim=0) / (w_steps[rows].sum(dim=0) + epsilon)
+            baselines[rows] = b.to(baselines.dtype)
+            if handle_zero_tail:
+                _zero_tail(baselines, rows, lengths[rows], members)
+        adv_steps = r_steps - baselines
+        adv = torch.zeros_like(returns)
+        for i in range(len(lengths)):
+            if lengths[i] > 0:
+                adv[i, response_mask[i].bool()] = adv_steps[i, : lengths[i]]
+        adv = adv * response_mask
     return adv, returns
 
 

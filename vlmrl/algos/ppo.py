@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vlmrl.algos.core import aggregate, kl_penalty
-from vlmrl.algos.estimators import EstimatorConfig, checked, get_adv_estimator_fn
+from vlmrl.algos.estimators import NEEDS_PI2, EstimatorConfig, checked, get_adv_estimator_fn
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -184,6 +184,8 @@ def token_advantages(
     config: EstimatorConfig | None = None,
     components: dict[str, list[float]] | None = None,
     baselines: list[float] | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns [B, R] for ``estimator``: GAE (needs the critic's ``values``; ``config.gamma`` and
     ``lam``), or any estimator of ``vlmrl.algos.estimators`` (built-in, registered or from a file), called as verl
@@ -199,6 +201,12 @@ def token_advantages(
         kwargs = {"non_tensor_batch": components or {}, "batch": None}
     if baselines is not None:  # ReMax: each sample's greedy-rollout reward
         kwargs["reward_baselines"] = torch.tensor(baselines, dtype=token_rewards.dtype)
+    if estimator in NEEDS_PI2:  # the optimal-token-baseline pair: vlmrl's rollout-correction weights come later (in
+        # the update), so none reach the estimator (verl passes its decoupled weights when they are on)
+        if old_logprobs is None or sum_pi_squared is None:
+            raise ValueError(f"algorithm.adv_estimator={estimator} needs the policy's old log-probs and sum of "
+                             "squared token probabilities")  # fmt: skip
+        kwargs |= {"old_log_probs": old_logprobs, "sum_pi_squared": sum_pi_squared, "rollout_is_weights": None}
     m = mask.to(token_rewards.dtype)
     out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip

@@ -296,6 +296,20 @@ def response_logprobs(
     return lp, ent, extra
 
 
+def response_logprobs_and_pi2(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs [b, R] and the sum over the vocabulary of the squared token probabilities [b, R] (the
+    optimal-token-baseline estimators' ``sum_pi_squared``), from one forward (no gradient needed)."""
+    full = checkpointing_in_training(model) or mb.has_response_images
+    forward = full_sequence_logits if full else shared_sample_logits
+    logits, _ = forward(model, mb, vision_ids)
+    logits = logits.float() / temperature if temperature != 1.0 else logits.float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    lp = logp_all.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
+    return lp, torch.exp(2 * logp_all).sum(-1)
+
+
 def response_values(
     model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
 ) -> tuple[torch.Tensor, torch.Tensor]:

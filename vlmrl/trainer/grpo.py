@@ -31,7 +31,7 @@ from vlmrl import rng
 from vlmrl.algorithms import load_plugins
 from vlmrl.algos import filter_groups
 from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
-from vlmrl.algos.estimators import SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
+from vlmrl.algos.estimators import NEEDS_PI2, SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
 from vlmrl.algos.losses import LossConfig
 from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
@@ -346,7 +346,8 @@ class Trainer:
                 else:  # PPO: old/ref log-probs and values first (kept on the workers), then per-token advantages
                     shards = plan_shards(step, None, self.world, self.mini_samples, self.tp)
                     with timer("values"):
-                        prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None)
+                        pi2 = self.cfg.algorithm.adv_estimator in NEEDS_PI2
+                        prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None or pi2, need_pi2=pi2)
                     with timer("advantages"):
                         tokens = gather_prepared(shards, prepared, len(step.samples))
                         adv_tok, returns, ppo = token_targets(scored, tokens, self.cfg.algorithm, self.kl_ctrl)

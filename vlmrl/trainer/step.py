@@ -100,6 +100,7 @@ class TokenBatch:
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     values: torch.Tensor | None
+    sum_pi_squared: torch.Tensor | None = None
 
 
 def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], batch_size: int) -> TokenBatch:
@@ -118,7 +119,8 @@ def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], bat
 
     mask = gather("response_mask")
     assert mask is not None
-    return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"))
+    return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"),
+                      gather("sum_pi_squared"))  # fmt: skip
 
 
 def token_targets(
@@ -136,7 +138,8 @@ def token_targets(
     group = torch.arange(len(scores)) // step.rollout.n
     adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values,
                                     config=EstimatorConfig.from_algorithm(alg), components=step.scores.components,
-                                    baselines=step.baselines)  # fmt: skip
+                                    baselines=step.baselines, old_logprobs=tb.old_logprobs,
+                                    sum_pi_squared=tb.sum_pi_squared)  # fmt: skip
     if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
         raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
     if tb.values is None:

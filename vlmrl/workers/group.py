@@ -84,10 +84,10 @@ class WorkerGroup(ABC):
         """Every engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
         return self.call("engine sleep", "sleep_engine", [()] * self.world)
 
-    def prepare(self, shards: list[TrainShard], need_old: bool) -> list[PreparedShard]:
-        """Rank i computes ``shards[i]``'s old (``need_old``) and reference log-probs and the critic's values, and
-        keeps the shard's inputs for its update."""
-        return self.call("log-probs and values", "prepare", [(s, need_old) for s in shards])
+    def prepare(self, shards: list[TrainShard], need_old: bool, need_pi2: bool = False) -> list[PreparedShard]:
+        """Rank i computes ``shards[i]``'s old (``need_old``) and reference log-probs, the critic's values and (with
+        ``need_pi2``) the policy's sum of squared token probabilities, and keeps the shard's inputs for its update."""
+        return self.call("log-probs and values", "prepare", [(s, need_old, need_pi2) for s in shards])
 
     def update(self, shards: list[TrainShard]) -> list[dict[str, float]]:
         """Rank i computes old/ref log-probs and updates the policy on exactly ``shards[i]``; its metrics."""

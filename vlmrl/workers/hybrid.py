@@ -263,20 +263,25 @@ class HybridWorker:
             )  # fmt: skip
         return x, timer.metrics()
 
-    def prepare(self, shard: TrainShard, need_old: bool) -> PreparedShard:
+    def prepare(self, shard: TrainShard, need_old: bool, need_pi2: bool = False) -> PreparedShard:
         """Before the advantages (PPO with a critic, or the in-reward KL): the shard's old log-probs (``need_old``,
         or when the update needs them anyway), reference log-probs and values. The inputs and these stay here for
         the ``update`` of the same shard."""
         x, timing = self._shard_inputs(shard)
         timer = Timer()
+        pi2 = None
         with timer("old_ref_logprob"):
-            given = self.policy.old_and_ref(x, shard.mini_batch_samples, need_old)
+            if need_pi2:  # the optimal-token-baseline estimators: old log-probs and sum_a pi(a)^2, one forward
+                old, pi2 = self.policy.old_logprobs_and_pi2(x)
+                given = (old, self.policy.logprobs(x, "ref") if self.policy.ref is not None else None)
+            else:
+                given = self.policy.old_and_ref(x, shard.mini_batch_samples, need_old)
         values = None
         if self.critic is not None:
             with timer("critic_values"):
                 values = self.critic.values(x)
         self._prepared = (x, given, values, timing | timer.metrics())
-        return PreparedShard(x.response_mask.float(), given[0], given[1], values)
+        return PreparedShard(x.response_mask.float(), given[0], given[1], values, pi2)
 
     def update(self, shard: TrainShard) -> dict[str, float]:
         """Update on exactly the samples ``shard`` names: the critic towards ``shard.returns`` (when given), then the

@@ -24,7 +24,7 @@ from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
 from vlmrl.config.schema import RolloutCorrectionConfig
 from vlmrl.models import qwen_vl
-from vlmrl.models.forward import response_logprobs
+from vlmrl.models.forward import response_logprobs, response_logprobs_and_pi2
 from vlmrl.models.inputs import ModelInputs, to_device
 from vlmrl.safe_load import safe_dcp_load
 from vlmrl.timing import Timer
@@ -373,6 +373,24 @@ class PolicyWorker:
         return token_micro_batches(x, rows, budget, key, self.device, self.world)
 
     @torch.no_grad()
+    def old_logprobs_and_pi2(self, x: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's log-probs [B, R] and its sum of squared token probabilities [B, R] (for the optimal-token-
+        baseline estimators), one eval-mode forward per micro-batch."""
+        old = torch.zeros(x.responses.shape, dtype=torch.float32)
+        pi2 = torch.zeros(x.responses.shape, dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for idx in self.micro_batches(x, list(range(x.batch_size)), "actor"):
+                    mb = to_device(x.select(idx), self.device)
+                    lp, p2 = response_logprobs_and_pi2(self.model, mb, self.vision_ids, self.temperature)
+                    old[idx, : lp.shape[1]] = lp.float().cpu()
+                    pi2[idx, : p2.shape[1]] = p2.float().cpu()
+        finally:
+            self.model.train(was_training)
+        return old, pi2
+
     def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
         """Per-token log-probs [B, R] (aligned with ``x.responses``) under the actor or the reference.
 
