@@ -194,3 +194,15 @@ def test_the_class_state_resumes_from_the_checkpoint(tiny_model_dir, colour_data
     run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
     step3 = [r for r in metrics(out) if r["step"] == 3]
     assert step3 and step3[-1]["algorithm/after_calls"] == 3 and step3[-1]["algorithm/marker"] == 3, step3
+
+
+def test_the_report_shows_the_algorithm_and_rollout_correction_metrics(tmp_path: Path) -> None:
+    from vlmrl.report import build_report
+
+    rows = [{"step": s, "reward/mean": 0.1 * s, "algorithm/in_window": 0.2 * s, "rollout_corr/rollout_is_mean": 1.0,
+             "rollout_corr/kl": 0.001, "rollout_corr/rollout_rs_masked_fraction": 0.05}
+            for s in range(1, 4)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    html = Path(build_report([str(tmp_path)], str(tmp_path / "report.html"))).read_text()
+    assert "id='panel-algorithm'" in html and "id='panel-rollout_corr'" in html
+    assert "algorithm/in_window" in html

@@ -30,6 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8"]
 PPO = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
        "critic.optim.lr=1e-3"]  # fmt: skip
+PANEL_EXTRAS = [f"algorithm.name={ROOT / 'examples/algorithms/length_aware.py'}:LengthAware", "+algorithm.min_length=1",
+                "+algorithm.max_length=100", "+algorithm.penalty=0.0", "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_is_threshold=100.0"]  # fmt: skip
+"""Run A also logs the panels of an algorithm class (one that changes nothing: no penalty) and rollout correction
+(weights near 1, never truncated)."""
 
 
 def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str], float]]:
@@ -42,9 +47,9 @@ def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two real runs: A (30 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, validation every
-    10, the Prometheus exporter on a free port, scraped while it trains) and B (3 steps of GRPO, another learning
-    rate)."""
+    """Two real runs: A (30 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, an algorithm class
+    and rollout correction, validation every 10, the Prometheus exporter on a free port, scraped while it trains)
+    and B (3 steps of GRPO, another learning rate)."""
     base = tmp_path_factory.mktemp("report")
     data = base / "data"
     subprocess.run(
@@ -56,7 +61,7 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     run = Run(base_args(tiny_model_dir, data, a, *SMALL, "trainer.total_training_steps=30", "trainer.test_freq=10",
                         "trainer.logger=[console,jsonl,prometheus]", "trainer.prometheus.port=0",
                         "trainer.project_name=obs", "trainer.experiment_name=lr_default",
-                        "actor_rollout_ref.actor.use_kl_loss=True", *PPO), ENV)  # fmt: skip
+                        "actor_rollout_ref.actor.use_kl_loss=True", *PPO, *PANEL_EXTRAS), ENV)  # fmt: skip
     try:
         url = None
         deadline = time.monotonic() + 300

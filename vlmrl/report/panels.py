@@ -66,6 +66,13 @@ PANELS: tuple[Panel, ...] = (
     Panel("reward_kl", "KL in the reward", ("reward/kl_penalty",), "KL per token", ("reward/kl_coef",),
           "coefficient", about="algorithm.use_kl_in_reward: the KL to the reference subtracted from the token "
           "rewards (times the coefficient, which the adaptive controller moves towards target_kl)."),
+    Panel("algorithm", "Your algorithm's metrics", (r"algorithm/.+",), "value",
+          about="What algorithm.name's class returns from get_metrics (logged under algorithm/)."),
+    Panel("rollout_corr", "Rollout correction", ("rollout_corr/rollout_is_mean", "rollout_corr/kl",
+          "rollout_corr/k3_kl"), "weight / KL", (r"rollout_corr/rollout_rs(_seq)?_masked_fraction",
+          "rollout_corr/rollout_is_ratio_fraction_high"), "share of tokens / sequences",
+          about="algorithm.rollout_correction: the mean importance weight (trainer's old over the engine's "
+          "probabilities), the KL between them, and the shares beyond the bounds or rejected."),
     Panel("drift", "Engine vs trainer log-prob drift", ("rollout/logprob_diff",), "mean |diff| per token",
           about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2)."),
     Panel("zero_variance", "Groups without reward variance", ("advantages/zero_variance_share",), "share of groups",
