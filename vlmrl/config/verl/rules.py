@@ -262,7 +262,11 @@ RULES: tuple[Rule, ...] = (
     feature("*.turbo_config.*", "verl's turbo FSDP engine"),
     accept("*.ulysses_sequence_parallel_size", (1,), "Ulysses sequence parallelism"),
     *(rule for group in FSDP_GROUPS for rule in _fsdp_accepts(group)),
-    accept("actor_rollout_ref.actor.calculate_sum_pi_squared", (False,), "the sum-of-pi-squared metric"),
+    notice(
+        "actor_rollout_ref.actor.calculate_sum_pi_squared",
+        "vlmrl computes the policy's sum of squared token "
+        "probabilities when the estimator needs it (the optimal-token-baseline pair)",
+    ),
     accept("actor_rollout_ref.actor.checkpoint.strict", (True,), "non-strict checkpoint loading"),
     *_trained_model("actor_rollout_ref.actor"),
     feature("actor_rollout_ref.*.rollout_n", "a derived value: set actor_rollout_ref.rollout.n"),
