@@ -19,17 +19,16 @@ from utils import inline_cfg, synthetic_data
 REPO = Path(__file__).resolve().parents[1]
 
 NAN_LOSS = """
-import torch
-from vlmrl.algos.core import PolicyLossOut, ppo_loss
+from vlmrl.algos.losses import vanilla
 
 CALLS = {"n": 0}
 
-def nan_on_second_step(logp, old_logp, adv, mask, **kw):
+def nan_on_second_step(*args, **kw):
     CALLS["n"] += 1
-    out = ppo_loss(logp, old_logp, adv, mask, **kw)
+    loss, metrics = vanilla(*args, **kw)
     if CALLS["n"] >= 2:  # the second update's loss is NaN (as an fp16 overflow or a bad custom loss makes it)
-        return PolicyLossOut(out.loss * float("nan"), out.clip_frac, out.approx_kl)
-    return out
+        return loss * float("nan"), metrics
+    return loss, metrics
 """
 
 CONSTANT = """
@@ -68,7 +67,7 @@ def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
     loss.write_text(NAN_LOSS)
     out = tmp_path / "run"
     cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
-                 f"actor_rollout_ref.actor.policy_loss={loss}:nan_on_second_step")  # fmt: skip
+                 f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}:nan_on_second_step")  # fmt: skip
     with pytest.raises(RunStopped) as e:
         fit(cfg)
     msg = str(e.value)

@@ -174,7 +174,8 @@ def checked_loss(algo: RLAlgorithm, out: Any, step: int) -> tuple[torch.Tensor, 
         raise AlgorithmError(f"{name}: 'loss' must be a scalar tensor, got {type(loss).__name__}")
     if not loss.requires_grad:
         raise AlgorithmError(f"{name}: 'loss' has no gradient (computed from detached tensors?)")
-    if not math.isfinite(float(loss.detach())):
+    if type(algo) is not RLAlgorithm and not math.isfinite(float(loss.detach())):
+        # (the built-in loss's non-finite values go on to the gradient check, which names them and the usual causes)
         raise AlgorithmError(f"{name}: 'loss' is not finite ({float(loss.detach())})")
     metrics = {}
     for k, v in out.items():
