@@ -372,7 +372,6 @@ class PolicyWorker:
             return micro_batches.fixed(rows, size)
         return token_micro_batches(x, rows, budget, key, self.device, self.world)
 
-    @torch.no_grad()
     def old_logprobs_and_pi2(self, x: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's log-probs [B, R] and its sum of squared token probabilities [B, R] (for the optimal-token-
         baseline estimators), one eval-mode forward per micro-batch."""
@@ -391,6 +390,7 @@ class PolicyWorker:
             self.model.train(was_training)
         return old, pi2
 
+    @torch.no_grad()
     def logprobs(self, x: ModelInputs, which: str = "actor") -> torch.Tensor:
         """Per-token log-probs [B, R] (aligned with ``x.responses``) under the actor or the reference.
 
