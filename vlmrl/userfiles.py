@@ -137,6 +137,18 @@ def load_callable(spec: str, what: str = "function", default_name: str | None = 
     return _attr(module, name, f"{what}: '{target}'")
 
 
+def registered_or_file(
+    registry: dict[str, Callable[..., Any]], name: str, what: str, choices: list[str]
+) -> Callable[..., Any]:
+    """A function by its registered name, or ``path/to/file.py:fn`` / ``package.module:fn``; ValueError naming the
+    config key ``what`` and the ``choices`` otherwise (the advantage-estimator and policy-loss registries)."""
+    if name in registry:
+        return registry[name]
+    if ":" in name:
+        return load_callable(name, what=what)
+    raise ValueError(f"{what}={name!r}: unknown; choose one of {sorted(choices)} or path/file.py:fn")
+
+
 def _attr(module: Any, name: str, where: str) -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):

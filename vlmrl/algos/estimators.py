@@ -25,12 +25,10 @@ import torch
 
 from vlmrl.algos.losses import _Attrs, masked_mean
 from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS
-from vlmrl.userfiles import load_callable
+from vlmrl.userfiles import registered_or_file
 
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, EstimatorFn] = {}
-NOT_BUILT: dict[str, str] = {}
-"""Estimators verl 0.9.1 registers that vlmrl refuses, with why (none now)."""
 NEEDS_PI2 = frozenset({"optimal_token_baseline", "tir_optimal_token_baseline"})
 """Estimators that need the policy's old log-probs and the sum of its squared token probabilities (the workers
 compute both before the advantages)."""
@@ -53,16 +51,7 @@ def register_adv_est(name: Any) -> Callable[[EstimatorFn], EstimatorFn]:
 
 def get_adv_estimator_fn(name: str) -> EstimatorFn:
     """A registered estimator, or ``path/to/file.py:fn`` loaded from a file."""
-    if name in ADV_ESTIMATORS:
-        return ADV_ESTIMATORS[name]
-    if name in NOT_BUILT:
-        raise ValueError(f"algorithm.adv_estimator={name!r}: not available: {NOT_BUILT[name]}")
-    if ":" in name:
-        return load_callable(name, what="algorithm.adv_estimator")
-    raise ValueError(
-        f"algorithm.adv_estimator={name!r}: unknown; choose one of {sorted([*ADV_ESTIMATORS, 'gae'])} or "
-        "path/file.py:fn"
-    )
+    return registered_or_file(ADV_ESTIMATORS, name, "algorithm.adv_estimator", [*ADV_ESTIMATORS, "gae"])
 
 
 @dataclass
@@ -383,6 +372,31 @@ def gdpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_st
 # --------------------------------------------------------------------------------------- the trainer's use
 
 
+def extra_inputs(
+    name: str,
+    dtype: torch.dtype,
+    components: dict[str, list[float]] | None = None,
+    baselines: list[float] | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments verl passes some estimators beyond the token rewards: GDPO the reward ``components``
+    (as ``non_tensor_batch``), ReMax the ``baselines``, the optimal-token-baseline pair the old log-probs and the sum of
+    squared token probabilities (vlmrl's rollout-correction weights come later, in the update, so none reach them;
+    verl passes its decoupled weights when they are on)."""
+    kwargs: dict[str, Any] = {}
+    if name == "gdpo":
+        kwargs = {"non_tensor_batch": components or {}, "batch": None}
+    if baselines is not None:  # ReMax: each sample's greedy-rollout reward
+        kwargs["reward_baselines"] = torch.tensor(baselines, dtype=dtype)
+    if name in NEEDS_PI2:
+        if old_logprobs is None or sum_pi_squared is None:
+            raise ValueError(f"algorithm.adv_estimator={name} needs the policy's old log-probs and sum of squared "
+                             "token probabilities")  # fmt: skip
+        kwargs |= {"old_log_probs": old_logprobs, "sum_pi_squared": sum_pi_squared, "rollout_is_weights": None}
+    return kwargs
+
+
 def checked(name: str, out: Any, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """An estimator's ``(advantages, returns)``, checked: a pair of [B, R] tensors of ``shape``, all finite."""
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
@@ -418,11 +432,7 @@ def sequence_advantages(
     read_mask = mask.clone()
     read_mask[torch.arange(B), last] = 1.0
     fn = get_adv_estimator_fn(name)
-    kwargs: dict[str, Any] = {}
-    if name == "gdpo":
-        kwargs = {"non_tensor_batch": components or {}, "batch": None}
-    if baselines is not None:  # ReMax: each sample's greedy-rollout reward
-        kwargs["reward_baselines"] = torch.tensor(baselines, dtype=torch.float64)
+    kwargs = extra_inputs(name, torch.float64, components, baselines)
     out = fn(token_level_rewards=rewards, response_mask=read_mask, index=group.numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
     adv, _ = checked(name, out, (B, L))

@@ -18,20 +18,18 @@ not change it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from vlmrl.config.schema import AGG_MODES
-from vlmrl.userfiles import load_callable
+from vlmrl.config.schema import AGG_MODES, PolicyLossConfig
+from vlmrl.userfiles import registered_or_file
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 ALIASES = {"ppo": "vanilla"}
 """vlmrl's older names of built-in losses."""
-NOT_BUILT: dict[str, str] = {}
-"""Losses verl 0.9.1 registers that vlmrl refuses, with why (none now)."""
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -46,16 +44,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """A registered loss (or its older vlmrl name), or ``path/to/file.py:fn`` loaded from a file."""
-    name = ALIASES.get(name, name)
-    if name in POLICY_LOSSES:
-        return POLICY_LOSSES[name]
-    if name in NOT_BUILT:
-        raise ValueError(f"actor.policy_loss.loss_mode={name!r}: not available: {NOT_BUILT[name]}")
-    if ":" in name:
-        return load_callable(name, what="actor.policy_loss.loss_mode")
-    raise ValueError(
-        f"actor.policy_loss.loss_mode={name!r}: unknown; choose one of {sorted(POLICY_LOSSES)} or path/file.py:fn"
-    )
+    return registered_or_file(POLICY_LOSSES, ALIASES.get(name, name), "actor.policy_loss.loss_mode", [*POLICY_LOSSES])
 
 
 # ------------------------------------------------------------------------------------------------- the config
@@ -76,16 +65,10 @@ class _Attrs:
 
 
 @dataclass
-class PolicyLossSettings(_Attrs):
-    """``config.policy_loss`` as verl's losses read it."""
+class PolicyLossSettings(PolicyLossConfig, _Attrs):
+    """``config.policy_loss`` as verl's losses read it: the schema's ``actor.policy_loss`` plus bypass mode's
+    rollout-correction settings."""
 
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    dro_beta: float | None = None
     rollout_correction: Any = None
 
 
@@ -130,15 +113,7 @@ class LossConfig(_Attrs):
             use_kl_loss=actor.use_kl_loss,
             kl_loss_coef=actor.kl_loss_coef,
             kl_loss_type=actor.kl_loss_type,
-            policy_loss=PolicyLossSettings(
-                loss_mode=pl.loss_mode,
-                clip_cov_ratio=pl.clip_cov_ratio,
-                clip_cov_lb=pl.clip_cov_lb,
-                clip_cov_ub=pl.clip_cov_ub,
-                kl_cov_ratio=pl.kl_cov_ratio,
-                ppo_kl_coef=pl.ppo_kl_coef,
-                dro_beta=pl.dro_beta,
-            ),
+            policy_loss=PolicyLossSettings(**asdict(pl)),
         )
 
     def clip_bounds(self) -> tuple[float, float]:

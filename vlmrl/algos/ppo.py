@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vlmrl.algos.core import aggregate, kl_penalty
-from vlmrl.algos.estimators import NEEDS_PI2, EstimatorConfig, checked, get_adv_estimator_fn
+from vlmrl.algos.estimators import EstimatorConfig, checked, extra_inputs, get_adv_estimator_fn
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -196,17 +196,7 @@ def token_advantages(
             raise ValueError("algorithm.adv_estimator=gae needs the critic's values")
         return gae(token_rewards, values, mask, config.gamma, config.lam)
     fn = get_adv_estimator_fn(estimator)
-    kwargs: dict[str, object] = {}
-    if estimator == "gdpo":
-        kwargs = {"non_tensor_batch": components or {}, "batch": None}
-    if baselines is not None:  # ReMax: each sample's greedy-rollout reward
-        kwargs["reward_baselines"] = torch.tensor(baselines, dtype=token_rewards.dtype)
-    if estimator in NEEDS_PI2:  # the optimal-token-baseline pair: vlmrl's rollout-correction weights come later (in
-        # the update), so none reach the estimator (verl passes its decoupled weights when they are on)
-        if old_logprobs is None or sum_pi_squared is None:
-            raise ValueError(f"algorithm.adv_estimator={estimator} needs the policy's old log-probs and sum of "
-                             "squared token probabilities")  # fmt: skip
-        kwargs |= {"old_log_probs": old_logprobs, "sum_pi_squared": sum_pi_squared, "rollout_is_weights": None}
+    kwargs = extra_inputs(estimator, token_rewards.dtype, components, baselines, old_logprobs, sum_pi_squared)
     m = mask.to(token_rewards.dtype)
     out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
