@@ -211,7 +211,6 @@ def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> 
         ("reward_model.overlong_buffer.enable=True", "length_penalty, kwargs"),
         ("trainer.default_hdfs_dir=hdfs://x", "copying checkpoints to HDFS"),
         ("data.gen_batch_size=1536", "rolls out data.train_batch_size=512 prompts per batch"),
-        ("actor_rollout_ref.hybrid_engine=False", "a separate rollout worker pool"),
         ("actor_rollout_ref.rollout.name=sglang", "the SGLang rollout is not implemented"),
         ("actor_rollout_ref.rollout.multi_stage_wake_up=True", "multi-stage wake-up (an SGLang feature)"),
         ("trainer.device=npu", "not implemented in vlmrl: Ascend NPUs"),

@@ -87,7 +87,8 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
              "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
              "actor_rollout_ref.actor.fsdp_config.grad_offload", "critic.model.fsdp_config.param_offload",
              "critic.model.fsdp_config.optimizer_offload",
-             "trainer.use_ray"}  # vlmrl's own older key (now trainer.launcher)  # fmt: skip
+             "trainer.use_ray",  # vlmrl's own older key (now trainer.launcher)
+             "async.fallback_kl", "async.tis_by_default"}  # vlmrl's short form of async_training.*  # fmt: skip
     import fnmatch
 
     keys = verl_keys() | older

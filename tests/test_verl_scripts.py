@@ -61,14 +61,15 @@ def test_the_verl_files_are_verls_byte_for_byte() -> None:
 @pytest.fixture(scope="module")
 def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A HOME whose ~/data/geo3k and ~/data/geo3k_multiturn_w_tool hold verl's own preprocessing output (its geo3k.py
-    and geo3k_multiturn_w_tool.py) of a Geometry3K stand-in (600 train rows: the scripts' batch of 512 prompts fits).
+    and geo3k_multiturn_w_tool.py) of a Geometry3K stand-in (1200 train rows: the scripts' batches of 512 and 1152
+    prompts fit).
     verl's scripts import ``verl.utils.hdfs_io`` only to copy to HDFS (not asked for here); the verl package itself
     needs its whole dependency set to import, so that one module is stubbed and the scripts' own code runs as it
     is."""
     from vlmrl.testing.smoke import geo3k_source
 
     home = tmp_path_factory.mktemp("home")
-    src = geo3k_source(home / "geometry3k", train=600, test=20)
+    src = geo3k_source(home / "geometry3k", train=1200, test=20)
     runner = (
         "import runpy, sys, types\n"
         "hdfs = types.ModuleType('verl.utils.hdfs_io'); hdfs.copy = hdfs.makedirs = lambda *a, **k: None\n"
@@ -86,7 +87,9 @@ def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-def run_script(script: str, home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_script(
+    script: str, home: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m vlmrl.run_verl tests/verl_examples/<script> [vllm] *args`` with HOME=home, from a folder laid out
     like verl's checkout (the multi-turn script reads ``$PWD/examples/sglang_multiturn/config``)."""
     text = (VERL / script).read_text()
@@ -94,10 +97,10 @@ def run_script(script: str, home: Path, *args: str, timeout: float = 300) -> sub
     with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
         (Path(cwd) / "examples").mkdir()
         (Path(cwd) / "examples" / "sglang_multiturn").symlink_to(VERL / "sglang_multiturn")
-        env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+        full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", **(env or {})}
         return subprocess.run(
             [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *engine, *args],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+            cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
 
@@ -109,7 +112,7 @@ def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) 
     if refused is None:
         assert proc.returncode == 0, out[-4000:]
         assert "OK: the run would start" in proc.stdout and "Traceback" not in out
-        assert "data.train: 600 rows -> 600 prompts" in proc.stdout  # verl's preprocessing output, read as is
+        assert "data.train: 1200 rows -> 1200 prompts" in proc.stdout  # verl's preprocessing output, read as is
         assert "reward: " in proc.stdout and "hiyouga/geometry3k -> geo3k" in proc.stdout
     else:
         assert proc.returncode == 2, out[-4000:]
@@ -128,7 +131,7 @@ def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: s
     assert "geo3k_multiturn_grpo.yaml read as 10 override(s)" in out and "Traceback" not in out
     plan = proc.stdout
     assert "multi-turn: tools calc_geo3k_reward (hermes), at most 5 assistant turn(s)" in plan, plan
-    tools_len = int(re.search(r"data.train: 600 rows -> 600 prompts; prompt length max (\d+)", plan).group(1))
+    tools_len = int(re.search(r"data.train: 1200 rows -> 1200 prompts; prompt length max (\d+)", plan).group(1))
     plain = run_script("run_qwen2_5_vl-7b.sh", verl_home, *base, "actor_rollout_ref.rollout.multi_turn.enable=False")
     plain_len = int(re.search(r"prompt length max (\d+)", plain.stdout).group(1))
     assert tools_len > plain_len + 300  # the record's system message and the tool's schema
@@ -228,3 +231,87 @@ def test_verls_ppo_launch_line_trains_at_tiny_scale(verl_home: Path, tiny_model_
         assert {"critic/vf_loss", "critic/vf_explained_var", "reward/kl_penalty", "reward/kl_coef",
                 "actor/kl_loss"} <= set(r)  # fmt: skip
     assert (out / "global_step_2" / "critic" / ".metadata").is_file()
+
+
+# ------------------------------------------------------------------------------ verl's one-step off-policy scripts
+
+ONE_STEP = "one_step_off_policy/grpo_3b_gsm8k_fsdp2_2_6.sh"
+"""verl's one-step off-policy GRPO script (``python3 -m verl.experimental.one_step_off_policy.main_ppo``, Qwen2.5-3B
+on gsm8k, 6 training + 2 rollout GPUs, ``actor_rollout_ref.hybrid_engine=False``)."""
+ONE_STEP_REFUSED = {  # verl's other one-step scripts: refused naming the feature they need
+    "one_step_off_policy/dapo_7b_math_fsdp2_4_12.sh": "Ulysses sequence parallelism",
+    "one_step_off_policy/dapo_7b_math_fsdp2_64_64_ris.sh": "Ulysses sequence parallelism",
+    "one_step_off_policy/dapo_7b_math_megatron_4_12.sh": "the Megatron-LM backend",
+}
+
+
+def text_model(home: Path, tiny_model_dir: str) -> Path:
+    """A stand-in of the script's Qwen2.5-3B-Instruct where it looks for it (a text-only Qwen2 config and the tiny
+    model's tokenizer files): what a verl user of this script has."""
+    import shutil
+
+    from transformers import Qwen2Config
+
+    folder = home / "verl" / "models" / "Qwen" / "Qwen2.5-3B-Instruct"
+    Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(folder)  # fmt: skip
+    for f in Path(tiny_model_dir).glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def one_step_env(home: Path, model: str | None = None) -> dict[str, str]:
+    """The script's own variables, as a user sets them: the data (verl's geo3k preprocessing output), the model."""
+    env = {"TRAIN_FILE": str(home / "data" / "geo3k" / "train.parquet"),
+           "TEST_FILE": str(home / "data" / "geo3k" / "test.parquet")}  # fmt: skip
+    return env | ({"MODEL_PATH": model} if model else {})
+
+
+def test_verls_one_step_scripts_are_refused_only_for_their_model_or_a_named_feature(
+    verl_home: Path, tiny_model_dir: str
+) -> None:
+    """As shipped (Qwen2.5-3B-Instruct, a text model) the GRPO script's only problem is its model; with a
+    Qwen2.5-VL in MODEL_PATH the same line passes the dry run: two pools, the rollout pool's tensor-parallel engine,
+    verl's bypass mode (its one-step config's default). The DAPO ones are refused naming what they need."""
+    text_model(verl_home, tiny_model_dir)
+    proc = run_script(ONE_STEP, verl_home, "trainer.dry_run=True", env=one_step_env(verl_home))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    assert "Qwen2.5-3B-Instruct' is a 'qwen2' model; vlmrl trains qwen2_5_vl" in out, out[-4000:]
+    assert "1 problem(s); the run would not start" in out, out[-4000:]
+    assert "Traceback" not in out and "Did you mean" not in out and "not implemented in vlmrl" not in out
+
+    vl = run_script(ONE_STEP, verl_home, "trainer.dry_run=True", "trainer.device=cuda",
+                    env=one_step_env(verl_home, tiny_model_dir))  # fmt: skip
+    plan = vl.stdout
+    assert vl.returncode == 0 and "OK: the run would start" in plan, (vl.stdout + vl.stderr)[-4000:]
+    assert "workers: 1 node(s) x 6 GPU(s) = 6 training worker(s)" in plan, plan
+    assert (
+        "rollout pool (actor_rollout_ref.hybrid_engine=False, one-step off-policy): 1 node(s) x 2 GPU rollout" in plan
+    )
+    assert "bypass mode (the engine's log-probs as the old ones, ppo_clip loss)" in plan
+    for script, feature in ONE_STEP_REFUSED.items():
+        proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+        assert proc.returncode == 2 and feature in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.slow
+def test_verls_one_step_script_trains_at_tiny_scale(verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
+    """The Qwen2.5-VL line of the same script, really training 2 steps on CPU (the scale-down appended; its
+    rollout pool of 2 workers shares one vLLM engine, its tensor_model_parallel_size=2): the first step on-policy,
+    the second one update stale, bypass mode's ratio against the engine's log-probs."""
+    from vlmrl.testing.smoke import OVERRIDES
+
+    out = tmp_path / "run"
+    proc = run_script(
+        ONE_STEP, verl_home, *OVERRIDES, "trainer.cpu_workers=1", "rollout.cpu_workers=2",
+        f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl]", timeout=600,
+        env=one_step_env(verl_home, tiny_model_dir),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "1 training worker(s)" in proc.stdout and "2 rollout worker(s)" in proc.stdout, proc.stdout[-3000:]
+    assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then 2 steps
+    assert [r["async/staleness"] for r in rows[1:]] == [0.0, 1.0]
+    assert all("actor/kl_loss" in r for r in rows[1:])  # the script's use_kl_loss=True

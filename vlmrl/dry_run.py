@@ -24,7 +24,16 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
-from vlmrl.config.plan import launcher_of, planned_device, planned_world, ray_address
+from vlmrl.config.plan import (
+    launcher_of,
+    planned_device,
+    planned_world,
+    ray_address,
+    rollout_correction,
+    rollout_per_node,
+    rollout_world,
+    separate_pools,
+)
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
 from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
@@ -77,11 +86,9 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
         return None
     mt = getattr(mcfg, "model_type", None)
     arch = ", ".join(getattr(mcfg, "architectures", None) or ["?"])
-    if mt not in SUPPORTED_MODEL_TYPES:
-        rep.problems.append(
-            f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
     rep.plan.append(f"model: {path} ({where}; {mt}, {arch})")
+    if mt not in SUPPORTED_MODEL_TYPES:  # a problem of the config gate (checks.check_environment) already; its
+        return None  # processor is not checked (a text model has no image processor: that says nothing more)
     return folder
 
 
@@ -256,6 +263,16 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
         rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
+    if separate_pools(cfg):
+        pool, unit = rollout_world(cfg, cuda), "GPU" if dev == "cuda" else "CPU"
+        rep.plan[-1] = rep.plan[-1].replace("hybrid worker", "training worker")
+        rep.plan.append(
+            f"rollout pool (actor_rollout_ref.hybrid_engine=False, one-step off-policy): {cfg.rollout.nnodes} node(s) "
+            f"x {rollout_per_node(cfg, cuda)} {unit} rollout worker(s) = {pool}; the batch of step t+1 generated "
+            "while step t trains (staleness 1), weights synced by a collective after each update"
+            + (f"; a step whose behaviour KL exceeds {cfg.async_training.fallback_kl} makes the next one wait for a "
+               "fresh generation" if cfg.async_training.fallback_kl else "")
+        )  # fmt: skip
 
     launcher = launcher_of(cfg)
     if launcher == "ray":
@@ -355,8 +372,8 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
             rep.plan.append(f"algorithm class: {alg.name}({shown})")
         except Exception as e:  # noqa: BLE001 - the config check names the problem; the plan says it is missing
             rep.plan.append(f"algorithm class: {alg.name} (does not load: {type(e).__name__})")
-    rc = alg.rollout_correction
-    if rc.enabled:
+    rc = rollout_correction(cfg)
+    if rc is not None:
         parts = (
             [
                 f"{rc.rollout_is}-level importance weights (threshold {rc.rollout_is_threshold}"

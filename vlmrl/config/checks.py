@@ -20,7 +20,18 @@ from typing import Any
 
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
-from vlmrl.config.plan import critic_plan, launcher_of, per_node, planned_device, planned_world, token_budgets
+from vlmrl.config.plan import (
+    critic_plan,
+    launcher_of,
+    per_node,
+    planned_device,
+    planned_world,
+    rollout_correction,
+    rollout_per_node,
+    rollout_world,
+    separate_pools,
+    token_budgets,
+)
 from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS, RewardConfig, VLMRLConfig
 
 
@@ -276,7 +287,10 @@ def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], 
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
     problems, notices = [], []
     alg = cfg.algorithm
-    critic = [k for k in keys if k.startswith("critic.") and k != "critic.enable"]
+    # (critic.strategy names the backend only: verl's GRPO scripts pass critic.strategy=fsdp2 beside the actor's)
+    critic = [k for k in keys if k.startswith("critic.") and k not in ("critic.enable", "critic.strategy")]
+    if "critic.strategy" in keys and critic_plan(cfg) is None:
+        notices.append(f"critic.strategy: this run builds no critic (algorithm.adv_estimator={alg.adv_estimator})")
     if critic and critic_plan(cfg) is None:
         problems.append(
             f"{critic[0]} is set but this run builds no critic: algorithm.adv_estimator={alg.adv_estimator} (vlmrl's "
@@ -358,6 +372,8 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
                 f"critic.ppo_mini_batch_size={cm} must divide data.train_batch_size={data.train_batch_size}, and "
                 f"mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
             )
+    if separate_pools(cfg):
+        return p + pool_problems(cfg)
     tp = arr.rollout.tensor_model_parallel_size
     if tp > 1:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
@@ -369,6 +385,41 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
         elif per_node(cfg) % tp and cfg.trainer.launcher != "inline":
             what = "n_gpus_per_node" if planned_device(cfg) == "cuda" else "cpu_workers"
             p.append(f"{key} must divide trainer.{what}={per_node(cfg)}: an engine's workers share one node.")
+    return p
+
+
+def pool_problems(cfg: VLMRLConfig) -> list[str]:
+    """The rollout pool of ``actor_rollout_ref.hybrid_engine=False``: its size, its engines' tensor-parallel groups,
+    the launcher and the fallback threshold."""
+    p: list[str] = []
+    ro, pool = cfg.actor_rollout_ref.rollout, cfg.rollout
+    gpu = planned_device(cfg) == "cuda"
+    what = "n_gpus_per_node" if gpu else "cpu_workers"
+    for key, value in (("rollout.nnodes", pool.nnodes), (f"rollout.{what}", rollout_per_node(cfg))):
+        if value < 1:
+            p.append(f"{key}={value}: the rollout pool of actor_rollout_ref.hybrid_engine=False needs at least 1.")
+    if cfg.trainer.launcher == "inline":
+        p.append("actor_rollout_ref.hybrid_engine=False with trainer.launcher=inline: the one-step off-policy "
+                 "trainer runs a training pool and a rollout pool side by side; use trainer.launcher=local (or "
+                 "ray).")  # fmt: skip
+    if pool.nnodes > 1 and cfg.trainer.launcher == "local":
+        p.append(f"rollout.nnodes={pool.nnodes} with trainer.launcher=local: the local launcher runs on this machine "
+                 "only; a pool on several machines runs on a Ray cluster (launcher auto or ray).")  # fmt: skip
+    world, tp = rollout_world(cfg), ro.tensor_model_parallel_size
+    if tp > 1 and world > 0:
+        key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
+        if ro.name != "vllm":
+            p.append(f"{key}: tensor-parallel engines are vLLM's (set rollout.name=vllm or "
+                     "tensor_model_parallel_size=1).")  # fmt: skip
+        elif rollout_per_node(cfg) % tp:
+            p.append(f"{key} must divide rollout.{what}={rollout_per_node(cfg)}: an engine's workers share one node.")
+    fk = cfg.async_training.fallback_kl
+    if fk is not None and not (isinstance(fk, (int, float)) and math.isfinite(fk) and fk > 0):
+        p.append(f"async_training.fallback_kl={fk!r}: a KL above which a step waits for a fresh generation, a number "
+                 "> 0 (None: never).")  # fmt: skip
+    elif fk is not None and rollout_correction(cfg) is None:
+        p.append(f"async_training.fallback_kl={fk}: the KL is measured by the rollout correction, which is off "
+                 "(keep async_training.tis_by_default=True or set algorithm.rollout_correction.*).")  # fmt: skip
     return p
 
 

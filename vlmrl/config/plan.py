@@ -9,6 +9,7 @@ its part of the config and the values the driver derived for it (built by :func:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +36,29 @@ def per_node(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
 
 
 def planned_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
-    """Hybrid workers the run asks for: 1 inline, else nnodes x (n_gpus_per_node on GPU, cpu_workers on CPU)."""
+    """Hybrid (or, with ``hybrid_engine=False``, training) workers the run asks for: 1 inline, else nnodes x
+    (n_gpus_per_node on GPU, cpu_workers on CPU)."""
     if cfg.trainer.launcher == "inline":
         return 1
     return cfg.trainer.nnodes * per_node(cfg, cuda_available)
+
+
+def separate_pools(cfg: VLMRLConfig) -> bool:
+    """Whether the run has a rollout pool of its own (``actor_rollout_ref.hybrid_engine=False``: the one-step
+    off-policy trainer)."""
+    return not cfg.actor_rollout_ref.hybrid_engine
+
+
+def rollout_per_node(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
+    """Rollout workers on each machine of the rollout pool: rollout.n_gpus_per_node on GPU, rollout.cpu_workers on
+    CPU."""
+    gpu = planned_device(cfg, cuda_available) == "cuda"
+    return cfg.rollout.n_gpus_per_node if gpu else cfg.rollout.cpu_workers
+
+
+def rollout_world(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
+    """Workers of the rollout pool: rollout.nnodes x ``rollout_per_node``; 0 with the hybrid engine."""
+    return cfg.rollout.nnodes * rollout_per_node(cfg, cuda_available) if separate_pools(cfg) else 0
 
 
 LAUNCHERS = ("auto", "local", "ray", "inline")
@@ -51,13 +71,19 @@ def launcher_of(cfg: VLMRLConfig) -> str:
     else local."""
     if cfg.trainer.launcher != "auto":
         return cfg.trainer.launcher
-    return "ray" if (ray_address(cfg) or cfg.trainer.nnodes > 1) else "local"
+    return "ray" if (ray_address(cfg) or spans_nodes(cfg)) else "local"
+
+
+def spans_nodes(cfg: VLMRLConfig) -> bool:
+    """Whether the run needs more than one machine (``trainer.nnodes`` > 1, or a rollout pool on ``rollout.nnodes``
+    > 1: the pools then may sit on different machines)."""
+    return cfg.trainer.nnodes > 1 or (separate_pools(cfg) and cfg.rollout.nnodes > 1)
 
 
 def ray_address(cfg: VLMRLConfig) -> str | None:
     """The cluster to join: ``trainer.ray_address``, else ``RAY_ADDRESS``, else ``auto`` when the run spans several
     machines (the cluster this machine joined with ``ray start``); None = start a private one-machine cluster."""
-    return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS") or ("auto" if cfg.trainer.nnodes > 1 else None)
+    return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS") or ("auto" if spans_nodes(cfg) else None)
 
 
 def tp_size(cfg: VLMRLConfig) -> int:
@@ -181,9 +207,12 @@ class WorkerPlan:
     rollout_correction: RolloutCorrectionConfig | None = None
     """``algorithm.rollout_correction`` when it applies (None: off)."""
     plugins: tuple[str, ...] = ()
+    """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
     algorithm: tuple[str | None, dict[str, Any]] = (None, {})
     """``algorithm.name`` and its ``params``: the class each worker builds (its state arrives with each shard)."""
-    """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
+    role: str = "hybrid"
+    """hybrid (policy, reference and engine in one worker) | actor (the training pool of ``hybrid_engine=False``:
+    policy, reference, critic; no engine) | rollout (its rollout pool: the engine only)."""
 
 
 def worker_plan(
@@ -197,7 +226,7 @@ def worker_plan(
         arr=arr,
         device=planned_device(cfg, cuda_available),
         world=planned_world(cfg, cuda_available),
-        tp=tp_size(cfg),
+        tp=1 if separate_pools(cfg) else tp_size(cfg),
         seed=cfg.trainer.seed,
         total_steps=total_steps,
         max_response_length=data.max_response_length,
@@ -208,7 +237,29 @@ def worker_plan(
         limit_videos=ro.limit_videos if ro.limit_videos is not None else data_videos,
         critic=critic_plan(cfg),
         reference=reference_needed(cfg),
-        rollout_correction=cfg.algorithm.rollout_correction if cfg.algorithm.rollout_correction.enabled else None,
+        rollout_correction=rollout_correction(cfg),
         plugins=tuple(cfg.algorithm.plugins),
         algorithm=(cfg.algorithm.name, dict(cfg.algorithm.params)),
+        role="actor" if separate_pools(cfg) else "hybrid",
     )
+
+
+def rollout_plan(cfg: VLMRLConfig, plan: WorkerPlan, cuda_available: bool | None = None) -> WorkerPlan:
+    """What each worker of the rollout pool is told (``hybrid_engine=False``): the training plan's engine settings
+    on the rollout pool's workers, with no critic, reference or correction (they train nothing)."""
+    return dataclasses.replace(
+        plan, role="rollout", world=rollout_world(cfg, cuda_available), tp=tp_size(cfg), critic=None,
+        reference=False, rollout_correction=None,
+    )  # fmt: skip
+
+
+def rollout_correction(cfg: VLMRLConfig) -> RolloutCorrectionConfig | None:
+    """``algorithm.rollout_correction`` when it applies (None: off). The one-step off-policy trainer with no
+    correction set (and ``async_training.tis_by_default``) corrects with token-level truncated importance sampling
+    at 2.0, verl's ``rollout_is=token``."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.enabled:
+        return rc
+    if separate_pools(cfg) and cfg.async_training.tis_by_default:
+        return RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
+    return None

@@ -14,7 +14,13 @@ from typing import Any
 from omegaconf import MISSING
 
 from vlmrl.config.critic import CriticConfig, KLCtrlConfig
-from vlmrl.config.schema_parts import FSDPConfig, OptimConfig, WrapPolicyConfig  # noqa: F401 (re-exported)
+from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
+    AsyncTrainingConfig,
+    FSDPConfig,
+    OptimConfig,
+    RolloutPoolConfig,
+    WrapPolicyConfig,
+)
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
@@ -308,6 +314,10 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    """True: policy, reference and rollout engine share every worker (generate, then train). False: verl's one-step
+    off-policy trainer: a rollout pool of its own (``rollout.*``) generates the next batch while the training pool
+    updates on this one; weights are synced through a collective each step (``async_training.*``)."""
     nccl_timeout: int = 600
     """Seconds a collective (gloo on CPU, NCCL on GPU) may wait for the other workers before it fails."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -531,6 +541,8 @@ class VLMRLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
 
 # ------------------------------------------------------------------------------------------------------ choices

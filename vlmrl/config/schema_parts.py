@@ -45,3 +45,33 @@ class FSDPConfig:
     fp32, fp32 master weights): auto (bfloat16 on GPU, float32 on CPU) | bfloat16 | float16 | float32."""
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     """Which layers are FSDP units of their own."""
+
+
+@dataclass
+class RolloutPoolConfig:
+    """``rollout``: the rollout pool of a run with ``actor_rollout_ref.hybrid_engine=False`` (verl's one-step
+    off-policy keys): its workers hold only rollout engines, beside the training pool (``trainer.nnodes`` x
+    ``trainer.n_gpus_per_node`` / ``trainer.cpu_workers``). Unused by the hybrid engine."""
+
+    nnodes: int = 1
+    """Machines of the rollout pool (more than 1: a Ray cluster)."""
+    n_gpus_per_node: int = 1
+    """GPUs per machine of the rollout pool (one rollout worker each)."""
+    cpu_workers: int = 1
+    """Rollout workers per machine when the run is on CPU."""
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """``async_training`` (``async.*`` too): the one-step off-policy trainer of ``actor_rollout_ref.hybrid_engine=
+    False``. The batch of step t+1 is generated while step t trains, with the weights of step t-1."""
+
+    fallback_kl: float | None = None
+    """When a step's measured KL between the behaviour policy (the engine's log-probs) and the trainer's old
+    log-probs exceeds this, the next step does not use the batch generated in the meantime: the weights are synced
+    and the same prompts generated again, on-policy (one synchronous round, counted in ``async/fallback``). None:
+    never."""
+    tis_by_default: bool = True
+    """With no ``algorithm.rollout_correction`` set, correct the one step of staleness with token-level truncated
+    importance sampling at 2.0 (verl's ``rollout_is=token``, ``rollout_is_threshold=2.0``). False: the PPO ratio
+    against the recomputed old log-probs only."""

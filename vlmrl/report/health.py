@@ -15,6 +15,8 @@ from vlmrl.report.data import as_number, finite
 STAGES = {
     "timing/rollout_s": "generation: fewer or shorter responses (rollout.n, data.max_response_length), a larger "
     "rollout.gpu_memory_utilization, tensor parallelism for a big model",
+    "timing/wait_prev_gen_s": "waiting for the batch the rollout pool generated meanwhile (one-step off-policy): "
+    "more rollout workers (rollout.cpu_workers / rollout.n_gpus_per_node) and fewer training workers",
     "timing/update_s": "the update: actor.use_dynamic_bsz=True with a token budget, a larger micro-batch, gradient "
     "checkpointing off when memory allows, fewer ppo_epochs",
     "timing/push_s": "the weight push: it is fixed per step, so a larger batch per step amortises it",
@@ -145,8 +147,10 @@ def check_health(
                 "a larger critic.optim.lr or critic.ppo_epochs, trainer.critic_warmup steps before the actor learns, "
                 "rewards of a scale the value head can reach (normalised), algorithm.lam below 1",
             ))  # fmt: skip
-    # engine vs trainer log-probs of the same tokens
-    drift = _series(rows, "rollout/logprob_diff")
+    # engine vs trainer log-probs of the same tokens (the one-step off-policy trainer's batches come from the weights
+    # one update back: only its on-policy steps, async/staleness 0, say whether the engine matches the trainer)
+    stale = {step for step, v in _series(rows, "async/staleness") if v > 0}
+    drift = [(step, v) for step, v in _series(rows, "rollout/logprob_diff") if step not in stale]
     high = [(step, v) for step, v in drift if v > drift_threshold]
     if high:
         found.append(Finding(

@@ -12,6 +12,8 @@ from vlmrl.report.data import RunData, ema, finite
 STEP_STAGES = (
     "timing/data_s",
     "timing/rollout_s",
+    "timing/wait_prev_gen_s",
+    "timing/param_sync_s",
     "timing/reward_s",
     "timing/sleep_s",
     "timing/advantages_s",
@@ -73,6 +75,12 @@ PANELS: tuple[Panel, ...] = (
           "rollout_corr/rollout_is_ratio_fraction_high"), "share of tokens / sequences",
           about="algorithm.rollout_correction: the mean importance weight (trainer's old over the engine's "
           "probabilities), the KL between them, and the shares beyond the bounds or rejected."),
+    Panel("overlap", "One-step off-policy: generation, training and waiting", ("timing/gen_s", "timing/train_s",
+          "timing/wait_prev_gen_s", "timing/param_sync_s"), "seconds", ("async/staleness",), "staleness (updates)",
+          about="actor_rollout_ref.hybrid_engine=False: per step, the rollout pool's generation of the next batch "
+          "(overlapping the training), the update, the time the step waited for the batch it trains on, and the "
+          "weight sync into the engines; staleness: updates between the weights that generated a batch and the "
+          "ones it trains (1, or 0 on the first step, after a resume and after a fallback)."),
     Panel("drift", "Engine vs trainer log-prob drift", ("rollout/logprob_diff",), "mean |diff| per token",
           about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2)."),
     Panel("zero_variance", "Groups without reward variance", ("advantages/zero_variance_share",), "share of groups",

@@ -9,6 +9,11 @@ With a critic or the in-reward KL (``algorithm.adv_estimator=gae``, ``algorithm.
 too) the advantages are per token and need the workers first: engines sleep → old/ref log-probs + values (every
 worker, its shard, kept there) → token rewards, KL penalty, GAE (driver) → critic + policy update (every worker)
 → weight push.
+
+With ``actor_rollout_ref.hybrid_engine=False`` (verl's one-step off-policy trainer, ``trainer/offpolicy.py``) the
+rollout runs in a pool of its own and overlaps the update: a step waits for the batch generated while the previous
+step trained (``wait_prev_gen``), syncs the weights into the engines (``param_sync``) and launches the next batch,
+then scores, computes advantages and updates as above; there is no sleep and no push.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
-from vlmrl.config.plan import critic_plan, tp_size, worker_plan
+from vlmrl.config.plan import critic_plan, rollout_plan, separate_pools, tp_size, worker_plan
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
 from vlmrl.scoring import RewardError, RewardManager
@@ -47,6 +52,7 @@ from vlmrl.timing import Timer
 from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.gallery import write_gallery
+from vlmrl.trainer.offpolicy import OffPolicyRollout, chunk_prompts, gather_leaders
 from vlmrl.trainer.step import (
     StepData,
     after_train_step,
@@ -55,7 +61,6 @@ from vlmrl.trainer.step import (
     before_train_step,
     gather_prepared,
     plan_shards,
-    split_even,
     step_metrics,
     token_targets,
 )
@@ -92,6 +97,10 @@ class Trainer:
         before a failure is ended. ``cfg`` is a composed config (``vlmrl.config.command.compose`` checked it)."""
         self.cfg = cfg
         self.step = 0
+        self.updates = 0
+        """Policy updates done (the step's own counts once it trained; a resumed run starts at its step)."""
+        self.offpolicy: OffPolicyRollout | None = None
+        """The rollout pool of ``hybrid_engine=False`` (None: the hybrid engine)."""
         self._warned_flat = False
         try:
             self._start()
@@ -171,14 +180,32 @@ class Trainer:
         images = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
         videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
         sw = Timer.start()
+        plan = worker_plan(cfg, self.total_steps, images, videos)
         with stage("the workers did not start"):
-            self.group = make_worker_group(cfg, worker_plan(cfg, self.total_steps, images, videos))
-        self.world, self.tp = self.group.world, tp_size(cfg)
+            self.group = make_worker_group(cfg, plan)
+        self.world, self.tp = self.group.world, plan.tp
         self.mini_samples = arr.actor.ppo_mini_batch_size * arr.rollout.n // self.world
         """Samples of one mini-batch on one worker."""
         self.critic_mini_samples = self.critic.mini_batch_size * arr.rollout.n // self.world if self.critic else 0
         """Samples of one critic mini-batch on one worker."""
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
+        if separate_pools(cfg):
+            with stage("the rollout pool did not start"):
+                self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan), first_gpu=self.world)
+            tp = tp_size(cfg)
+            with stage("the weight-sync group of the two pools did not form"):
+                self.offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
+            where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
+            engines = (f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
+                       if arr.rollout.name == "vllm" else f"{pool.world} HF rollout model(s)")  # fmt: skip
+            print(
+                f"[vlmrl] one-step off-policy: {self.world} training worker(s) (rank@node: {nodes}) and "
+                f"{pool.world} rollout worker(s) (rank@node: {where}) on {self.group.device} ready in "
+                f"{sw.elapsed:.1f} s; {engines}; weights synced by a collective ({self.offpolicy.mb:.1f} MB); "
+                f"{len(self.train_ds)} training prompts, {self.total_steps} steps",
+                flush=True,
+            )
+            return
         engines = (f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
                    if arr.rollout.name == "vllm" else "HF rollout on the policy")  # fmt: skip
         print(
@@ -209,7 +236,7 @@ class Trainer:
         sw = Timer.start()
         state = self.resume_state or ckpt.read_trainer_state(path)
         self.group.load_checkpoint(str(path))
-        self.step = int(state["step"])
+        self.step = self.updates = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         rng.restore(state["rng"])
         if self.kl_ctrl is not None and "kl_ctrl" in state:
@@ -229,9 +256,11 @@ class Trainer:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
             self.group.save_checkpoint(str(tmp))
+            sampler = self.sampler.state_dict()
             state = {
                 "step": self.step,
-                "sampler": self.sampler.state_dict(),
+                # with a batch in flight: the sampler before it was drawn (a resumed run generates it again)
+                "sampler": self.offpolicy.checkpoint_sampler(sampler) if self.offpolicy else sampler,
                 "rng": rng.state(),
                 "world": self.world,
             }
@@ -256,36 +285,80 @@ class Trainer:
             yield from self.sampler
             self.sampler.set_epoch(self.sampler.epoch + 1)
 
-    def rollout(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
+    def rollout(self, prompts: list[PromptSample], validate: bool = False, k: int = 0) -> RolloutBatch:
         """Generate on every engine (prompts split evenly over the engine groups; the ranks of a tensor-parallel
-        group all get their group's prompts) and gather in order, one copy per group."""
-        groups = self.world // self.tp
-        chunks = split_even(prompts, groups) if len(prompts) % groups == 0 else None
-        if chunks is None:  # validation tail: pad groups with empty lists
-            k = -(-len(prompts) // groups)
-            chunks = [prompts[i * k : (i + 1) * k] for i in range(groups)]
-        parts = self.group.generate([chunks[rank // self.tp] for rank in range(self.world)], validate)
-        leaders = parts[:: self.tp]
-        return RolloutBatch.concat([p for p in leaders if len(p) or p is leaders[0]])
+        group all get their group's prompts) and gather in order, one copy per group. With a rollout pool: once
+        its generation in flight is done, with the trainer's current weights (``k``: the step's k-th batch)."""
+        if self.offpolicy is not None:
+            self.offpolicy.drain()
+            self.offpolicy.sync(self.updates)
+            return self.offpolicy.generate_now(self.step, prompts, k, validate)
+        return gather_leaders(self.group.generate(chunk_prompts(prompts, self.world, self.tp), validate), self.tp)
+
+    def offpolicy_batch(self, batches: Iterator[list[int]], timer: Timer, launch: bool) -> tuple[
+            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
+        """The one-step off-policy trainer's batch of this step: the one generated while the previous step trained
+        (generated now on the first step, after a resume, or after a fallback); then the trainer's weights go into
+        the engines and (``launch``) the next step's batch starts generating. The ``async/*`` metrics."""
+        op = self.offpolicy
+        assert op is not None
+        metrics = {"timing/param_sync_s": 0.0}
+        if op.inflight is None:  # nothing was launched for this step (first step, resumed run)
+            metrics |= op.sync(self.updates)
+            self._launch(batches, timer, self.step)
+        fallback = op.fallback_due and op.inflight is not None and op.inflight.version != self.updates
+        with timer("wait_prev_gen"):
+            gen, rb = op.take()
+        version = gen.version
+        metrics |= op.sync(self.updates)
+        if fallback:  # the behaviour policy drifted too far: the same prompts again, from the current weights
+            with timer("rollout"):
+                rb, version = op.generate_now(self.step, gen.prompts, 0), self.updates
+        op.fallback_due = False
+        if launch:
+            self._launch(batches, timer, self.step + 1)
+        metrics |= {
+            "async/staleness": float(self.updates - version),
+            "async/fallback": float(fallback),
+            "timing/gen_s": float(rb.timing.get("generate_s", 0.0)),
+        }
+        return gen.prompts, rb, metrics
+
+    def _launch(self, batches: Iterator[list[int]], timer: Timer, step: int) -> None:
+        """Draw ``step``'s prompts and start generating them on the rollout pool (none after the last step)."""
+        if step > self.total_steps:
+            return
+        with timer("data"):
+            state = self.sampler.state_dict()
+            prompts = self.train_ds.get_batch(next(batches), self.cfg.data.dataloader_num_workers)
+        self.offpolicy.launch(step, prompts, state)  # type: ignore[union-attr]
 
     def collect(self, batches: Iterator[list[int]], timer: Timer) -> tuple[StepData, dict[str, float]]:
         """One step's data: prompts → rollout → reward samples → scores (timed as data, rollout, reward). With
         ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) more batches are rolled out until
         ``train_batch_size`` groups vary on the metric (or ``max_num_gen_batches`` were tried), and the step takes
-        ``choose_groups``' pick of them; the second dict holds the ``filter_groups/*`` metrics."""
+        ``choose_groups``' pick of them; the second dict holds the ``filter_groups/*`` metrics (and, with a rollout
+        pool, the ``async/*`` ones: ``offpolicy_batch``)."""
         cfg = self.cfg
         fg = cfg.algorithm.filter_groups
+        remax = cfg.algorithm.adv_estimator == "remax"
+        extra: dict[str, float] = {}
 
         def one_batch() -> StepData:
-            with timer("data"):
-                prompts = self.train_ds.get_batch(next(batches), cfg.data.dataloader_num_workers)
-            with timer("rollout"):
-                rb = self.rollout(prompts)
+            if self.offpolicy is not None and not collected:  # generated while the previous step trained
+                # the next batch starts now, unless more generation comes first (dynamic sampling, ReMax's baseline)
+                prompts, rb, metrics = self.offpolicy_batch(batches, timer, launch=not (fg.enable or remax))
+                extra.update(metrics)
+            else:
+                with timer("data"):
+                    prompts = self.train_ds.get_batch(next(batches), cfg.data.dataloader_num_workers)
+                with timer("rollout"):
+                    rb = self.rollout(prompts, k=len(collected))
             with timer("reward"):
                 samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
                 scored = self.rewards.score(samples)
             baselines = None
-            if cfg.algorithm.adv_estimator == "remax":  # its baseline: each prompt's greedy rollout, scored
+            if remax:  # its baseline: each prompt's greedy rollout, scored
                 with timer("baseline"):
                     greedy = self.rollout(prompts, validate=True)
                     ref = self.rewards.score(RewardSample.of_rollout(prompts, greedy, self.tokenizer,
@@ -294,9 +367,11 @@ class Trainer:
                     baselines = per_prompt.repeat_interleave(rb.n).tolist()
             return StepData(prompts, rb, samples, scored, baselines)
 
-        collected = [one_batch()]
+        collected: list[StepData] = []
+        collected.append(one_batch())
         if not fg.enable:
-            return collected[0], {}
+            self._launch_if_idle(batches, timer)
+            return collected[0], extra
         bs = cfg.data.train_batch_size
 
         def varying(d: StepData) -> list[bool]:
@@ -310,12 +385,19 @@ class Trainer:
             collected.append(one_batch())
             varies.append(varying(collected[-1]))
         kept = sum(sum(v) for v in varies)
-        metrics = {
+        metrics = extra | {
             "filter_groups/gen_batches": float(len(collected)),
             "filter_groups/kept_ratio": kept / (len(collected) * bs),
             "filter_groups/filled": float(max(0, bs - kept)),
         }
+        self._launch_if_idle(batches, timer)
         return assemble(collected, filter_groups.choose_groups(varies, bs)), metrics
+
+    def _launch_if_idle(self, batches: Iterator[list[int]], timer: Timer) -> None:
+        """With a rollout pool and nothing in flight: start the next step's batch (after dynamic sampling's or
+        ReMax's further generation)."""
+        if self.offpolicy is not None and self.offpolicy.inflight is None:
+            self._launch(batches, timer, self.step + 1)
 
     # ----------------------------------------------------------------------------------------------------- fit
     def fit(self) -> dict[str, float]:
@@ -334,9 +416,12 @@ class Trainer:
             self.step += 1
             timer = Timer()
             with timer("step"):
-                step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ dynamic sampling)
-                with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
-                    self.group.sleep_engines()
+                # prompts → rollout → rewards (→ dynamic sampling); with a rollout pool: wait for the batch generated
+                # during the previous step → weight sync → the next batch launched → rewards
+                step, sampling = self.collect(batches, timer)
+                if self.offpolicy is None:
+                    with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
+                        self.group.sleep_engines()
                 scored = before_train_step(self.algorithm, step, self.step)  # the algorithm's hook: may reshape rewards
                 if not self.token_level:  # GRPO family: one advantage per sample, from the scores alone
                     with timer("advantages"):
@@ -366,10 +451,13 @@ class Trainer:
                         shard.algorithm_state = state
                         shard.rewards = [scored.scores.scores[i] for i in shard.samples]
                     updated = self.group.update(shards)
-                with timer("push"):  # the new weights into the engines, which wake for the next rollout
-                    self.group.push_weights()
+                    self.updates += 1
+                if self.offpolicy is None:
+                    with timer("push"):  # the new weights into the engines, which wake for the next rollout
+                        self.group.push_weights()
             metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo
             metrics |= after_train_step(self.algorithm, metrics, self.step)  # the algorithm's hook, algorithm/* metrics
+            self._check_drift(metrics)
             self._warn_if_flat(metrics)
             if tr.rollout_data_dir:
                 self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
@@ -384,6 +472,14 @@ class Trainer:
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['timing/step_s']:.2f}")
         bar.close()
         return last
+
+    def _check_drift(self, metrics: dict[str, float]) -> None:
+        """One-step off-policy: when this step's KL between the behaviour policy and the trainer's old log-probs
+        (``rollout_corr/k3_kl``) exceeds ``async_training.fallback_kl``, the next step waits for a fresh generation
+        from the current weights instead of the batch generated meanwhile."""
+        limit = self.cfg.async_training.fallback_kl
+        if self.offpolicy is not None and limit is not None and metrics.get("rollout_corr/k3_kl", 0.0) > limit:
+            self.offpolicy.fallback_due = True
 
     def _due(self, freq: int) -> bool:
         """Whether a ``*_freq`` stage runs after this step (before the last step; the last step is handled by the
@@ -486,12 +582,13 @@ class Trainer:
     def close(self, grace_s: float = 10.0, quiet: bool = False) -> None:
         """Stop workers (ended after ``grace_s`` if they do not stop), close trackers and the reward pool, draw the
         curve. ``quiet``: after a failed start (only what started is ended; nothing is drawn)."""
-        tracker, rewards, group = (getattr(self, k, None) for k in ("tracker", "rewards", "group"))
+        tracker, rewards, group, pool = (getattr(self, k, None) for k in ("tracker", "rewards", "group", "pool"))
         for part in (tracker, rewards):
             if part is not None:
                 part.close()
-        if group is not None:
-            group.shutdown(grace_s)
+        for workers in (pool, group):  # (the rollout pool of hybrid_engine=False first)
+            if workers is not None:
+                workers.shutdown(grace_s)
         if quiet or tracker is None or not tracker.jsonl_path.exists():
             return
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
@@ -54,9 +55,30 @@ def worker_env(device: str) -> dict[str, str]:
     return env
 
 
+class Pending:
+    """A call the workers are running (``WorkerGroup.submit``): ``result()`` waits for it (once; then it is kept).
+    One call at a time per group: the next starts after this one's ``result()``."""
+
+    def __init__(self, collect: Callable[[], list[Any]]) -> None:
+        self._collect: Callable[[], list[Any]] | None = collect
+        self._result: list[Any] = []
+
+    @property
+    def waited(self) -> bool:
+        """Whether ``result()`` has returned."""
+        return self._collect is None
+
+    def result(self) -> list[Any]:
+        """The workers' results in rank order (a failure raises ``WorkerError`` as ``call`` does)."""
+        if self._collect is not None:
+            collect, self._collect = self._collect, None
+            self._result = collect()
+        return self._result
+
+
 class WorkerGroup(ABC):
-    """The run's hybrid workers. ``call`` runs a method on every worker (results in rank order); the typed methods
-    below are the calls the trainer makes."""
+    """The run's hybrid workers (or one pool of them). ``submit`` starts a method on every worker, ``call`` also
+    waits for it (results in rank order); the typed methods below are the calls the trainer makes."""
 
     world: int
     """Number of workers."""
@@ -68,8 +90,18 @@ class WorkerGroup(ABC):
     """Seconds from launch until every worker was ready."""
 
     @abstractmethod
+    def submit(self, stage: str, method: str, args: list[tuple]) -> Pending:
+        """Start ``method(*args[i])`` on worker i and return at once; ``result()`` waits (a worker that raises, dies
+        or does not answer within ``trainer.worker_timeout_s`` then raises ``WorkerError`` naming it and ``stage``)."""
+
     def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
         """``method(*args[i])`` on worker i; results in rank order. The first failure raises ``WorkerError``."""
+        return self.submit(stage, method, args).result()
+
+    def sync_rendezvous(self) -> str:
+        """Where the weight-sync group of two pools meets (``file://`` or ``tcp://``), hosted by this group's rank
+        0; only the training pool of ``hybrid_engine=False`` is asked."""
+        raise NotImplementedError(f"{type(self).__name__} runs one worker: no second pool to sync with")
 
     @abstractmethod
     def shutdown(self, grace_s: float = 10.0) -> None:
@@ -79,6 +111,27 @@ class WorkerGroup(ABC):
     def generate(self, chunks: list[list[PromptSample]], validate: bool = False) -> list[RolloutBatch]:
         """Rank i samples responses for ``chunks[i]`` (its engine awake); a training rollout stays on the worker."""
         return self.call("validation rollout" if validate else "rollout", "generate", [(c, validate) for c in chunks])
+
+    def start_generate(self, chunks: list[list[PromptSample]], seed: int) -> Pending:
+        """The rollout pool (``hybrid_engine=False``): rank i starts sampling ``chunks[i]`` from ``seed``; the
+        batches come back to the driver (``result()``)."""
+        return self.submit("rollout", "generate", [(c, False, seed) for c in chunks])
+
+    def weight_meta(self) -> list[Any]:
+        """The training pool: the tensors a weight sync sends (rank 0's list; every rank gathers)."""
+        return self.call("weight sync set-up", "weight_meta", [()] * self.world)[0]
+
+    def join_sync(self, init: str, meta: list[Any], world: int) -> Pending:
+        """Start joining the weight-sync group of ``world`` members (a rendezvous of both pools: wait for both)."""
+        return self.submit("weight sync set-up", "join_sync", [(init, meta, world)] * self.world)
+
+    def send_weights(self) -> Pending:
+        """The training pool starts broadcasting its weights ((seconds, bytes) per rank)."""
+        return self.submit("weight sync", "send_weights", [()] * self.world)
+
+    def receive_weights(self) -> Pending:
+        """The rollout pool starts receiving weights into its engines (seconds per rank)."""
+        return self.submit("weight sync", "receive_weights", [()] * self.world)
 
     def sleep_engines(self) -> list[float]:
         """Every engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
@@ -106,9 +159,10 @@ class WorkerGroup(ABC):
         return self.call("checkpoint load", "load_checkpoint", [(folder,)] * self.world)
 
 
-def make_worker_group(cfg: VLMRLConfig, plan: WorkerPlan) -> WorkerGroup:
+def make_worker_group(cfg: VLMRLConfig, plan: WorkerPlan, first_gpu: int = 0) -> WorkerGroup:
     """The worker group the config asks for (``trainer.launcher``: ``config.plan.launcher_of``); every worker is
-    told ``plan``."""
+    told ``plan`` (its ``role`` says which pool: hybrid, actor or rollout). ``first_gpu``: a second pool on this
+    machine takes the GPUs after the first's."""
     kind = launcher_of(cfg)
     if kind == "ray":
         from vlmrl.workers.launch_ray import RayWorkerGroup
@@ -118,4 +172,4 @@ def make_worker_group(cfg: VLMRLConfig, plan: WorkerPlan) -> WorkerGroup:
 
     if kind == "inline":
         return InlineWorkerGroup(cfg, plan)
-    return ProcessWorkerGroup(cfg, plan)
+    return ProcessWorkerGroup(cfg, plan, first_gpu=first_gpu)

@@ -1,5 +1,10 @@
 """The hybrid worker: FSDP2 policy + reference + rollout engine in ONE process on the same device.
 
+With ``actor_rollout_ref.hybrid_engine=False`` the same class runs in two pools (``WorkerPlan.role``): ``actor``
+workers hold the policy, reference and critic and no engine; ``rollout`` workers hold only the engine (vLLM, or an HF
+model for the HF rollout) and return their samples to the driver, which sends them to the training pool. Weights go
+from the training pool to the engines through a process group spanning both (``vlmrl.workers.sync``).
+
 It is told a :class:`vlmrl.config.plan.WorkerPlan` (its part of the config and what the driver derived) and does what
 the driver's ``fit()`` calls, stage by stage:
 
@@ -35,6 +40,7 @@ from vlmrl.startup import stage
 from vlmrl.timing import Timer
 from vlmrl.tools.runner import ToolGroup, ToolRunner
 from vlmrl.workers.policy import PolicyWorker
+from vlmrl.workers.sync import WeightMeta, WeightSync, meta_of
 
 
 def check_device(device: str) -> str:
@@ -83,6 +89,7 @@ class HybridWorker:
         process group) before it propagates, so a driver that goes on (the inline launcher) holds nothing of it."""
         self.engine: Any = None
         self.agent: Any = None
+        self.sync: Any = None
         try:
             self._start(plan, rank, init_method)
         except BaseException:
@@ -95,6 +102,9 @@ class HybridWorker:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world), LOCAL_RANK="0")
         arr, path = plan.arr, plan.arr.model.path
         self.plan, self.rank, self.world, self.tp = plan, rank, plan.world, plan.tp
+        self.role = plan.role
+        who = f"{'rollout worker' if self.role == 'rollout' else 'worker'} {rank}"
+        engine, policy = self.role != "actor", self.role != "rollout"  # what this worker holds
         self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
         self.device = check_device(plan.device)
         if self.device == "cuda":
@@ -102,19 +112,17 @@ class HybridWorker:
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
-            with stage(f"worker {rank} could not join the workers' process group",
+            with stage(f"{who} could not join the workers' process group",
                        "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
                        "clusters)"):  # fmt: skip
                 dist.init_process_group(
                     "nccl" if self.device == "cuda" else "gloo", init_method=init_method, rank=rank,
                     world_size=plan.world, timeout=datetime.timedelta(seconds=arr.nccl_timeout),
                 )  # fmt: skip
-        with stage(
-            f"worker {rank} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"
-        ):
+        with stage(f"{who} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
             self._load_processor(plan)
-        if arr.rollout.name == "vllm":
-            with stage(f"worker {rank} could not start the vLLM engine for {path}",
+        if arr.rollout.name == "vllm" and engine:
+            with stage(f"{who} could not start the vLLM engine for {path}",
                        "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, "
                        "engine_kwargs.vllm) against the model and this machine, or use "
                        "actor_rollout_ref.rollout.name=hf"):  # fmt: skip
@@ -123,20 +131,27 @@ class HybridWorker:
         # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its
         # own tokens and the engine's forward mixes them): one seed per engine group, checked before each rollout
         torch.manual_seed(plan.seed + self.engine_group)
-        with stage(f"worker {rank} could not import algorithm.plugins", "check each file or module it lists"):
+        with stage(f"{who} could not import algorithm.plugins", "check each file or module it lists"):
             load_plugins(plan.plugins)
-        with stage(f"worker {rank} could not load the model from {path}",
+        self.policy: Any = None
+        with stage(f"{who} could not load the model from {path}",
                    "check actor_rollout_ref.model.path (a complete Qwen2.5-VL folder or hub id: config.json and every "
                    "*.safetensors file it lists)"):  # fmt: skip
-            self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
-                                       vision_ids=self.vision_ids, seed=plan.seed,
-                                       max_response_length=plan.max_response_length,
-                                       reference=plan.reference,
-                                       rollout_correction=plan.rollout_correction,
-                                       algorithm=plan.algorithm)  # fmt: skip
+            if policy:
+                self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
+                                           vision_ids=self.vision_ids, seed=plan.seed,
+                                           max_response_length=plan.max_response_length,
+                                           reference=plan.reference,
+                                           rollout_correction=plan.rollout_correction,
+                                           algorithm=plan.algorithm)  # fmt: skip
+            elif arr.rollout.name == "hf":  # a rollout worker's own copy of the model, generating only
+                from vlmrl.workers.policy import load_model
+
+                self.hf_model = load_model(path, self.device, arr.model.trust_remote_code).eval()
+                self.hf_model.requires_grad_(False)
         self.critic = None
         if plan.critic is not None:
-            with stage(f"worker {rank} could not load the critic from {plan.critic.path}",
+            with stage(f"{who} could not load the critic from {plan.critic.path}",
                        "check critic.model.path (a Qwen2.5-VL folder, or a critic checkpoint with its value "
                        "head; unset: the actor's path)"):  # fmt: skip
                 from vlmrl.workers.critic import CriticWorker
@@ -145,15 +160,15 @@ class HybridWorker:
                                            vision_ids=self.vision_ids, seed=plan.seed,
                                            max_response_length=plan.max_response_length)  # fmt: skip
         self._prepared: tuple[Any, Any, Any, dict[str, float]] | None = None
-        if arr.rollout.name == "hf":
+        if arr.rollout.name == "hf" and engine:
             from vlmrl.rollout.hf import HFRollout
 
-            self.engine = HFRollout(self.policy.model, self.processor)
+            self.engine = HFRollout(self.policy.model if policy else self.hf_model, self.processor)
         self.train_spec, self.val_spec = sampling_specs(arr.rollout, plan.max_response_length)
         mt = arr.rollout.multi_turn
-        if mt.enable:
+        if mt.enable and engine:
             hint = "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"
-            with stage(f"worker {rank} could not load the tools of {mt.tool_config_path}", hint):
+            with stage(f"{who} could not load the tools of {mt.tool_config_path}", hint):
                 self.agent = self._agent(plan)
         self.rollouts = RolloutStore()
         self.startup_s = sw.elapsed
@@ -205,17 +220,22 @@ class HybridWorker:
                               plan.max_response_length, max_images=plan.limit_images)  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------- rollout
-    def generate(self, prompts: list[PromptSample], validate: bool = False) -> RolloutBatch:
-        """Sample responses for this rank's prompts (the same on every rank of a tensor-parallel group). A training
-        rollout is kept in the store, its groups named in the returned batch's ``origins`` with this rank's engine
-        group, until the next ``update`` (which names what it uses, then drops them all)."""
+    def generate(self, prompts: list[PromptSample], validate: bool = False, seed: int | None = None) -> RolloutBatch:
+        """Sample responses for this rank's prompts (the same on every rank of a tensor-parallel group). A hybrid
+        worker's training rollout is kept in the store, its groups named in the returned batch's ``origins`` with
+        this rank's engine group, until the next ``update`` (which names what it uses, then drops them all); a rollout
+        worker's goes to the driver only. ``seed``: sample from this seed (plus the engine group), so that a batch
+        is the same whatever came before it (the rollout pool's batches: a resumed run regenerates the batch that was
+        in flight)."""
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
+        if seed is not None:
+            torch.manual_seed(seed + self.engine_group)
         if self.tp > 1:
             self._check_engine_group_in_step()
         rb = (self.agent or self.engine).generate(prompts, spec)
-        if not validate:
+        if not validate and self.role == "hybrid":
             rid = self.rollouts.put(prompts, rb)
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
         return rb
@@ -223,7 +243,8 @@ class HybridWorker:
     def sleep_engine(self) -> float:
         """The engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
         sw = Timer.start()
-        self.engine.sleep()
+        if self.engine is not None:
+            self.engine.sleep()
         return sw.elapsed
 
     def _check_engine_group_in_step(self) -> None:
@@ -316,13 +337,59 @@ class HybridWorker:
     def push_weights(self) -> float:
         """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after); seconds."""
         sw = Timer.start()
-        if self.plan.arr.rollout.name == "hf":
-            return 0.0  # the HF rollout generates with the policy module itself
+        if self.plan.arr.rollout.name == "hf" or self.engine is None:
+            return 0.0  # the HF rollout generates with the policy module itself; a training pool has no engine
         self.engine.wake(tags=["weights"])
         self.engine.update_weights(self.policy.engine_weights())
         self.engine.wake(tags=["kv_cache"])
         if self.device == "cuda":
             torch.cuda.empty_cache()
+        return sw.elapsed
+
+    # ------------------------------------------------------------------------- weight sync (two pools)
+    def weight_meta(self) -> list[WeightMeta]:
+        """Training pool, every rank (the full tensors are gathered: a collective): the tensors a sync sends, in
+        order."""
+        return meta_of(self.policy.engine_weights())
+
+    def join_sync(self, init: str, meta: list[WeightMeta], world: int) -> float:
+        """Join the weight-sync group of ``world`` members (``vlmrl.workers.sync``): the training pool's rank 0 as
+        its sender (rank 0), rollout worker r as rank r + 1; the other training ranks take no part in it. Seconds
+        taken."""
+        sw = Timer.start()
+        if self.role == "rollout":
+            rank = self.rank + 1
+        elif self.rank == 0:
+            rank = 0
+        else:
+            return 0.0
+        self.sync = WeightSync(init, rank, world, self.device, meta, float(self.plan.arr.nccl_timeout))
+        return sw.elapsed
+
+    def send_weights(self) -> tuple[float, int, float]:
+        """Training pool, every rank: the full weights (each FSDP2 unit gathered once, a collective) broadcast by
+        rank 0 to every engine; (seconds, bytes sent, seconds in the broadcasts)."""
+        sw = Timer.start()
+        weights = self.policy.engine_weights()
+        if self.sync is None:  # a rank that only takes part in the gather
+            for _ in weights:
+                pass
+            return sw.elapsed, 0, 0.0
+        sent = self.sync.send(weights)
+        return sw.elapsed, sent, self.sync.broadcast_s
+
+    def receive_weights(self) -> float:
+        """Rollout pool: receive the weights into the engine without a restart (vLLM: the same reload as the hybrid
+        push; HF rollout: copied into the model); seconds."""
+        sw = Timer.start()
+        received = self.sync.receive()
+        if self.plan.arr.rollout.name == "hf":
+            params = {qwen_vl.engine_weight_name(n): p for n, p in self.hf_model.named_parameters()}
+            with torch.no_grad():
+                for name, t in received:
+                    params[name].copy_(t)
+        else:
+            self.engine.update_weights(received)
         return sw.elapsed
 
     # ------------------------------------------------------------------------------------------- checkpoints
@@ -366,8 +433,10 @@ class HybridWorker:
         return int(psutil.Process().memory_info().rss)
 
     def shutdown(self) -> None:
-        """Shut the tool workers and the engine down, then release the process group (which the engine may have
+        """Shut the tool workers and the engine down, then release the process groups (which the engine may have
         torn down already)."""
+        if self.sync is not None:
+            self.sync.close()
         if self.agent is not None:
             self.agent.tools.close()
         close = getattr(self.engine, "close", None)

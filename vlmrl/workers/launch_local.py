@@ -24,7 +24,7 @@ from vlmrl.config.plan import WorkerPlan
 from vlmrl.procs import die_with_parent
 from vlmrl.startup import StartupFailure, failure_of
 from vlmrl.timing import Timer
-from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
+from vlmrl.workers.group import Pending, WorkerError, WorkerGroup, worker_env
 
 
 def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan, env: dict[str, str]) -> None:
@@ -32,7 +32,7 @@ def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan
     try:  # before the environment changes: setproctitle finds the argv area after the first environment variable
         import setproctitle
 
-        setproctitle.setproctitle(f"vlmrl-worker-{rank}")
+        setproctitle.setproctitle(f"vlmrl-{'rollout' if plan.role == 'rollout' else 'worker'}-{rank}")
     except ImportError:
         pass
     die_with_parent()
@@ -44,7 +44,8 @@ def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan
         worker = HybridWorker(plan, rank, init_method)
         conn.send(("ok", worker.info()))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which stops the run
-        conn.send(("error", failure_of(e, f"worker {rank} could not start")))
+        who = "rollout worker" if plan.role == "rollout" else "worker"
+        conn.send(("error", failure_of(e, f"{who} {rank} could not start")))
         return
     while True:
         try:
@@ -84,25 +85,29 @@ class ProcessWorkerGroup(WorkerGroup):
     """One worker process per CPU worker (``trainer.cpu_workers``) or per GPU of this machine
     (``trainer.n_gpus_per_node``, ``CUDA_VISIBLE_DEVICES`` set per worker)."""
 
-    def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan) -> None:
-        """Start ``plan.world`` worker processes on this machine (``trainer.worker_timeout_s`` bounds each call)."""
+    def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan, first_gpu: int = 0) -> None:
+        """Start ``plan.world`` worker processes on this machine (``trainer.worker_timeout_s`` bounds each call);
+        on GPU, worker r gets visible GPU ``first_gpu`` + r."""
         self.device, self.world = plan.device, plan.world
+        self.role = plan.role
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
         if self.device == "cuda":
             import torch
 
             have = torch.cuda.device_count()
-            if have < self.world:
-                raise WorkerError(
-                    f"trainer.n_gpus_per_node={self.world} but this machine has {have} CUDA GPU(s) visible"
-                )
+            if have < first_gpu + self.world:
+                pools = "" if first_gpu == 0 else f" after the training pool's {first_gpu}"
+                key = "rollout.n_gpus_per_node" if plan.role == "rollout" else "trainer.n_gpus_per_node"
+                raise WorkerError(f"{key}={self.world}{pools} but this machine has {have} CUDA GPU(s) visible")
         self._dir = tempfile.mkdtemp(prefix="vlmrl-rendezvous-")
         init_method = f"file://{self._dir}/store"
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
+        self._pending: Pending | None = None
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(i) for i in range(self.world)]
+        gpus = visible.split(",") if visible else [str(i) for i in range(first_gpu + self.world)]
+        gpus = gpus[first_gpu:]
         sw = Timer.start()
         for rank in range(self.world):
             # collectives' sockets on loopback: gloo (CPU) and NCCL's bootstrap (GPU)
@@ -111,9 +116,8 @@ class ProcessWorkerGroup(WorkerGroup):
                 env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
                 env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
             parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(
-                target=_worker_main, args=(child, rank, init_method, plan, env), name=f"vlmrl-worker-{rank}"
-            )
+            name = f"vlmrl-{'rollout' if plan.role == 'rollout' else 'worker'}-{rank}"
+            proc = ctx.Process(target=_worker_main, args=(child, rank, init_method, plan, env), name=name)
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -125,28 +129,45 @@ class ProcessWorkerGroup(WorkerGroup):
             raise
         self.startup_s = sw.elapsed
 
-    def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
-        """``method(*args[i])`` on worker i; results in rank order. A worker that raises, dies or does not answer
-        within ``trainer.worker_timeout_s`` raises ``WorkerError`` naming it and the stage."""
+    def submit(self, stage: str, method: str, args: list[tuple]) -> Pending:
+        """Send ``method(*args[i])`` to worker i; ``result()`` collects the answers in rank order. A worker that
+        raises, dies or does not answer within ``trainer.worker_timeout_s`` (counted from now) raises
+        ``WorkerError`` naming it and the stage."""
+        if self._pending is not None and not self._pending.waited:
+            raise RuntimeError(f"{self.name}: {method} sent while the previous call's answers are not collected")
         for rank, (conn, a) in enumerate(zip(self.conns, args)):
             try:
                 conn.send(("call", method, a))
             except (BrokenPipeError, OSError):
                 self.procs[rank].join(timeout=5)
                 code = _exit_text(self.procs[rank].exitcode)
-                raise WorkerError(f"worker {rank} died during {stage} ({code})") from None
-        return self._collect(stage, self.timeout_s)
+                raise WorkerError(f"{self._who(rank)} died during {stage} ({code})") from None
+        deadline = time.monotonic() + self.timeout_s
+        self._pending = Pending(lambda: self._collect(stage, self.timeout_s, deadline))
+        return self._pending
 
-    def _collect(self, stage: str, timeout_s: float) -> list[Any]:
+    def sync_rendezvous(self) -> str:
+        """Where the weight-sync group of two pools meets: a file in this group's private temporary folder."""
+        return f"file://{self._dir}/weight-sync"
+
+    @property
+    def name(self) -> str:
+        """How messages name this group's workers: worker (hybrid, training pool) or rollout worker."""
+        return "rollout worker" if self.role == "rollout" else "worker"
+
+    def _who(self, rank: int | list[int]) -> str:
+        return f"{self.name}{'(s)' if isinstance(rank, list) else ''} {rank}"
+
+    def _collect(self, stage: str, timeout_s: float, deadline: float | None = None) -> list[Any]:
         results: list[Any] = [None] * self.world
         pending = set(range(self.world))
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s if deadline is None else deadline
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 ranks = sorted(pending)
                 raise WorkerError(
-                    f"worker(s) {ranks} did not answer within {timeout_s:.0f} s during {stage} "
+                    f"{self._who(ranks)} did not answer within {timeout_s:.0f} s during {stage} "
                     "(trainer.worker_timeout_s): frozen, or waiting in a collective for a worker that is"
                 )
             waitables = {self.conns[r]: r for r in pending} | {self.procs[r].sentinel: r for r in pending}
@@ -162,9 +183,9 @@ class ProcessWorkerGroup(WorkerGroup):
                 except (EOFError, OSError):
                     raise self._died(rank, stage) from None
                 if kind == "error" and isinstance(value, StartupFailure):
-                    raise WorkerError(f"worker {rank} failed during {stage}: {value.cause}", failure=value)
+                    raise WorkerError(f"{self._who(rank)} failed during {stage}: {value.cause}", failure=value)
                 if kind == "error":
-                    raise WorkerError(f"worker {rank} failed during {stage}: {value}")
+                    raise WorkerError(f"{self._who(rank)} failed during {stage}: {value}")
                 results[rank] = value
                 pending.discard(rank)
         return results
@@ -174,14 +195,14 @@ class ProcessWorkerGroup(WorkerGroup):
         what to check."""
         self.procs[rank].join(timeout=5)
         code = self.procs[rank].exitcode
-        message = f"worker {rank} died during {stage} ({_exit_text(code)})"
+        message = f"{self._who(rank)} died during {stage} ({_exit_text(code)})"
         if stage != "startup":
             return WorkerError(message)
         hint = "the worker's own output or the system log may say why"
         if code == -signal.SIGKILL:
             hint = ("a process killed by SIGKILL while loading is most often out of memory (dmesg says): fewer workers "
                     "(trainer.cpu_workers), or a machine with more memory")  # fmt: skip
-        failure = StartupFailure(f"worker {rank} died while starting", _exit_text(code), hint)
+        failure = StartupFailure(f"{self._who(rank)} died while starting", _exit_text(code), hint)
         return WorkerError(message, failure=failure)
 
     def shutdown(self, grace_s: float = 10.0) -> None:
@@ -227,12 +248,14 @@ class InlineWorkerGroup(WorkerGroup):
         self.infos = [self.worker.info()]
         self.startup_s = sw.elapsed
 
-    def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
-        """``method(*args[0])`` on the worker; a failure raises ``WorkerError`` naming the stage."""
+    def submit(self, stage: str, method: str, args: list[tuple]) -> Pending:
+        """``method(*args[0])`` on the worker, run now (one process: nothing runs beside it); a failure raises
+        ``WorkerError`` naming the stage."""
         try:
-            return [getattr(self.worker, method)(*args[0])]
+            result = [getattr(self.worker, method)(*args[0])]
         except Exception as e:
             raise WorkerError(f"worker 0 failed during {stage}: {type(e).__name__}: {e}") from e
+        return Pending(lambda: result)
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Release the worker's process group."""

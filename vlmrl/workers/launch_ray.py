@@ -20,10 +20,10 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.network import ray_auth_problem
-from vlmrl.config.plan import WorkerPlan, per_node, planned_device, ray_address
+from vlmrl.config.plan import WorkerPlan, per_node, planned_device, ray_address, rollout_per_node
 from vlmrl.startup import StartupFailure, failure_of
 from vlmrl.timing import Timer
-from vlmrl.workers.group import WorkerError, WorkerGroup, worker_env
+from vlmrl.workers.group import Pending, WorkerError, WorkerGroup, worker_env
 
 
 class StartupFailed(Exception):
@@ -49,7 +49,8 @@ def _ray_worker_class() -> type:
             try:
                 super().__init__(plan, rank, init_method)
             except Exception as e:  # noqa: BLE001 - reported by info(), which the driver calls first
-                self._failure = failure_of(e, f"worker {rank} could not start")
+                who = "rollout worker" if plan.role == "rollout" else "worker"
+                self._failure = failure_of(e, f"{who} {rank} could not start")
 
         def info(self) -> dict[str, Any]:
             if self._failure is not None:
@@ -152,14 +153,21 @@ class RayWorkerGroup(WorkerGroup):
         auth_env(cfg)
         import ray
 
-        init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", cfg.trainer.cpu_workers)
+        both = cfg.trainer.cpu_workers + (cfg.rollout.cpu_workers if not cfg.actor_rollout_ref.hybrid_engine else 0)
+        init_ray(cfg, "cuda" if cfg.trainer.device == "cuda" else "cpu", both)
         cuda = ray.cluster_resources().get("GPU", 0) > 0
         self.device = planned_device(cfg, cuda_available=cuda)
-        self.world = cfg.trainer.nnodes * per_node(cfg, cuda)
+        self.role = plan.role
+        self.who = "rollout worker" if plan.role == "rollout" else "worker"
+        self.prefix = "rollout." if plan.role == "rollout" else "trainer."
+        """Where this pool's sizes are set: ``trainer.*``, or ``rollout.*`` for the rollout pool."""
+        self.nnodes = cfg.rollout.nnodes if plan.role == "rollout" else cfg.trainer.nnodes
+        self.world = self.nnodes * (rollout_per_node(cfg, cuda) if plan.role == "rollout" else per_node(cfg, cuda))
         plan = dataclasses.replace(plan, device=self.device, world=self.world)
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
         self.workers: list[Any] = []
         self.pgs: list[Any] = []
+        self._pending: Pending | None = None
         sw = Timer.start()
         try:
             self._start(cfg, plan)
@@ -174,13 +182,14 @@ class RayWorkerGroup(WorkerGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        nodes, per = cfg.trainer.nnodes, self.world // cfg.trainer.nnodes
+        nodes, per = self.nnodes, self.world // self.nnodes
         bundle = {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
         have = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         shown = ", ".join(f"{r.get('CPU', 0):g} CPU + {r.get('GPU', 0):g} GPU" for r in have) or "none"
         problem = (
             f"could not reserve {nodes} node(s) x {per} worker slot(s) of {bundle} in the Ray cluster (its node(s): "
-            f"{shown}); lower trainer.nnodes / " + ("n_gpus_per_node" if self.device == "cuda" else "cpu_workers")
+            f"{shown}); lower {self.prefix}nnodes / {self.prefix}"
+            + ("n_gpus_per_node" if self.device == "cuda" else "cpu_workers")
             + (", use trainer.device=cpu" if self.device == "cuda" and not any(r.get("GPU") for r in have) else "")
             + ", or add machines"
         )  # fmt: skip
@@ -201,7 +210,8 @@ class RayWorkerGroup(WorkerGroup):
             )
 
         gpus = 1 if self.device == "cuda" else 0
-        master = ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=strategy(0))
+        self._first = strategy(0)
+        master = ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=self._first)
         addr, port = ray.get(master.remote())
         remote = ray.remote(_ray_worker_class())
         self.workers = [
@@ -214,6 +224,13 @@ class RayWorkerGroup(WorkerGroup):
         ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for info, node in zip(self.infos, self.node_ids):
             info["node"] = f"{ip.get(node, '?')}/{node[:8]}"  # Ray's node: machines may share a host name
+
+    def sync_rendezvous(self) -> str:
+        """A TCP store address on rank 0's node, where the weight-sync group of two pools meets."""
+        import ray
+
+        addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=self._first).remote())
+        return f"tcp://{addr}:{port}"
 
     def _placement(self, per: int) -> list[str]:
         """Each rank's Ray node id, read back from the cluster; a node's group spread over machines (what
@@ -229,15 +246,22 @@ class RayWorkerGroup(WorkerGroup):
             node_ids += ids
         return node_ids
 
-    def call(self, stage: str, method: str, args: list[tuple]) -> list[Any]:
-        """``method(*args[i])`` on worker i; results in rank order. The first failure, or no answer within
-        ``trainer.worker_timeout_s``, raises ``WorkerError`` naming the worker and stage."""
+    def submit(self, stage: str, method: str, args: list[tuple]) -> Pending:
+        """Start ``method(*args[i])`` on worker i; ``result()`` gives the results in rank order. The first failure,
+        or no answer within ``trainer.worker_timeout_s`` (counted from now), raises ``WorkerError`` naming the
+        worker and stage."""
+        if self._pending is not None and not self._pending.waited:
+            raise RuntimeError(f"{method} sent while the previous call's answers are not collected")
+        futures = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args)]
+        deadline = time.monotonic() + self.timeout_s
+        self._pending = Pending(lambda: self._collect(stage, futures, deadline))
+        return self._pending
+
+    def _collect(self, stage: str, futures: list[Any], deadline: float) -> list[Any]:
         import ray
 
-        futures = [getattr(w, method).remote(*a) for w, a in zip(self.workers, args)]
         rank_of = {f: i for i, f in enumerate(futures)}
         pending = list(futures)
-        deadline = time.monotonic() + self.timeout_s
         while pending:
             wait_s = max(0.0, min(5.0, deadline - time.monotonic()))
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
@@ -249,7 +273,7 @@ class RayWorkerGroup(WorkerGroup):
             if pending and time.monotonic() > deadline:
                 ranks = sorted(rank_of[f] for f in pending)
                 raise WorkerError(
-                    f"worker(s) {ranks} did not answer within {self.timeout_s:.0f} s during {stage} "
+                    f"{self.who}(s) {ranks} did not answer within {self.timeout_s:.0f} s during {stage} "
                     "(trainer.worker_timeout_s): frozen, or waiting in a collective for a worker that is"
                 )
         return ray.get(futures)
@@ -263,7 +287,7 @@ class RayWorkerGroup(WorkerGroup):
 
         failure = getattr(error, "failure", None) or getattr(getattr(error, "cause", None), "failure", None)
         if isinstance(failure, StartupFailure):  # the worker raised while starting (_RayHybridWorker.info)
-            return WorkerError(f"worker {rank} failed during {stage}: {failure.cause}", failure=failure)
+            return WorkerError(f"{self.who} {rank} failed during {stage}: {failure.cause}", failure=failure)
         text = f"{type(error).__name__}: {error}"
         died = isinstance(error, ray.exceptions.RayActorError) and not error.actor_init_failed
         peer_lost = died or any(
@@ -277,12 +301,12 @@ class RayWorkerGroup(WorkerGroup):
                 break
             time.sleep(0.5)
         if not lost:
-            return WorkerError(f"worker {rank} failed during {stage}: {text}")
+            return WorkerError(f"{self.who} {rank} failed during {stage}: {text}")
         nodes = sorted({f"{dead[self.node_ids[r]]}/{self.node_ids[r][:8]}" for r in lost})
         first = text.splitlines()[0][:300] if text else ""
         return WorkerError(
-            f"worker(s) {lost} lost during {stage}: their node {', '.join(nodes)} left the Ray cluster (its raylet "
-            f"stopped answering; worker {rank} then failed: {first})"
+            f"{self.who}(s) {lost} lost during {stage}: their node {', '.join(nodes)} left the Ray cluster (its raylet "
+            f"stopped answering; {self.who} {rank} then failed: {first})"
         )
 
     def shutdown(self, grace_s: float = 10.0) -> None:

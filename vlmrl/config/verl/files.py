@@ -19,7 +19,11 @@ from typing import Any
 from vlmrl.config.files import NO_EFFECT, defaults_entries, names_hydra
 from vlmrl.config.verl import render
 
-VERL_CONFIGS = {"ppo_trainer": None, "ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)"}
+VERL_CONFIGS = {
+    "ppo_trainer": None,
+    "ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)",
+    "one_step_off_ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)",
+}
 """verl's own top-level config names: ppo_trainer is what vlmrl's grpo config stands for; the others are refused."""
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")

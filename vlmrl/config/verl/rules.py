@@ -201,12 +201,8 @@ RULES: tuple[Rule, ...] = (
     accept("algorithm.use_pf_ppo", (False,), "PF-PPO"),
     feature("algorithm.pf_ppo.*", "PF-PPO"),
     accept("algorithm.filter_groups.max_inflight_gen_batches", (1,), "overlapping generation batches"),
-    accept(
-        "actor_rollout_ref.hybrid_engine",
-        (True,),
-        "a separate rollout worker pool; vlmrl always colocates "
-        "policy, reference and engine in one worker (the hybrid engine)",
-    ),
+    alias("async.fallback_kl", "async_training.fallback_kl"),
+    alias("async.tis_by_default", "async_training.tis_by_default"),
     accept("trainer.default_hdfs_dir", (None,), "copying checkpoints to HDFS"),
     accept("trainer.del_local_ckpt_after_load", (False,), "deleting checkpoints after loading"),
     accept("trainer.esi_redundant_time", (0, 0.0), "elastic (ESI) checkpoint timing"),
@@ -298,11 +294,13 @@ RULES: tuple[Rule, ...] = (
     accept(
         "actor_rollout_ref.rollout.nnodes",
         (0,),
-        "a separate rollout pool (the engine runs in the training workers: trainer.nnodes / n_gpus_per_node)",
+        "this key of the rollout pool (set rollout.nnodes with actor_rollout_ref.hybrid_engine=False, as verl's "
+        "one-step off-policy scripts do)",
     ),
     feature(
         "actor_rollout_ref.rollout.n_gpus_per_node",
-        "a separate rollout pool (the engine runs in the training workers: trainer.n_gpus_per_node)",
+        "this key of the rollout pool (set rollout.n_gpus_per_node with actor_rollout_ref.hybrid_engine=False, as "
+        "verl's one-step off-policy scripts do)",
     ),
     feature("actor_rollout_ref.rollout.prompt_length", "a derived value: set data.max_prompt_length"),
     feature("actor_rollout_ref.rollout.response_length", "a derived value: set data.max_response_length"),
@@ -312,7 +310,11 @@ RULES: tuple[Rule, ...] = (
     notice("actor_rollout_ref.rollout.prometheus.*", "the vLLM server's Prometheus metrics are off"),
     accept("actor_rollout_ref.rollout.trace.backend", (None,), "rollout tracing (weave / mlflow)"),
     notice("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
-    accept("actor_rollout_ref.rollout.checkpoint_engine.backend", ("naive",), "weight-sync backends"),
+    accept(
+        "actor_rollout_ref.rollout.checkpoint_engine.backend",
+        ("naive", "nccl"),
+        "weight-sync backends other than a collective broadcast",
+    ),
     accept("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module", (None,), "weight-sync backends"),
     accept("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs", ({},), "weight-sync backends"),
     accept("actor_rollout_ref.rollout.agent.custom_async_server.*", (None,), "custom async rollout servers"),

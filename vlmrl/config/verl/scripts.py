@@ -16,8 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-VERL_ENTRY_POINTS = ("verl.trainer.main_ppo",)
-"""``-m`` modules of verl that the shim hands to ``vlmrl.train``."""
+VERL_ENTRY_POINTS = {
+    "verl.trainer.main_ppo": "",
+    "verl.experimental.one_step_off_policy.main_ppo": "--config-name=one_step_off_ppo_trainer",
+    "recipe.one_step_off_policy.async_main_ppo": "--config-name=one_step_off_ppo_trainer",
+}
+"""``-m`` modules of verl that the shim hands to ``vlmrl.train``, and the options they add first (verl's one-step
+off-policy trainer: its config, ``configs/one_step_off_ppo_trainer.yaml``; a ``--config-name`` of the script's own
+comes later and wins)."""
 
 _SHIM = """#!/bin/sh
 # vlmrl.run_verl: verl's trainer -> vlmrl's; anything else -> the real interpreter.
@@ -41,12 +47,16 @@ if [ "$drop" = 2 ]; then
     if [ "$i" = $((k + 2)) ]; then module="$a"; fi
   done
 fi
+extra=""
+case "$module" in
+{extras}
+esac
 case "$module" in
   {cases})
     total=$#; i=0
-    for a in "$@"; do  # the same arguments with "-m <verl's module>" replaced by "-m vlmrl.train"
+    for a in "$@"; do  # the same arguments with "-m <verl's module>" replaced by "-m vlmrl.train [its options]"
       i=$((i + 1))
-      if [ "$i" = $((k + 1)) ]; then set -- "$@" -m vlmrl.train
+      if [ "$i" = $((k + 1)) ]; then set -- "$@" -m vlmrl.train $extra
       elif [ "$i" -le "$k" ] || [ "$i" -gt $((k + drop)) ]; then set -- "$@" "$a"; fi
     done
     shift "$total"
@@ -60,7 +70,8 @@ def write_shims(folder: Path, python: str = sys.executable) -> Path:
     """``python3`` and ``python`` shims in ``folder`` (created); returns the folder to put first on PATH."""
     folder.mkdir(parents=True, exist_ok=True)
     cases = "|".join(shlex.quote(m) for m in VERL_ENTRY_POINTS)
-    text = _SHIM.format(cases=cases, python=shlex.quote(python))
+    extras = "\n".join(f"  {shlex.quote(m)}) extra={shlex.quote(o)} ;;" for m, o in VERL_ENTRY_POINTS.items() if o)
+    text = _SHIM.format(cases=cases, extras=extras, python=shlex.quote(python))
     for name in ("python3", "python"):
         path = folder / name
         path.write_text(text)

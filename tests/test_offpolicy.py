@@ -1,0 +1,202 @@
+"""The one-step off-policy trainer (``actor_rollout_ref.hybrid_engine=False``): a rollout pool beside the training
+pool, the batch of step t+1 generated while step t trains, weights synced through a process group spanning both.
+
+Fast: the config (verl's keys, the checks, the default correction), the sync's buckets and its broadcast between
+processes, the prompt split. Runs (a training subprocess each, 1 training + 1 rollout worker): staleness 0 then 1,
+the overlap's timings, exact resume (the in-flight batch drawn again), the sync's equality (a resumed run's engine,
+started from the base model, holds the checkpoint's weights after the sync: its log-probs equal the trainer's), the
+KL fallback, the HF rollout in a pool of its own, and a 2-node Ray cluster with one pool on each node.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from runs import base_args, make_colour_data, metrics, run_to_end
+
+from vlmrl.config.checks import batch_problems
+from vlmrl.config.command import load
+from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
+from vlmrl.trainer.offpolicy import batch_seed, chunk_prompts
+from vlmrl.workers.sync import WeightMeta, WeightSync, buckets, meta_of
+
+POOLS = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=1", "rollout.cpu_workers=1")
+"""Two pools of one CPU worker each."""
+REQUIRED = ("data.train_files=x", "actor_rollout_ref.model.path=m")
+"""The required settings (a config check reads no files)."""
+ASYNC = (*POOLS, *REQUIRED)
+
+# ------------------------------------------------------------------------------------------------------ config
+
+
+def test_verl_keys_of_the_one_step_trainer_are_accepted() -> None:
+    cfg = load([*ASYNC, "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "async.fallback_kl=0.5",
+                "trainer.device=cpu"])  # fmt: skip
+    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.async_training.fallback_kl == 0.5
+    assert cfg.rollout.n_gpus_per_node == 2 and rollout_world(cfg) == 1  # CPU: rollout.cpu_workers
+    plan = worker_plan(cfg, 10, 1, 0, cuda_available=False)
+    assert plan.role == "actor" and plan.tp == 1 and plan.world == 1
+    pool = rollout_plan(cfg, plan, cuda_available=False)
+    assert pool.role == "rollout" and pool.world == 1 and pool.critic is None and pool.rollout_correction is None
+    # the hybrid engine is unchanged
+    hybrid = worker_plan(load([*REQUIRED, "trainer.device=cpu"]), 10, 1, 0, cuda_available=False)
+    assert hybrid.role == "hybrid" and rollout_world(load(list(REQUIRED))) == 0
+
+
+def test_the_stale_step_is_corrected_by_token_tis_unless_the_user_says_otherwise() -> None:
+    rc = rollout_correction(load(list(ASYNC)))
+    assert rc is not None and rc.rollout_is == "token" and rc.rollout_is_threshold == 2.0 and not rc.bypass_mode
+    assert rollout_correction(load([*ASYNC, "async.tis_by_default=False"])) is None
+    assert rollout_correction(load(list(REQUIRED))) is None  # the hybrid engine: on-policy, nothing to correct
+    own = rollout_correction(load([*ASYNC, "algorithm.rollout_correction.rollout_rs=token_k1",
+                                   "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"]))  # fmt: skip
+    assert own is not None and own.rollout_is is None and own.rollout_rs == "token_k1"
+    # verl's own config for this trainer: bypass mode (the engine's log-probs are the old ones)
+    verl = load(list(ASYNC), config_name="one_step_off_ppo_trainer")
+    assert verl.algorithm.rollout_correction.bypass_mode and verl.rollout.n_gpus_per_node == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.launcher=inline"], "trainer.launcher=inline: the one-step off-policy trainer runs a training pool"),
+        (["rollout.cpu_workers=0"], "rollout.cpu_workers=0: the rollout pool"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "must divide rollout.cpu_workers=1"),
+        (["async.fallback_kl=-1"], "async_training.fallback_kl=-1"),
+        (["async.fallback_kl=0.1", "async.tis_by_default=False"], "the KL is measured by the rollout correction"),
+        (["rollout.nnodes=2", "trainer.launcher=local"], "rollout.nnodes=2 with trainer.launcher=local"),
+    ],
+)
+def test_pool_settings_that_cannot_run_are_refused(overrides: list[str], message: str) -> None:
+    problems = batch_problems(load([*ASYNC, "trainer.device=cpu", *overrides]))  # what the config gate reports
+    assert any(message in p for p in problems), problems
+    assert not batch_problems(load([*ASYNC, "trainer.device=cpu"]))
+
+
+# ------------------------------------------------------------------------------------------------- the sync
+
+
+def test_buckets_keep_one_dtype_and_the_size_limit() -> None:
+    meta = [WeightMeta("a", (4,), "float32"), WeightMeta("b", (8,), "float32"), WeightMeta("c", (2,), "bfloat16"),
+            WeightMeta("d", (100,), "float32"), WeightMeta("e", (1,), "float32")]  # fmt: skip
+    # 16 + 32 bytes fit 64; c changes dtype; d (400 bytes) is over the limit alone; e follows d's full bucket
+    assert buckets(meta, limit=64) == [[0, 1], [2], [3], [4]]
+    assert buckets(meta, limit=10_000) == [[0, 1], [2], [3, 4]]
+    assert sum(m.nbytes for m in meta) == 16 + 32 + 4 + 400 + 4
+
+
+def _sync_member(rank: int, init: str, meta: list[WeightMeta], out: dict) -> None:
+    torch.manual_seed(0)
+    named = [(m.name, torch.randn(m.shape).to(getattr(torch, m.dtype))) for m in meta]
+    sync = WeightSync(init, rank, 3, "cpu", meta, timeout_s=60)
+    if rank == 0:
+        out[0] = sync.send(iter(named))
+    else:  # each received tensor equals the sender's, under its name, in order
+        got = [(n, t.clone()) for n, t in sync.receive()]
+        out[rank] = all(n == m and torch.equal(t, s) for (n, t), (m, s) in zip(got, named)) and len(got) == len(named)
+    sync.close()
+
+
+def test_the_sync_broadcasts_every_tensor_bit_for_bit_to_every_rollout_worker() -> None:
+    torch.manual_seed(0)
+    weights = [("model.embed", torch.randn(32, 8)), ("model.norm", torch.randn(8).bfloat16()),
+               ("lm_head", torch.randn(32, 8)), ("visual.patch", torch.randn(3, 3, 2))]  # fmt: skip
+    meta = meta_of(weights)
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        out = manager.dict()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_sync_member, args=(r, f"file://{d}/store", meta, out)) for r in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert dict(out) == {0: sum(m.nbytes for m in meta), 1: True, 2: True}
+
+
+def test_a_sender_that_yields_other_tensors_than_announced_fails_naming_them() -> None:
+    sync = WeightSync.__new__(WeightSync)
+    sync.meta, sync._buckets, sync.device = [WeightMeta("a", (2,), "float32")], [[0]], "cpu"
+    with pytest.raises(RuntimeError, match=r"tensor 0 is b \(2,\) torch.float32, the rollout workers expect a"):
+        sync.send(iter([("b", torch.zeros(2))]))
+
+
+def test_prompts_split_over_engine_groups_and_seeds_depend_on_the_step_only() -> None:
+    assert chunk_prompts(list(range(8)), 4, 2) == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+    assert chunk_prompts(list(range(3)), 2, 1) == [[0, 1], [2]]
+    assert (
+        batch_seed(1, 5) == batch_seed(1, 5) and len({batch_seed(1, s, k) for s in range(50) for k in range(3)}) == 150
+    )
+
+
+# ------------------------------------------------------------------------------------------------------- runs
+
+
+@pytest.fixture(scope="module")
+def colour_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_colour_data(tmp_path_factory.mktemp("colour"))
+
+
+def _prompts(folder: Path, step: int) -> list[str]:
+    return [json.loads(x)["prompt"] for x in (folder / f"step_{step:06d}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_dir, colour_data, tmp_path) -> None:
+    """3 steps on 1 training + 1 rollout worker: the first batch comes from the initial weights (staleness 0, the
+    engine's log-probs equal the trainer's), the next from the weights one update back (staleness 1), corrected by
+    token TIS; checkpoints record the sampler before the batch in flight. Resumed from step 2 with
+    ``async.fallback_kl`` tiny: step 3 is generated again from the checkpoint's weights (same prompts; the engine,
+    started from the base model, got them only through the sync: log-probs equal ≤ 1e-5), step 4 trains the stale
+    batch (its KL trips the fallback) and step 5 waits for a fresh generation."""
+    first, dumps = tmp_path / "first", tmp_path / "dumps_first"
+    common = (*POOLS, "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.test_freq=-1")
+    run = run_to_end(base_args(tiny_model_dir, colour_data, first, *common, "trainer.total_training_steps=3",
+                               f"trainer.rollout_data_dir={dumps}"))  # fmt: skip
+    out = run.output()
+    assert "1 training worker(s)" in out and "1 rollout worker(s)" in out, out[-3000:]
+    rows = metrics(first)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["rollout/logprob_diff"] <= 1e-5 < rows[1]["rollout/logprob_diff"]
+    for r in rows:
+        assert r["timing/param_sync_s"] > 0 and r["async/param_sync_mb"] > 0.5 and r["timing/gen_s"] > 0
+        assert "timing/wait_prev_gen_s" in r and "timing/push_s" not in r and "timing/sleep_s" not in r
+        assert r["rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # token TIS at 2.0 by default
+    assert rows[1]["rollout_corr/k3_kl"] > 0
+    state = json.loads((first / "global_step_2" / "trainer_state.json").read_text())
+    assert state["sampler"]["offset"] == 2  # batch 3 was in flight: drawn again on resume
+    assert "log-prob drift" not in out  # the stale steps' drift is expected, not a finding
+
+    # resume from step 2 (the step-3 checkpoint removed), with a fallback threshold every stale step exceeds
+    resumed, dumps2 = tmp_path / "resumed", tmp_path / "dumps_resumed"
+    import shutil
+
+    shutil.copytree(first / "global_step_2", resumed / "global_step_2")
+    (resumed / "latest_checkpointed_iteration.txt").write_text("2")
+    run = run_to_end(base_args(tiny_model_dir, colour_data, resumed, *common, "trainer.total_training_steps=5",
+                               f"trainer.rollout_data_dir={dumps2}", "async.fallback_kl=1e-9"))  # fmt: skip
+    rows = metrics(resumed)
+    assert [r["step"] for r in rows] == [3, 4, 5], rows
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0]
+    assert [r["async/fallback"] for r in rows] == [0.0, 0.0, 1.0]
+    assert rows[0]["rollout/logprob_diff"] <= 1e-5 and rows[2]["rollout/logprob_diff"] <= 1e-5
+    assert _prompts(dumps2, 3) == _prompts(dumps, 3)  # the batch that was in flight, drawn again
+
+
+@pytest.mark.slow
+def test_hf_rollout_in_a_pool_of_its_own(tiny_model_dir, colour_data, tmp_path) -> None:
+    """``rollout.name=hf`` (the GPU machines' rollout, where vLLM cannot be installed): the rollout workers hold a
+    plain copy of the model that the sync writes into; 2 training workers (FSDP2 shards gathered for the sync)."""
+    out = tmp_path / "run"
+    args = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=2", "rollout.cpu_workers=1",
+            "actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=2", "trainer.val_before_train=false",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")  # fmt: skip
+    run = run_to_end(base_args(tiny_model_dir, colour_data, out, *args))
+    assert "2 training worker(s)" in run.output() and "1 HF rollout model(s)" in run.output()
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert rows[0]["rollout/logprob_diff"] <= 1e-4 < rows[1]["rollout/logprob_diff"]

@@ -1,0 +1,138 @@
+"""The one-step off-policy trainer's rollout side (``actor_rollout_ref.hybrid_engine=False``; verl's
+``verl.experimental.one_step_off_policy``).
+
+Two pools: the training pool (the trainer's worker group: policy, reference, critic) and the rollout pool (engines
+only). The driver keeps one generation in flight::
+
+    step t:  wait for batch t (generated with the weights after update t-2) ── sync the weights after update t-1
+             into the engines ── launch batch t+1 ── rewards, advantages, update t (while batch t+1 generates)
+
+so a batch is trained on one update after the weights that generated it (``async/staleness`` 1; the first step's
+batch and a resumed run's first step are generated from the weights they train, staleness 0). The engine's
+log-probs of the sampled tokens are the behaviour policy of the rollout correction (``config.plan.
+rollout_correction``), and the PPO ratio is taken against the old log-probs the trainer recomputes, as verl does.
+A checkpoint records the sampler as it was before the in-flight batch was drawn: a resumed run generates that batch
+again, from the checkpoint's weights and the batch's own seed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.timing import Timer
+from vlmrl.workers.group import Pending, WorkerGroup
+
+
+def chunk_prompts(prompts: list[Any], world: int, tp: int) -> list[list[Any]]:
+    """Rank r's prompts: the prompts split evenly (or, when they do not divide, in ceil-sized chunks with empty
+    tails) over the ``world // tp`` engine groups, every rank of a tensor-parallel group getting its group's."""
+    groups = world // tp
+    k = -(-len(prompts) // groups)
+    chunks = [prompts[i * k : (i + 1) * k] for i in range(groups)]
+    return [chunks[rank // tp] for rank in range(world)]
+
+
+def gather_leaders(parts: list[RolloutBatch], tp: int) -> RolloutBatch:
+    """One copy of each engine group's samples (its first rank's), in rank order."""
+    leaders = parts[::tp]
+    return RolloutBatch.concat([p for p in leaders if len(p) or p is leaders[0]])
+
+
+def batch_seed(seed: int, step: int, k: int = 0) -> int:
+    """The sampling seed of the ``k``-th batch generated for ``step`` (a batch is the same whatever ran before it)."""
+    return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
+
+
+@dataclass
+class InFlight:
+    """A training batch the rollout pool is generating."""
+
+    step: int
+    """The step that will train on it."""
+    prompts: list[PromptSample]
+    pending: Pending
+    version: int
+    """Updates the engines' weights include (the step it trains at has ``step - 1``)."""
+    sampler_state: dict[str, Any]
+    """The sampler before these prompts were drawn (what a checkpoint records: a resumed run draws them again)."""
+    seed: int
+
+
+class OffPolicyRollout:
+    """The rollout pool, its weight sync and the one batch in flight."""
+
+    def __init__(self, trainer: WorkerGroup, pool: WorkerGroup, tp: int, seed: int) -> None:
+        """Form the weight-sync group (training rank 0 + every rollout worker) and push the initial weights, so
+        the engines hold exactly the trainer's (a checkpoint loaded before counts: call after loading it)."""
+        self.trainer, self.pool, self.tp, self.seed = trainer, pool, tp, seed
+        sw = Timer.start()
+        meta = trainer.weight_meta()
+        init, world = trainer.sync_rendezvous(), 1 + pool.world
+        joining = [trainer.join_sync(init, meta, world), pool.join_sync(init, meta, world)]
+        for j in joining:
+            j.result()
+        self.mb = sum(m.nbytes for m in meta) / 2**20
+        """Megabytes a sync sends."""
+        self.version = -1
+        """Updates the engines' weights include (-1: not synced yet)."""
+        self.inflight: InFlight | None = None
+        self.setup_s = sw.elapsed
+        self.fallback_due = False
+        """Set when a step's behaviour KL exceeded ``async_training.fallback_kl``: the next step regenerates."""
+
+    # ----------------------------------------------------------------------------------------------- weights
+    def sync(self, updates: int) -> dict[str, float]:
+        """The trainer's weights (after ``updates`` updates) into every engine, unless they hold them already;
+        the pool must be idle. ``async/param_sync_*`` metrics (empty when nothing was sent)."""
+        if self.version == updates:
+            return {}
+        sw = Timer.start()
+        send, receive = self.trainer.send_weights(), self.pool.receive_weights()
+        sent = send.result()
+        receive.result()
+        self.version = updates
+        s = sw.elapsed
+        return {
+            "timing/param_sync_s": s,
+            "async/param_sync_mb": self.mb,
+            "async/param_sync_ms_per_mb": 1000.0 * s / max(self.mb, 1e-9),
+            "async/param_sync_send_s": max(x[0] for x in sent),
+            "async/param_sync_broadcast_s": sent[0][2],
+            "async/param_sync_broadcast_mb_per_s": sent[0][1] / 2**20 / max(sent[0][2], 1e-9),
+        }
+
+    # ------------------------------------------------------------------------------------------- generation
+    def launch(self, step: int, prompts: list[PromptSample], sampler_state: dict[str, Any]) -> None:
+        """Start generating ``step``'s batch with the engines' current weights."""
+        assert self.inflight is None, "one generation in flight at a time"
+        seed = batch_seed(self.seed, step)
+        pending = self.pool.start_generate(chunk_prompts(prompts, self.pool.world, self.tp), seed)
+        self.inflight = InFlight(step, prompts, pending, self.version, copy.deepcopy(sampler_state), seed)
+
+    def drain(self) -> float:
+        """Wait for the generation in flight, if any (its batch stays for ``take``); seconds waited."""
+        sw = Timer.start()
+        if self.inflight is not None:
+            self.inflight.pending.result()
+        return sw.elapsed
+
+    def take(self) -> tuple[InFlight, RolloutBatch]:
+        """The batch in flight (waited for) and its rollout; nothing is in flight afterwards."""
+        assert self.inflight is not None, "no generation in flight"
+        gen, self.inflight = self.inflight, None
+        return gen, gather_leaders(gen.pending.result(), self.tp)
+
+    def generate_now(self, step: int, prompts: list[PromptSample], k: int, validate: bool = False) -> RolloutBatch:
+        """Generate on the idle pool and wait (validation; dynamic sampling's further batches, the ``k``-th of
+        ``step``; a fallback's fresh round)."""
+        chunks = chunk_prompts(prompts, self.pool.world, self.tp)
+        if validate:
+            return gather_leaders(self.pool.generate(chunks, validate=True), self.tp)
+        return gather_leaders(self.pool.start_generate(chunks, batch_seed(self.seed, step, k)).result(), self.tp)
+
+    def checkpoint_sampler(self, current: dict[str, Any]) -> dict[str, Any]:
+        """The sampler state a checkpoint records: before the in-flight batch was drawn (``current`` if none)."""
+        return self.inflight.sampler_state if self.inflight is not None else current
