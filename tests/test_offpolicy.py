@@ -200,3 +200,57 @@ def test_hf_rollout_in_a_pool_of_its_own(tiny_model_dir, colour_data, tmp_path) 
     rows = metrics(out)
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
     assert rows[0]["rollout/logprob_diff"] <= 1e-4 < rows[1]["rollout/logprob_diff"]
+
+
+# -------------------------------------------------------------------- the correction without a separate forward
+
+
+def test_token_tis_from_the_updates_own_forward_equals_a_separate_old_log_prob_pass(tiny_model_dir, tmp_path) -> None:
+    """One pass of one mini-batch with token-level TIS (the off-policy trainer's default): the weights come from each
+    micro-batch's own forward (detached), not from a separate forward for the old log-probs. Same update (weights
+    after the step ≤ 1e-6) and the same ``rollout_corr/*`` metrics as the separate pass, on engine log-probs made
+    stale on purpose (so weights are truncated at 2)."""
+    import copy
+    from dataclasses import replace
+
+    from vlmrl.batch import TrainShard
+    from vlmrl.config.plan import worker_plan
+    from vlmrl.data import RLDataset
+    from vlmrl.workers.hybrid import HybridWorker
+
+    data = make_colour_data(tmp_path / "colour")
+    cfg = load([f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                "trainer.device=cpu", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+                "actor_rollout_ref.rollout.n=4", "data.max_response_length=6",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                "algorithm.rollout_correction.rollout_is=token"], config_name="tiny_cpu")  # fmt: skip
+    w = HybridWorker(worker_plan(cfg, 4, 1, 0, cuda_available=False), 0, f"file://{tmp_path / 'rendezvous'}")
+    try:
+        pol = w.policy
+        ds = RLDataset(str(data / "train.parquet"), w.processor, cfg.data, split="train")
+        rb = w.generate(ds.get_batch([0, 1]))
+        stored = [(rid, g) for _, rid, g in rb.origins]
+        shard = TrainShard(stored=stored, sent=None, advantages=[], mini_batch_samples=8)
+        x, _ = w._shard_inputs(shard)
+        g = torch.Generator().manual_seed(0)
+        stale = x.rollout_logprobs + 0.7 * torch.randn(x.rollout_logprobs.shape, generator=g)
+        x = replace(x, rollout_logprobs=stale)
+        adv = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.25, -0.25])
+        saved = (copy.deepcopy(pol.model.state_dict()), copy.deepcopy(pol.optimizer.state_dict()),
+                 copy.deepcopy(pol.scheduler.state_dict()))  # fmt: skip
+        lazy = pol.update(x, adv, 8)
+        after_lazy = {n: p.detach().full_tensor().clone() for n, p in pol.model.named_parameters()}
+        pol.model.load_state_dict(saved[0])
+        pol.optimizer.load_state_dict(saved[1])
+        pol.scheduler.load_state_dict(saved[2])
+        old = pol.logprobs(x, "actor")  # the separate forward
+        eager = pol.update(x, adv, 8, given=(old, None))
+        assert lazy["rollout_corr/rollout_is_max"] == 2.0  # some weights truncated
+        corr = sorted(k for k in eager if k.startswith("rollout_corr/"))
+        assert corr == sorted(k for k in lazy if k.startswith("rollout_corr/")) and len(corr) >= 6, corr
+        for k in [*corr, "actor/pg_loss", "actor/grad_norm"]:
+            assert abs(lazy[k] - eager[k]) <= 1e-6 * max(1.0, abs(eager[k])), (k, lazy[k], eager[k])
+        for n, p in pol.model.named_parameters():
+            assert torch.allclose(p.detach().full_tensor(), after_lazy[n], atol=1e-6), n
+    finally:
+        w.shutdown()

@@ -221,3 +221,22 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
     resume = r"last complete checkpoint: \S*global_step_\d+ \(trainer.resume_mode=auto continues from it\)"
     assert re.search(resume, out), out[-3000:]
     print(f"lost node reported {took:.1f} s after the kill: {stop.group(0)}")
+
+
+@pytest.mark.slow
+def test_one_step_off_policy_pools_on_two_nodes(tiny_model_dir, colour_data, tmp_path, ray_cluster) -> None:
+    """``actor_rollout_ref.hybrid_engine=False`` on the 2-node cluster (one CPU each): the training worker and the
+    rollout worker land on different nodes, the weight sync meets through a TCP store on the training node and
+    the engine holds exactly the trainer's weights (first step: log-probs equal); the second step trains the batch
+    generated meanwhile (staleness 1)."""
+    out = tmp_path / "async"
+    args = base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2",
+                     "trainer.val_before_train=false", "actor_rollout_ref.hybrid_engine=False",
+                     "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.ray_address=auto")  # fmt: skip
+    run = run_to_end(args, env=ray_cluster.env)
+    line = next(x for x in run.output().splitlines() if "one-step off-policy:" in x)
+    train, pool = (re.search(r"0@(\S+?)\)", part).group(1) for part in line.split(" and ")[:2])
+    assert train != pool, line
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert rows[0]["rollout/logprob_diff"] <= 1e-5 and rows[0]["timing/param_sync_s"] > 0

@@ -443,18 +443,30 @@ class PolicyWorker:
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
         bypass = self.correction is not None and self.correction.bypass_mode
         decoupled = self.correction is not None and not bypass
+        # one pass of one mini-batch: the old log-probs are the update's own forward, detached. Token-level
+        # importance weights (no rejection, no batch normalisation: nothing needs the whole shard; their metrics are
+        # token means and extremes, merged exactly) are then computed in each micro-batch from that forward, instead
+        # of a separate forward for the old ones
+        rc = self.correction
+        lazy = (decoupled and ac.ppo_epochs == 1 and n_mini == 1 and rc.rollout_is == "token"
+                and rc.rollout_rs is None and not rc.rollout_is_batch_normalize)  # fmt: skip
         with timer("old_ref_logprob"):
-            old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples, need_old=decoupled)
-            if decoupled and old is None:  # (a prepared shard computed none: on-policy)
+            need = decoupled and not lazy
+            old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples, need_old=need)
+            if need and old is None:  # (a prepared shard computed none: on-policy)
                 old = self.logprobs(x, "actor")
+            lazy = lazy and old is None
             if bypass:  # verl's bypass mode: the engine's log-probs are the old ones (no recomputation)
                 if x.rollout_logprobs is None:
                     raise RuntimeError("algorithm.rollout_correction.bypass_mode needs the engine's log-probs of the "
                                        "sampled tokens, and this rollout returned none")  # fmt: skip
                 old = x.rollout_logprobs[:, : x.response_mask.shape[1]].float()
         weights, corrected = None, {}
-        if decoupled:
+        if decoupled and not lazy:
             x, weights, corrected = self._correct(x, old)
+        elif lazy and x.rollout_logprobs is None:
+            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "
+                               "this rollout returned none")  # fmt: skip
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
         with timer("update"):
@@ -462,7 +474,7 @@ class PolicyWorker:
             for _epoch in range(ac.ppo_epochs):
                 order = torch.randperm(x.batch_size, generator=g) if ac.shuffle else torch.arange(x.batch_size)
                 for mini in order.chunk(n_mini):
-                    self._mini_step(x, mini, advantages, old, ref, metrics, weights, rewards)
+                    self._mini_step(x, mini, advantages, old, ref, metrics, weights, rewards, lazy)
             self.scheduler.step()
         empty = len(metrics.pop("actor/empty_mini_batches", []))
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
@@ -502,7 +514,10 @@ class PolicyWorker:
         metrics: dict[str, list[float]],
         weights: torch.Tensor | None = None,
         rewards: torch.Tensor | None = None,
+        lazy_correction: bool = False,
     ) -> None:
+        """One optimizer step on the samples ``rows`` of ``x``, micro-batch by micro-batch. ``lazy_correction``:
+        the rollout correction's weights come from each micro-batch's own forward (``update``)."""
         ac = self.actor_cfg
         mini = x.select(rows)
         # the whole mini-batch's token / sequence counts across ranks: accumulation = one big batch (agg_loss
@@ -518,6 +533,7 @@ class PolicyWorker:
         # diagnostics of the whole mini-batch on this rank, whatever its split: sums, then one value each
         tokens = max(float(mini.response_mask.sum()), 1.0)
         sums: dict[str, float] = {}
+        extremes: dict[str, float] = {}
 
         def add(name: str, value: float) -> None:
             sums[name] = sums.get(name, 0.0) + value
@@ -530,6 +546,15 @@ class PolicyWorker:
             n_tok = float(mask.sum())
             R = lp.shape[1]
             old_lp = lp.detach() if old is None else old[idx, :R].to(lp.device)
+            w = None if weights is None else weights[idx, :R].to(lp.device)
+            if lazy_correction:  # the micro-batch's own importance weights: old = this forward, detached
+                w, _, corr = correct(old_lp, mb.rollout_logprobs[:, :R].to(lp.device, lp.dtype), m, self.correction)
+                for name, value in corr.items():  # extremes over the micro-batches, means weighted by tokens
+                    if name.endswith(("_max", "_min")):
+                        pick = max if name.endswith("_max") else min
+                        extremes[name] = pick(extremes.get(name, value), value)
+                    else:
+                        add(name, value * n_tok)
             adv = (advantages[idx] if advantages.dim() == 1 else advantages[idx, :R]).to(lp.device)
             if adv.dim() == 1:
                 adv = adv.unsqueeze(-1).expand_as(lp)
@@ -537,7 +562,7 @@ class PolicyWorker:
                 "responses": mb.responses, "response_mask": mask, "attention_mask": mb.attention_mask,
                 "old_log_probs": old_lp, "log_probs": lp, "advantages": adv, "entropy": ent,
                 "ref_log_probs": None if ref is None else ref[idx, :R].to(lp.device),
-                "rollout_is_weights": None if weights is None else weights[idx, :R].to(lp.device),
+                "rollout_is_weights": w,
                 "response_lengths": mask.sum(-1),
                 "rewards": None if rewards is None else last_token_scores(rewards[idx].to(lp.device), mask),
             }  # fmt: skip
@@ -561,6 +586,8 @@ class PolicyWorker:
             add("actor/entropy", float((ent.detach() * m).sum()))
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
+        for name, value in extremes.items():
+            metrics.setdefault(name, []).append(value)
         losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
         gn = clip_and_step(
             self.optimizer, ac.grad_clip, self.device if self.offload_optimizer else None,
