@@ -13,7 +13,7 @@ from typing import Any
 COLOURS = ("red", "green", "blue")
 MEDIAN = 6
 """Median number of filler words."""
-SIGMA = 1.0
+SIGMA = 1.3
 """Spread of the log-normal (its log's standard deviation)."""
 CAP = 16 * MEDIAN
 """Most filler words: 16x the median."""

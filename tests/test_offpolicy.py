@@ -254,3 +254,109 @@ def test_token_tis_from_the_updates_own_forward_equals_a_separate_old_log_prob_p
             assert torch.allclose(p.detach().full_tensor(), after_lazy[n], atol=1e-6), n
     finally:
         w.shutdown()
+
+
+# --------------------------------------------------------------------------------- with the rest of the trainer
+
+
+@pytest.mark.slow
+def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
+    """The zoom demo's config (``tool_zoom_cpu``) off-policy: the rollout worker runs the agent loop and the tool
+    (a policy warm-started to always zoom), the trajectories (tool turns masked, the tool's images) travel to the
+    training worker, the second step's batch generated while the first trained."""
+    import os
+    import subprocess
+    import sys
+
+    from runs import ENV
+    from test_multi_turn import ALWAYS_ZOOM
+
+    from vlmrl.preprocess import synthetic
+    from vlmrl.testing.tiny import TOOL_DEMO, ensure_tiny_model
+
+    repo = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data"
+    synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
+                    "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
+    (tmp_path / "teacher.py").write_text(ALWAYS_ZOOM)
+    warm = tmp_path / "warm"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
+         str(warm), "--data", str(data / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
+         "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"), "--steps", "80", "--lr", "5e-3",
+         "--batch-size", "8", "--max-response-length", "128"],
+        capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "run"
+    run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
+                f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
+                "trainer.total_training_steps=2", "data.train_batch_size=8", *POOLS,
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])  # fmt: skip
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    for r in rows:
+        assert r["multi_turn/called_share"] > 0.5 and r["multi_turn/calls/image_zoom"] >= 16 and r["timing/tool_s"] > 0
+        assert r["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_video_with_dynamic_sampling_off_policy(tiny_model_dir, tmp_path) -> None:
+    """Video prompts and DAPO's dynamic sampling (2 samples a prompt: many groups do not vary): more batches are
+    generated on the rollout pool (from the current weights) until the step is full or 3 were tried, then the next
+    step's batch is launched; every step trains."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    subprocess.run(
+        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(data), "--families", "video_colour",
+         "--image-size", "112", "--train-size", "256", "--test-size", "8", "--seed", "0", "--no-progress"],
+        check=True, capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    out = tmp_path / "run"
+    run = run_to_end(base_args(tiny_model_dir, data, out, *POOLS, "trainer.total_training_steps=3",
+                               "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=3",
+                               "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                               "actor_rollout_ref.rollout.n=2"))  # fmt: skip
+    assert "videos/prompt 1" in run.output()
+    rows = [r for r in metrics(out) if r.get("step", 0) > 0 and "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["filter_groups/gen_batches"] >= 1 and r["actor/grad_norm"] >= 0 for r in rows)
+    assert rows[0]["async/staleness"] == 0.0 and rows[-1]["async/staleness"] == 1.0
+    # two samples a prompt at chance: most groups do not vary, so the pool generates more batches within steps
+    assert any(r["filter_groups/gen_batches"] > 1 for r in rows), rows
+
+
+@pytest.mark.slow
+def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_data, tmp_path) -> None:
+    """The rollout pool's worker killed mid-run: the driver stops (no hang) naming the rollout worker and the stage,
+    with the checkpoint to resume from, as for a training worker."""
+    import time
+
+    import psutil
+    from runs import ENV, Run, wait_for_step
+
+    out = tmp_path / "run"
+    run = Run(base_args(tiny_model_dir, colour_data, out, *POOLS, "trainer.total_training_steps=500",
+                        "trainer.save_freq=1", "data.val_files=null"), ENV)  # fmt: skip
+    try:
+        wait_for_step(run, out, 2, timeout=300)
+        victims = []
+        for p in run.descendants():
+            try:
+                if "vlmrl-rollout-0" in " ".join(p.cmdline()):
+                    victims.append(p)
+            except psutil.Error:
+                pass
+        assert len(victims) == 1, [p.cmdline() for p in run.descendants()]
+        victims[0].kill()
+        t0 = time.monotonic()
+        rc = run.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        run.cleanup()
+    text = run.output()
+    assert rc == 1 and took < 90, (rc, took, text[-3000:])
+    assert "vlmrl: run stopped at step" in text and "rollout worker 0 died during rollout (killed by SIGKILL)" in text
+    assert "last complete checkpoint:" in text and "Traceback" not in text, text[-3000:]

@@ -4,8 +4,10 @@
     python -m vlmrl.run_verl run_qwen2_5_vl-7b.sh vllm trainer.dry_run=True       # check it, start nothing
 
 The script runs in bash as it is; its ``python3 -m verl.trainer.main_ppo ...`` (also ``python3 -u -m ...``) starts
-``python -m vlmrl.train`` with the same arguments (``vlmrl.config.verl.scripts``). Arguments after the script go to
-the script.
+``python -m vlmrl.train`` with the same arguments (``vlmrl.config.verl.scripts``); verl's one-step off-policy trainer,
+``python3 -m verl.experimental.one_step_off_policy.main_ppo`` (older: ``recipe.one_step_off_policy.async_main_ppo``),
+starts it with ``--config-name one_step_off_ppo_trainer`` first (verl's config of that trainer). Arguments after the
+script go to the script.
 """
 
 from __future__ import annotations
