@@ -46,8 +46,11 @@ MODES = {
 """The two ways to use 2 CPU cores."""
 WORKLOADS = {
     "quickstart": (),
-    "long_tail": ("data.max_response_length=128", "actor_rollout_ref.actor.optim.lr=2e-4",
-                  "actor_rollout_ref.actor.entropy_coeff=0"),
+    "long_tail": (
+        "data.max_response_length=128",
+        "actor_rollout_ref.actor.optim.lr=2e-4",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+    ),
 }
 TEACHER = Path(__file__).resolve().parent / "long_tail_teacher.py"
 
@@ -177,9 +180,9 @@ def markdown(res: dict[str, Any]) -> str:
         + f", {res['steps']} steps each, alternating). Equal cores: the hybrid engine on 2 workers against 1 training "
         "+ 1 rollout worker. Quickstart: the tiny Qwen2.5-VL on the colour task (responses <= 8 tokens). Long-tail: "
         "the same model warm-started to answer and then write a filler word a log-normal number of times (median 6, "
-        "at most 16x), lengths sampled by the model up to 128 tokens; lr 2e-4, no entropy bonus. Steps/s over the steps after the first; "
-        "generation, update, the off-policy step's wait for its batch and the weight sync: medians per step; reward "
-        "and validation: median [min-max] over the seeds.\n\n"
+        "at most 16x), lengths sampled by the model up to 128 tokens; lr 2e-4, no entropy bonus. Steps/s over the "
+        "steps after the first; generation, update, the off-policy step's wait for its batch and the weight sync: "
+        "medians per step; reward and validation: median [min-max] over the seeds.\n\n"
         + common.table(head, rows)
         + f"\n\nWeight sync (gloo, this machine): {sync['mb']:.2f} MB a sync in {sync['s']:.3f} s "
         f"({sync['ms_per_mb']:.1f} ms per MB, the trainer's gather, the broadcast and the engine's reload together; "
