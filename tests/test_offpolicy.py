@@ -170,6 +170,11 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
     state = json.loads((first / "global_step_2" / "trainer_state.json").read_text())
     assert state["sampler"]["offset"] == 2  # batch 3 was in flight: drawn again on resume
     assert "log-prob drift" not in out  # the stale steps' drift is expected, not a finding
+    from vlmrl.report.__main__ import main as report
+
+    assert report([str(first), "--output", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "<section class='panel' id='panel-overlap'>" in page  # drawn (an empty panel is 'panel empty')
 
     # resume from step 2 (the step-3 checkpoint removed), with a fallback threshold every stale step exceeds
     resumed, dumps2 = tmp_path / "resumed", tmp_path / "dumps_resumed"
@@ -185,21 +190,6 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
     assert [r["async/fallback"] for r in rows] == [0.0, 0.0, 1.0]
     assert rows[0]["rollout/logprob_diff"] <= 1e-5 and rows[2]["rollout/logprob_diff"] <= 1e-5
     assert _prompts(dumps2, 3) == _prompts(dumps, 3)  # the batch that was in flight, drawn again
-
-
-@pytest.mark.slow
-def test_hf_rollout_in_a_pool_of_its_own(tiny_model_dir, colour_data, tmp_path) -> None:
-    """``rollout.name=hf`` (the GPU machines' rollout, where vLLM cannot be installed): the rollout workers hold a
-    plain copy of the model that the sync writes into; 2 training workers (FSDP2 shards gathered for the sync)."""
-    out = tmp_path / "run"
-    args = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=2", "rollout.cpu_workers=1",
-            "actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=2", "trainer.val_before_train=false",
-            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")  # fmt: skip
-    run = run_to_end(base_args(tiny_model_dir, colour_data, out, *args))
-    assert "2 training worker(s)" in run.output() and "1 HF rollout model(s)" in run.output()
-    rows = metrics(out)
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
-    assert rows[0]["rollout/logprob_diff"] <= 1e-4 < rows[1]["rollout/logprob_diff"]
 
 
 # -------------------------------------------------------------------- the correction without a separate forward
@@ -360,3 +350,52 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
     assert rc == 1 and took < 90, (rc, took, text[-3000:])
     assert "vlmrl: run stopped at step" in text and "rollout worker 0 died during rollout (killed by SIGKILL)" in text
     assert "last complete checkpoint:" in text and "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (
+            "algorithm.adv_estimator=remax",
+            "actor_rollout_ref.model.lora_rank=4",
+            "actor_rollout_ref.rollout.name=hf",
+            "trainer.cpu_workers=2",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.total_training_steps=3",
+            "async.fallback_kl=1e-9",
+        ),
+        (
+            "algorithm.adv_estimator=gae",
+            "critic.optim.lr=2e-3",
+            "algorithm.use_kl_in_reward=True",
+            "trainer.total_training_steps=2",
+        ),
+    ],
+    ids=["remax-lora-hf-2-trainers", "critic-kl-in-reward"],
+)
+def test_other_estimators_and_models_run_off_policy(tiny_model_dir, colour_data, tmp_path, extra) -> None:
+    """ReMax (its greedy baseline rolled out on the pool before the next batch is launched) with LoRA and a fallback
+    threshold every stale step exceeds, on the HF rollout (the GPU machines' rollout, where vLLM cannot be
+    installed: the rollout worker holds a plain copy of the model the sync writes into) and 2 training workers
+    (the FSDP2 shards gathered, the LoRA weights merged, for the sync); and PPO with a critic and the in-reward KL
+    (values and reference on the training pool). The second step of each trains on the batch generated meanwhile."""
+    out = tmp_path / "run"
+    run = run_to_end(base_args(tiny_model_dir, colour_data, out, *POOLS, *extra,
+                               "trainer.val_before_train=false", "data.val_files=null"))  # fmt: skip
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows][:2] == [0.0, 1.0]
+    assert all(r["actor/grad_norm"] > 0 for r in rows), rows
+    if "algorithm.adv_estimator=remax" in extra:
+        assert all(r["timing/baseline_s"] > 0 for r in rows)
+        assert "2 training worker(s)" in run.output() and "1 HF rollout model(s)" in run.output()
+        # step 2's drift trips the fallback: step 3 is generated from the weights after 2 updates (LoRA B no longer
+        # 0), merged and synced into the HF rollout's model: its log-probs equal the trainer's
+        keys = ("step", "async/staleness", "async/fallback", "rollout_corr/k3_kl", "rollout/logprob_diff")
+        assert rows[2]["async/fallback"] == 1.0 and rows[2]["async/staleness"] == 0.0, [
+            {k: r.get(k) for k in keys} for r in rows
+        ]
+        assert rows[1]["rollout/logprob_diff"] > 1e-4 >= rows[2]["rollout/logprob_diff"]
+    else:
+        assert all("critic/vf_loss" in r and "reward/kl_penalty" in r for r in rows)

@@ -45,6 +45,7 @@ COMMANDS = {
     "push.json": "python benchmarks/bench_push.py",
     "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
     "ppo.json": "python benchmarks/bench_ppo.py",
+    "async.json": "python benchmarks/bench_async.py",
     "gpu.json": "bash benchmarks/gpu_check.sh",
 }
 """The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
@@ -213,6 +214,16 @@ def _per(algo: str, key: str) -> Field:
 
 
 TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
+AS = "async.json"
+
+
+def _asy(workload: str, mode: str, key: str) -> Field:
+    """``key`` of each run of ``mode`` on ``workload`` in bench_async's results (one per seed)."""
+    return computed(
+        f"{key} of the {workload} {mode} runs",
+        lambda d: [r[key] for r in d["runs"] if r["workload"] == workload and r["mode"] == mode],
+    )
+
 
 # fmt: off
 FIGURES: list[Figure] = [
@@ -272,6 +283,42 @@ FIGURES: list[Figure] = [
                    lambda d: d["summary"]["ppo"]["step_s_median"] / d["summary"]["grpo"]["step_s_median"]),
       "GRPO's {*} ({v}): the critic's", ".2f", "x"),
     F(PP, _per("ppo", "critic_s_median"), "the critic's forward and update take {v} of it", ".3f", " s", "spread"),
+    # ---- one-step off-policy vs the hybrid engine: benchmarks/bench_async.py
+    F(AS, at("machine", "cpu_count"), "`python benchmarks/bench_async.py`: {v} CPU cores, the hybrid", "d"),
+    F(AS, at("steps"), "seeds 1, 2 and 3 alternating, {v} steps each", "d"),
+    F(AS, _asy("long_tail", "async", "response_length_mean"), "responses of {v} tokens on average", ".0f",
+      kind="spread"),
+    F(AS, _asy("long_tail", "async", "steps_per_s"), "the off-policy trainer makes {v} steps/s against", ".2f",
+      kind="spread"),
+    F(AS, _asy("long_tail", "hybrid", "steps_per_s"), "steps/s against the hybrid engine's {v} (", ".2f",
+      kind="spread"),
+    F(AS, at("summary", "long_tail", "speedup"), "the hybrid engine's {*} ({v}), with a training reward", ".2f", "x"),
+    F(AS, _asy("long_tail", "async", "reward_last10"), "over the last 10 steps of {v} against", ".2f",
+      kind="spread"),
+    F(AS, _asy("long_tail", "hybrid", "reward_last10"), "last 10 steps of {*} against {v} and a greedy", ".2f",
+      kind="spread"),
+    F(AS, _asy("long_tail", "async", "val_end"), "greedy validation at the end of {v} against", ".2f",
+      kind="spread"),
+    F(AS, _asy("long_tail", "hybrid", "val_end"), "validation at the end of {*} against {v}; the off-policy",
+      ".2f", kind="spread"),
+    F(AS, _asy("long_tail", "async", "wait_prev_gen_s_median"), "step waited {v} a step for its batch", ".2f", " s",
+      "spread"),
+    F(AS, _asy("quickstart", "async", "steps_per_s"), "on the quick start's shape {v} against", ".2f",
+      kind="spread"),
+    F(AS, _asy("quickstart", "hybrid", "steps_per_s"), "quick start's shape {*} against {v} (", ".2f",
+      kind="spread"),
+    F(AS, at("summary", "quickstart", "speedup"), "shape {*} against {*} ({v}), validating at the end", ".2f", "x"),
+    F(AS, _asy("quickstart", "async", "val_end"), "validating at the end at {v} against", ".2f", kind="spread"),
+    F(AS, _asy("quickstart", "hybrid", "val_end"), "at the end at {*} against {v}. A weight sync", ".2f",
+      kind="spread"),
+    F(AS, at("sync", "mb"), "A weight sync of the tiny model ({v}) takes", ".2f", " MB"),
+    F(AS, at("sync", "s"), "of the tiny model ({*}) takes {v} (", ".3f", " s"),
+    F(AS, at("sync", "ms_per_mb"), "takes {*} ({v} per MB: the trainer's gather", ".0f", " ms"),
+    F(AS, at("sync", "broadcast_mb_per_s"), "the broadcast alone at {v}); for", ".0f", " MB/s"),
+    F(AS, at("sync", "qwen25_vl_7b_params"), "Qwen2.5-VL-7B ({v} parameters,", ".2f", " B", scale=1e-9),
+    F(AS, at("sync", "qwen25_vl_7b_gb_bf16"), "parameters, {v} in bf16)", ".1f", " GB"),
+    F(AS, at("sync", "qwen25_vl_7b_s_at_ms_per_mb"), "at this machine's rates {v} a sync", ".0f", " s"),
+    F(AS, at("sync", "qwen25_vl_7b_s_at_broadcast"), "(the broadcast alone {v}), mostly", ".0f", " s"),
     # ---- video: benchmarks/bench_video.py
     F(QS, at("runs", 0, "model_params"), "the same way: this {v} parameter model", ".1f", " M", scale=1e-6),
     F(VI, at("config", "rounds"), "2 worker processes, {v} runs of each task, alternating", "d"),
@@ -382,6 +429,14 @@ FIGURES: list[Figure] = [
 # --------------------------------------------------------------------------- numbers that are not measurements
 
 ALLOWED: list[tuple[str, str]] = [
+    # the one-step off-policy trainer (README, "One-step off-policy")
+    ("buckets of up to 256 MB", "vlmrl.workers.sync.BUCKET_BYTES, a setting"),
+    ("equal the trainer's to 1e-5", "the bound tests/test_offpolicy.py asserts"),
+    ("the same update to 1e-6", "the bound tests/test_offpolicy.py asserts"),
+    ("the hybrid engine on 2 workers against", "bench_async's setting (equal cores)"),
+    ("up to the 128-token cap", "bench_async's data.max_response_length, a setting"),
+    ("over the last 10 steps", "the window bench_async averages the training reward over"),
+    ("much in those 40 steps", "bench_async's steps (tied where it is first stated)"),
     # versions and requirements
     ("Python 3.11", "the Python version the install needs"),
     ("where 3.11 is the system Python", "the Python version the install needs"),
