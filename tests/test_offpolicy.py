@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import re
 import tempfile
 from pathlib import Path
 
@@ -348,7 +349,10 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
         run.cleanup()
     text = run.output()
     assert rc == 1 and took < 90, (rc, took, text[-3000:])
-    assert "vlmrl: run stopped at step" in text and "rollout worker 0 died during rollout (killed by SIGKILL)" in text
+    # (killed while generating, or while the weights were broadcast to it: the trainer's broken broadcast is then
+    # reported as the rollout worker's death, not as the trainer's failure)
+    died = re.search(r"rollout worker 0 died during (rollout|weight sync) \(killed by SIGKILL\)", text)
+    assert "vlmrl: run stopped at step" in text and died, text[-3000:]
     assert "last complete checkpoint:" in text and "Traceback" not in text, text[-3000:]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.timing import Timer
-from vlmrl.workers.group import Pending, WorkerGroup
+from vlmrl.workers.group import Pending, WorkerError, WorkerGroup
 
 
 def chunk_prompts(prompts: list[Any], world: int, tp: int) -> list[list[Any]]:
@@ -91,8 +91,15 @@ class OffPolicyRollout:
             return {}
         sw = Timer.start()
         send, receive = self.trainer.send_weights(), self.pool.receive_weights()
+        for pending, other in ((send, self.pool), (receive, self.trainer)):
+            try:
+                pending.result()
+            except WorkerError as e:  # a broken broadcast: name the other pool's worker when it is the one gone
+                dead = other.dead_worker_error("weight sync")
+                if dead is not None:
+                    raise dead from e
+                raise
         sent = send.result()
-        receive.result()
         self.version = updates
         s = sw.elapsed
         return {

@@ -98,6 +98,11 @@ class WorkerGroup(ABC):
         """``method(*args[i])`` on worker i; results in rank order. The first failure raises ``WorkerError``."""
         return self.submit(stage, method, args).result()
 
+    def dead_worker_error(self, stage: str) -> WorkerError | None:
+        """The error naming a worker of this group whose process has ended (None: all alive, or a launcher that
+        cannot tell): a peer's collective broken by it is reported as that worker's death."""
+        return None
+
     def sync_rendezvous(self) -> str:
         """Where the weight-sync group of two pools meets (``file://`` or ``tcp://``), hosted by this group's rank
         0; only the training pool of ``hybrid_engine=False`` is asked."""

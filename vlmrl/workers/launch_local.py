@@ -146,6 +146,14 @@ class ProcessWorkerGroup(WorkerGroup):
         self._pending = Pending(lambda: self._collect(stage, self.timeout_s, deadline))
         return self._pending
 
+    def dead_worker_error(self, stage: str) -> WorkerError | None:
+        """The error naming the first worker process of this group that has ended (None: all alive)."""
+        for rank, proc in enumerate(self.procs):
+            proc.join(timeout=0.5 if not proc.is_alive() else 0)
+            if not proc.is_alive():
+                return self._died(rank, stage)
+        return None
+
     def sync_rendezvous(self) -> str:
         """Where the weight-sync group of two pools meets: a file in this group's private temporary folder."""
         return f"file://{self._dir}/weight-sync"
