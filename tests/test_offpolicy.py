@@ -71,6 +71,7 @@ def test_the_stale_step_is_corrected_by_token_tis_unless_the_user_says_otherwise
         (["async.fallback_kl=-1"], "async_training.fallback_kl=-1"),
         (["async.fallback_kl=0.1", "async.tis_by_default=False"], "the KL is measured by the rollout correction"),
         (["rollout.nnodes=2", "trainer.launcher=local"], "rollout.nnodes=2 with trainer.launcher=local"),
+        (["actor_rollout_ref.rollout.temperature=0.7"], "token-level TIS (async_training.tis_by_default), which needs"),
     ],
 )
 def test_pool_settings_that_cannot_run_are_refused(overrides: list[str], message: str) -> None:

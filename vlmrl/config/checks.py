@@ -413,6 +413,12 @@ def pool_problems(cfg: VLMRLConfig) -> list[str]:
                      "tensor_model_parallel_size=1).")  # fmt: skip
         elif rollout_per_node(cfg) % tp:
             p.append(f"{key} must divide rollout.{what}={rollout_per_node(cfg)}: an engine's workers share one node.")
+    temp = ro.temperature
+    if not cfg.algorithm.rollout_correction.enabled and cfg.async_training.tis_by_default and temp != 1.0:
+        p.append(f"actor_rollout_ref.hybrid_engine=False corrects the stale batches with token-level TIS "
+                 f"(async_training.tis_by_default), which needs actor_rollout_ref.rollout.temperature=1.0 (got {temp}):"
+                 " the engine reports log-probs of the unscaled distribution; set the temperature to 1, or "
+                 "async_training.tis_by_default=False (no correction).")  # fmt: skip
     fk = cfg.async_training.fallback_kl
     if fk is not None and not (isinstance(fk, (int, float)) and math.isfinite(fk) and fk > 0):
         p.append(f"async_training.fallback_kl={fk!r}: a KL above which a step waits for a fresh generation, a number "
