@@ -283,15 +283,10 @@ def write_turn(turn, conversation, sample, rng):
 """
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
-    """Two GRPO steps with multi-turn on (``tool_zoom_cpu``: 2 CPU workers, vLLM, the zoom tool) from a policy that
-    calls the tool (the tool-token tiny model after an 80-step warm start on a teacher that always zooms, then
-    answers): the tools' schemas are in every prompt, and the calls really run through the agent loop and the
-    tool: most trajectories call ``image_zoom`` and get its result (2 assistant turns), the tool's text comes back in
-    the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
-    from runs import ENV, metrics, run_to_end
+def always_zoom_policy(tmp_path: Path) -> tuple[Path, Path]:
+    """(data folder, model folder): 16 zoom records and the tool-token tiny model after an 80-step warm start on a
+    teacher that always zooms, then answers (``ALWAYS_ZOOM``)."""
+    from runs import ENV
 
     from vlmrl.preprocess import synthetic
     from vlmrl.testing.tiny import TOOL_DEMO, ensure_tiny_model
@@ -310,6 +305,20 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
         capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return data, warm
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
+    """Two GRPO steps with multi-turn on (``tool_zoom_cpu``: 2 CPU workers, vLLM, the zoom tool) from a policy that
+    calls the tool (the tool-token tiny model after an 80-step warm start on a teacher that always zooms, then
+    answers): the tools' schemas are in every prompt, and the calls really run through the agent loop and the
+    tool: most trajectories call ``image_zoom`` and get its result (2 assistant turns), the tool's text comes back in
+    the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
+    from runs import metrics, run_to_end
+
+    data, warm = always_zoom_policy(tmp_path)
     out, dump = tmp_path / "run", tmp_path / "dump"
     run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
                 f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",

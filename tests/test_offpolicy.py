@@ -256,30 +256,9 @@ def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
     """The zoom demo's config (``tool_zoom_cpu``) off-policy: the rollout worker runs the agent loop and the tool
     (a policy warm-started to always zoom), the trajectories (tool turns masked, the tool's images) travel to the
     training worker, the second step's batch generated while the first trained."""
-    import os
-    import subprocess
-    import sys
+    from test_multi_turn import always_zoom_policy
 
-    from runs import ENV
-    from test_multi_turn import ALWAYS_ZOOM
-
-    from vlmrl.preprocess import synthetic
-    from vlmrl.testing.tiny import TOOL_DEMO, ensure_tiny_model
-
-    repo = Path(__file__).resolve().parents[1]
-    data = tmp_path / "data"
-    synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
-                    "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
-    (tmp_path / "teacher.py").write_text(ALWAYS_ZOOM)
-    warm = tmp_path / "warm"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
-         str(warm), "--data", str(data / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
-         "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"), "--steps", "80", "--lr", "5e-3",
-         "--batch-size", "8", "--max-response-length", "128"],
-        capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data, warm = always_zoom_policy(tmp_path)
     out = tmp_path / "run"
     run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
                 f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
