@@ -11,6 +11,7 @@ Plain functions taking one :class:`vlmrl.batch.RewardSample` (vlmrl's signature)
 - ``length``: DAPO overlong penalty
 - ``recipes``: geo3k (0.9 accuracy + 0.1 format), grounding, text_visual (0.7 similarity + 0.3 visual)
 - ``synthetic``: the quick-start task's reward
+- ``model``: the reward model's score (``reward_model.enable``) as a component
 
 Their registry names (``reward.function=NAME``) are listed by ``vlmrl.scoring.registered_names()``.
 """

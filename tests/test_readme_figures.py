@@ -418,6 +418,20 @@ FIGURES: list[Figure] = [
       "of {*} pushes, {v} and", ".2f", "x", "range"),
     F(PU, computed("100m: direct / vllm_reload, push by push", lambda d: _pair_ratios(d, "100m")),
       "and {v} push by push", ".2f", "x", "range"),
+    # ---- RL from a learned reward: benchmarks/bench_reward_model.py
+    F("reward_model.json", at("reward_model_training", "heldout_pair_accuracy"),
+      "reaches a held-out pair accuracy of {v} in", ".3f"),
+    F("reward_model.json", at("reward_model_training", "train_seconds"), "accuracy of {*} in {v} s of training", ".0f"),
+    F("reward_model.json", computed("rl/reward_model/val_reward: step 120 - step 0",
+                                    lambda d: d["rl"]["reward_model"]["val_reward"]["120"]
+                                    - d["rl"]["reward_model"]["val_reward"]["0"]),
+      "the greedy answers climbs (by {v} from before training"),
+    F("reward_model.json", at("rl", "reward_model", "val_rule", "40"), "it never sees reaches {v} at step 40"),
+    F("reward_model.json", at("rl", "reward_model", "val_rule", "120"), "falls back to {v} at step 120"),
+    F("reward_model.json", at("rl", "rule", "val_rule", "120"), "the same run rewarded by the rule: {v})"),
+    F("reward_model.json", at("rl", "reward_model", "step_s_median"), "The step costs {v} s against"),
+    F("reward_model.json", at("rl", "rule", "step_s_median"), "s against {v} s with the rule"),
+    F("reward_model.json", at("rl", "reward_model", "reward_model_s_median"), "with the rule ({v} s of it the reward"),
     # ---- GRPO step time against TRL: benchmarks/bench_trl.py
     F("trl.json", at("step_time", "ratio_vlmrl_over_trl"), "`GRPOTrainer`: {v} per step on the tiny model", ".2f", "x"),
     F("trl.json", computed("vlmrl / TRL median step time, round by round", _trl_rounds),
@@ -429,6 +443,15 @@ FIGURES: list[Figure] = [
 # --------------------------------------------------------------------------- numbers that are not measurements
 
 ALLOWED: list[tuple[str, str]] = [
+    # rewards from a model (README, "Rewards from a model")
+    ("tested on one- and two-image prompts", "tests/test_reward_model.py's parametrisation"),
+    ("last word yes/correct (1) or no/incorrect (0)", "vlmrl.reward_model.judge.parse_verdict's rule"),
+    ("weight: 1.0}, {function: format", "an example setting"),
+    ("weight: 0.2}]'", "an example setting"),
+    ("at step 40 and", "bench_reward_model's validation steps (tied with their values)"),
+    ("training to step 120)", "bench_reward_model's last validation step"),
+    ("at step 120 (the same run", "bench_reward_model's validation steps (tied with their values)"),
+    ("weight-0 rule component", "a setting"),
     # the one-step off-policy trainer (README, "One-step off-policy")
     ("buckets of up to 256 MB", "vlmrl.workers.sync.BUCKET_BYTES, a setting"),
     ("equal the trainer's to 1e-5", "the bound tests/test_offpolicy.py asserts"),

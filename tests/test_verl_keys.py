@@ -88,7 +88,12 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
              "actor_rollout_ref.actor.fsdp_config.grad_offload", "critic.model.fsdp_config.param_offload",
              "critic.model.fsdp_config.optimizer_offload",
              "trainer.use_ray",  # vlmrl's own older key (now trainer.launcher)
-             "async.fallback_kl", "async.tis_by_default"}  # vlmrl's short form of async_training.*  # fmt: skip
+             "async.fallback_kl", "async.tis_by_default",  # vlmrl's short form of async_training.*
+             # the FSDP reward-model worker's keys (verl before the reward loop; its scripts of 2025 still pass them)
+             "reward_model.strategy", "reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu",
+             "reward_model.ulysses_sequence_parallel_size", "reward_model.launch_reward_fn_async",
+             "reward_model.micro_batch_size", "reward_model.model.use_remove_padding",
+             "reward_model.model.use_fused_kernels"}  # fmt: skip
     import fnmatch
 
     keys = verl_keys() | older
@@ -223,6 +228,14 @@ README_SAYS = {
 """Where the README's defaults paragraph states each value of ``README_FOLLOWS_VERL`` and ``README_DIFFERS``."""
 
 UNDOCUMENTED = {
+    # verl 0.9.1 leaves its legacy reward_model.* block null (it migrates only the values set to reward.reward_model.*);
+    # vlmrl's own reward_model.* keys hold their real defaults (verl's reward.reward_model.* ones where it has them)
+    "reward_model.enable",
+    "reward_model.model.trust_remote_code",
+    "reward_model.rollout.name",
+    "reward_model.rollout.prompt_length",
+    "reward_model.rollout.response_length",
+    "reward_model.rollout.gpu_memory_utilization",
     # the example values of verl's file, not settings: vlmrl has no default run to point them at
     "data.train_files",
     "data.val_files",

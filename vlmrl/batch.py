@@ -100,6 +100,13 @@ class RewardSample:
     """Multi-turn samples: the turns (``turn_texts``), tool calls and the images tools returned (None otherwise).
     ``response`` is then the whole response, tool turns included (as verl decodes it), and ``extra_info`` also holds
     verl's ``tool_rewards`` (each call's step reward) and ``turn_scores``."""
+    rm_score: float | None = None
+    """The reward model's score of this response (``reward_model.enable``; the ``reward_model`` component returns
+    it); None without a reward model, or where it failed on this sample (``rm_error`` says why)."""
+    rm_text: str | None = None
+    """A generative judge's verdict, as it wrote it."""
+    rm_error: str | None = None
+    """Why the reward model has no score for this sample."""
 
     @staticmethod
     def of_rollout(

@@ -37,6 +37,7 @@ from vlmrl.config.plan import (
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
 from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
+from vlmrl.reward_model import effective_reward
 from vlmrl.scoring import RewardManager
 from vlmrl.tools.config import build_tools, config_tool_schemas
 
@@ -193,7 +194,7 @@ def _media_note(pf: Any, names: list[str], image_key: str, video_key: str) -> st
 
 def _reward(cfg: VLMRLConfig, sources: set[str], rep: Report) -> None:
     try:
-        with RewardManager(cfg.reward, cfg.custom_reward_function) as rm:
+        with RewardManager(effective_reward(cfg), cfg.custom_reward_function) as rm:
             rep.plan.append(f"reward: {rm.scorer.describe()}")
             rm.scorer.check(sources)
     except Exception as e:  # noqa: BLE001 - RewardConfigError, or the user's file failing to import
@@ -399,6 +400,13 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
         )
         if os.path.isdir(crit.path) and not (Path(crit.path) / "config.json").is_file():
             rep.problems.append(f"critic.model.path={crit.path!r}: no config.json in it (a Qwen2.5-VL folder)")
+    rm = cfg.reward_model
+    rm_params = checkpoint_params(rm.model.path) if rm.enable and rm.model.path else None
+    if rm.enable:
+        where = ("on every training worker, FSDP-sharded, no gradient" if rm.style == "discriminative"
+                 else f"a judge on its own {rm.rollout.name} engine in the driver")  # fmt: skip
+        size = f", {rm_params / 1e6:.1f} M parameters ({_size(4 * rm_params)} in fp32)" if rm_params else ""
+        rep.plan.append(f"reward model: {rm.style}, {rm.model.path}{size}; {where}")
     params = checkpoint_params(folder) if folder else None
     if params is None:
         return
@@ -410,6 +418,8 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     if crit is not None:
         cp = checkpoint_params(crit.path) or params
         parts.append(("critic", 16 * cp / world))
+    if rm.enable and rm.style == "discriminative":
+        parts.append(("reward model", 4 * (rm_params or params) / world))
     if cfg.actor_rollout_ref.rollout.name == "vllm":
         parts.append(("engine weights", (2 if gpu else 4) * params))
     total = sum(b for _, b in parts)

@@ -32,6 +32,7 @@ from vlmrl.config.plan import (
     separate_pools,
     token_budgets,
 )
+from vlmrl.config.reward_model import reward_model_environment, reward_model_problems
 from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS, RewardConfig, VLMRLConfig
 
 
@@ -165,7 +166,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.rollout.engine_kwargs: {sorted(other_engines)} are settings of other rollout engines; "
             "vlmrl runs vLLM (engine_kwargs.vllm.*) or transformers (rollout.name=hf)."
         )
-    p += reward_problems(cfg.reward)
+    p += reward_problems(cfg.reward) + reward_model_problems(cfg)
     if tr.val_only and not data.val_files:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
@@ -524,6 +525,7 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
         p.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path!r} is not a file.")
     if launcher_of(cfg) == "ray" and (auth := ray_auth_problem()):
         p.append(auth + ".")
+    p += reward_model_environment(cfg)
     out = Path(tr.default_local_dir)
     probe = out if out.exists() else next((q for q in out.parents if q.exists()), Path("."))
     if not probe.is_dir():

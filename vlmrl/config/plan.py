@@ -210,9 +210,19 @@ class WorkerPlan:
     """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
     algorithm: tuple[str | None, dict[str, Any]] = (None, {})
     """``algorithm.name`` and its ``params``: the class each worker builds (its state arrives with each shard)."""
+    reward_model: Any = None
+    """The discriminative reward model the training workers hold (``vlmrl.reward_model.RewardModelPlan``; None:
+    none)."""
     role: str = "hybrid"
     """hybrid (policy, reference and engine in one worker) | actor (the training pool of ``hybrid_engine=False``:
     policy, reference, critic; no engine) | rollout (its rollout pool: the engine only)."""
+
+
+def reward_model_plan(cfg: VLMRLConfig) -> Any:
+    """The workers' discriminative reward model (``vlmrl.reward_model.reward_model_plan``; None: none or a judge)."""
+    from vlmrl.reward_model import reward_model_plan as plan_of
+
+    return plan_of(cfg)
 
 
 def worker_plan(
@@ -240,6 +250,7 @@ def worker_plan(
         rollout_correction=rollout_correction(cfg),
         plugins=tuple(cfg.algorithm.plugins),
         algorithm=(cfg.algorithm.name, dict(cfg.algorithm.params)),
+        reward_model=reward_model_plan(cfg),
         role="actor" if separate_pools(cfg) else "hybrid",
     )
 
@@ -249,7 +260,7 @@ def rollout_plan(cfg: VLMRLConfig, plan: WorkerPlan, cuda_available: bool | None
     on the rollout pool's workers, with no critic, reference or correction (they train nothing)."""
     return dataclasses.replace(
         plan, role="rollout", world=rollout_world(cfg, cuda_available), tp=tp_size(cfg), critic=None,
-        reference=False, rollout_correction=None,
+        reference=False, rollout_correction=None, reward_model=None,
     )  # fmt: skip
 
 

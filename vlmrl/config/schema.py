@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from vlmrl.config.critic import CriticConfig, KLCtrlConfig
+from vlmrl.config.reward_model import RewardModelConfig
 from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
     AsyncTrainingConfig,
     FSDPConfig,
@@ -539,6 +540,7 @@ class VLMRLConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
@@ -568,6 +570,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
     "trainer.device": ("auto", "cuda", "cpu"),
+    "reward_model.style": ("discriminative", "generative"),
+    "reward_model.rollout.name": ("vllm", "hf"),
+    "reward_model.model.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.launcher": ("auto", "local", "ray", "inline"),
 }

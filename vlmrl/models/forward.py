@@ -320,3 +320,20 @@ def response_values(
     forward = full_sequence_logits if full else shared_sample_logits
     out, extra = forward(model, mb, vision_ids)
     return out[..., 0].float(), extra
+
+
+def last_token_scores(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reward model's score of each sample [b] in fp32: its one-output head at the sample's last token (the last
+    response token; the last prompt token for an empty response), as verl's token-classification reward model and
+    TRL's sequence-classification one read it, plus the dummy-vision term (for training). Each sample runs its whole
+    sequence; prompt image and video features are computed once per prompt."""
+    feats, extra = _vision_features(model, mb)
+    vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(mb.prompt_of.tolist())])
+    R = mb.responses.shape[1]
+    out = forward_logits(model, mb.input_ids, mb.attention_mask, vision_ids, logits_to_keep=R + 1, vision=vision)
+    # kept positions: the last prompt token, then response tokens 0..R-1; a response of n tokens ends at index n
+    lengths = mb.attention_mask[:, -R:].sum(-1)
+    rows = torch.arange(out.shape[0], device=out.device)
+    return out[rows, lengths.to(out.device), 0].float(), extra

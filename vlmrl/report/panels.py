@@ -14,6 +14,7 @@ STEP_STAGES = (
     "timing/rollout_s",
     "timing/wait_prev_gen_s",
     "timing/param_sync_s",
+    "timing/reward_model_s",
     "timing/reward_s",
     "timing/sleep_s",
     "timing/advantages_s",
@@ -81,6 +82,13 @@ PANELS: tuple[Panel, ...] = (
           "(overlapping the training), the update, the time the step waited for the batch it trains on, and the "
           "weight sync into the engines; staleness: updates between the weights that generated a batch and the "
           "ones it trains (1, or 0 on the first step, after a resume and after a fallback)."),
+    Panel("reward_model", "Reward model: its score next to the reward", ("reward_model/score/mean", "reward/mean",
+          r"reward/(?!rm/|source/)[^/]+/mean", "val/reward_model/score/mean"), "score",
+          ("reward_model/errors", "reward_model/parse_errors"), "samples without a score",
+          about="reward_model.enable: the model's mean score of the batch's responses beside the total reward and "
+          "each rule component (a weight-0 rule component shows what the model's score is worth by a checkable "
+          "measure: a score that rises while the rule stays flat is the policy exploiting the model), and the "
+          "samples it could not score (a failed forward, a judge's verdict that did not parse)."),
     Panel("drift", "Engine vs trainer log-prob drift", ("rollout/logprob_diff",), "mean |diff| per token",
           about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2)."),
     Panel("zero_variance", "Groups without reward variance", ("advantages/zero_variance_share",), "share of groups",

@@ -50,6 +50,7 @@ REGISTRY: dict[str, str] = {
     "grounding": "vlmrl.rewards.recipes:grounding",
     "text_visual": "vlmrl.rewards.recipes:text_visual",
     "synthetic": "vlmrl.rewards.synthetic:synthetic_reward",
+    "reward_model": "vlmrl.rewards.model:reward_model_score",
 }
 
 # error kinds, as counted in the metrics (reward/<kind>s) and named in logs

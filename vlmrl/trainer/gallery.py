@@ -98,6 +98,19 @@ def turns_html(traj: Trajectory) -> str:
     return "".join(parts)
 
 
+def reward_model_html(s: RewardSample) -> str:
+    """The reward model's part of a card: its score (or why it has none) and a judge's verdict."""
+    rm_score, rm_text, rm_error = (getattr(s, k, None) for k in ("rm_score", "rm_text", "rm_error"))
+    if rm_score is None and rm_text is None and rm_error is None:
+        return ""
+    out = f"<b>reward model</b> <span class='meta'>score {_fmt(rm_score) if rm_score is not None else '–'}</span>"
+    if rm_text is not None:
+        out += f"<b>judge's verdict</b><pre>{_text(rm_text)}</pre>"
+    if rm_error:
+        out += f"<pre class='meta'>{_text(rm_error)}</pre>"
+    return out
+
+
 def write_gallery(
     path: str | Path,
     step: int,
@@ -111,7 +124,8 @@ def write_gallery(
 
     The header summarises all ``samples`` (count, mean score overall and per data_source); cards are drawn for
     the first ``limit`` of them: images, video frames with their times, prompt, response (turn by turn, with the
-    tools' images, for multi-turn samples), ground truth, data_source, total score and every reward component (NaN,
+    tools' images, for multi-turn samples), ground truth, the reward model's score and a judge's verdict (when a
+    reward model ran), data_source, total score and every reward component (NaN,
     i.e. "does not apply", shown as ``–``). All sample text is HTML-escaped.
     ``scores[i]`` and ``components[name][i]`` belong to ``samples[i]``. ``summary`` — (data_source, score) of every
     validation sample — replaces ``samples`` in the header when only the shown samples were kept in memory.
@@ -149,7 +163,7 @@ def write_gallery(
             f"<b>prompt</b><pre>{_text(s.prompt)}</pre>"
             f"<b>response</b> <span class='meta'>({s.response_length} tokens, {escape(s.finish_reason)})</span>"
             f"{response}"
-            f"<b>ground truth</b><pre>{_text(s.ground_truth)}</pre>"
+            f"<b>ground truth</b><pre>{_text(s.ground_truth)}</pre>{reward_model_html(s)}"
             f"<table><tr><th>component</th><th>value</th></tr>{comp_rows}</table></div>"
         )
     parts.append("</body></html>\n")

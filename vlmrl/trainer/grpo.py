@@ -45,7 +45,8 @@ from vlmrl.config.checks import DataFacts, check_config, data_problems
 from vlmrl.config.plan import critic_plan, rollout_plan, separate_pools, tp_size, worker_plan
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
-from vlmrl.scoring import RewardError, RewardManager
+from vlmrl.reward_model import RewardModel, effective_reward
+from vlmrl.scoring import RewardError, RewardManager, RewardOutput
 from vlmrl.startup import stage
 from vlmrl.supervise import HangError
 from vlmrl.timing import Timer
@@ -143,7 +144,9 @@ class Trainer:
         whitens its discounted returns over the batch's tokens, which needs each response's generated tokens; and a
         user's estimator, which gets the real response masks as in verl)."""
         with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
-            self.rewards = RewardManager(cfg.reward, cfg.custom_reward_function)
+            self.rewards = RewardManager(effective_reward(cfg), cfg.custom_reward_function)
+        self.reward_model: RewardModel | None = None
+        """``reward_model.enable``: scores every sample before the rewards run (their ``reward_model`` component)."""
         self.out_dir = Path(tr.default_local_dir)
         with stage(f"could not create trainer.default_local_dir={tr.default_local_dir}", "check it"):
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -158,6 +161,11 @@ class Trainer:
                                    OmegaConf.to_container(OmegaConf.structured(cfg)), fresh=self.resume_state is None,
                                    prometheus=tr.prometheus)  # fmt: skip
         self._start_workers()
+        if cfg.reward_model.enable:
+            rm = cfg.reward_model
+            with stage(f"could not start the reward model ({rm.style}, {rm.model.path})",
+                       "check reward_model.model.path and reward_model.rollout.*"):  # fmt: skip
+                self.reward_model = RewardModel(cfg, self.group, self.world, self.group.device, self.limits, tr.seed)
         if self.resume_from is not None:
             with stage(f"could not resume from the checkpoint {self.resume_from}",
                        "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
@@ -180,6 +188,7 @@ class Trainer:
         images = max(self.train_ds.max_images_per_prompt, self.val_ds.max_images_per_prompt if self.val_ds else 0)
         videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
         sw = Timer.start()
+        self.limits = (images, videos)
         plan = worker_plan(cfg, self.total_steps, images, videos)
         with stage("the workers did not start"):
             self.group = make_worker_group(cfg, plan)
@@ -354,15 +363,12 @@ class Trainer:
                     prompts = self.train_ds.get_batch(next(batches), cfg.data.dataloader_num_workers)
                 with timer("rollout"):
                     rb = self.rollout(prompts, k=len(collected))
-            with timer("reward"):
-                samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, cfg.data.max_response_length)
-                scored = self.rewards.score(samples)
+            samples, scored = self.score(prompts, rb, timer, extra)
             baselines = None
             if remax:  # its baseline: each prompt's greedy rollout, scored
                 with timer("baseline"):
                     greedy = self.rollout(prompts, validate=True)
-                    ref = self.rewards.score(RewardSample.of_rollout(prompts, greedy, self.tokenizer,
-                                                                     cfg.data.max_response_length))  # fmt: skip
+                    _, ref = self.score(prompts, greedy, None, extra)
                     per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
                     baselines = per_prompt.repeat_interleave(rb.n).tolist()
             return StepData(prompts, rb, samples, scored, baselines)
@@ -392,6 +398,21 @@ class Trainer:
         }
         self._launch_if_idle(batches, timer)
         return assemble(collected, filter_groups.choose_groups(varies, bs)), metrics
+
+    def score(self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer | None,
+              metrics: dict[str, float]) -> tuple[list[RewardSample], RewardOutput]:  # fmt: skip
+        """A rollout's rewards: the reward model's score of every sample first (``reward_model.enable``; its
+        ``reward_model/*`` metrics summed into ``metrics``), then the reward functions (timed as reward_model and
+        reward)."""
+        timer = timer or Timer()
+        with timer("reward"):
+            samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
+        if self.reward_model is not None:
+            with timer("reward_model"):
+                for k, v in self.reward_model.score(prompts, rb, samples).items():
+                    metrics[k] = metrics.get(k, 0.0) + v if k.endswith(("errors", "truncated")) else v
+        with timer("reward"):
+            return samples, self.rewards.score(samples)
 
     def _launch_if_idle(self, batches: Iterator[list[int]], timer: Timer) -> None:
         """With a rollout pool and nothing in flight: start the next step's batch (after dynamic sampling's or
@@ -528,13 +549,14 @@ class Trainer:
         sources: list[str] = []
         shown: list[RewardSample] = []
         shown_components: dict[str, list[float]] = {}
+        components: dict[str, list[float]] = {}
+        rm_metrics: dict[str, float] = {}
         limit = self.cfg.trainer.log_val_generations
         for start in range(0, len(self.val_ds), bs):
             indices = list(range(start, min(start + bs, len(self.val_ds))))
             prompts = self.val_ds.get_batch(indices, self.cfg.data.dataloader_num_workers)
             rb = self.rollout(prompts, validate=True)
-            samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
-            scored = self.rewards.score(samples)
+            samples, scored = self.score(prompts, rb, None, rm_metrics)
             if self.cfg.trainer.validation_data_dir:
                 self._dump_samples(self.cfg.trainer.validation_data_dir, samples, scored, None, append=start > 0)
             take = max(0, min(limit - len(shown), len(samples)))
@@ -543,9 +565,16 @@ class Trainer:
             shown += samples[:take]
             for v in shown_components.values():
                 v.extend([float("nan")] * (len(shown) - len(v)))
+            for k, v in scored.components.items():
+                components.setdefault(k, []).extend(v)
             scores += scored.scores
             sources += [s.data_source for s in samples]
         out = {"val/reward/mean": float(np.mean(scores)), "timing/validate_s": sw.elapsed}
+        for k, v in components.items():  # each component's mean (a weight-0 rule component: the rule's check)
+            vals = [x for x in v if not np.isnan(x)]
+            if vals:
+                out[f"val/reward/{k}/mean"] = float(np.mean(vals))
+        out |= {f"val/{k}": v for k, v in rm_metrics.items()}
         if shown:
             path = self.out_dir / "val_gallery" / f"step_{self.step:06d}.html"
             write_gallery(
@@ -582,8 +611,9 @@ class Trainer:
     def close(self, grace_s: float = 10.0, quiet: bool = False) -> None:
         """Stop workers (ended after ``grace_s`` if they do not stop), close trackers and the reward pool, draw the
         curve. ``quiet``: after a failed start (only what started is ended; nothing is drawn)."""
-        tracker, rewards, group, pool = (getattr(self, k, None) for k in ("tracker", "rewards", "group", "pool"))
-        for part in (tracker, rewards):
+        names = ("tracker", "rewards", "group", "pool", "reward_model")
+        tracker, rewards, group, pool, rm = (getattr(self, k, None) for k in names)
+        for part in (tracker, rewards, rm):
             if part is not None:
                 part.close()
         for workers in (pool, group):  # (the rollout pool of hybrid_engine=False first)

@@ -138,6 +138,11 @@ class WorkerGroup(ABC):
         """The rollout pool starts receiving weights into its engines (seconds per rank)."""
         return self.submit("weight sync", "receive_weights", [()] * self.world)
 
+    def score_rewards(self, args: list[tuple]) -> list[Any]:
+        """Each worker's discriminative reward model on its share ``(prompts, rollout, n_micro)``: per worker
+        ``(scores | None, error | None, truncated)``."""
+        return self.call("reward model", "score_rewards", args)
+
     def sleep_engines(self) -> list[float]:
         """Every engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""
         return self.call("engine sleep", "sleep_engine", [()] * self.world)

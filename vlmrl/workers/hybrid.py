@@ -159,6 +159,15 @@ class HybridWorker:
                 self.critic = CriticWorker(plan.critic, device=self.device, total_steps=plan.total_steps,
                                            vision_ids=self.vision_ids, seed=plan.seed,
                                            max_response_length=plan.max_response_length)  # fmt: skip
+        self.reward_model = None
+        if plan.reward_model is not None and policy:
+            rmp = plan.reward_model
+            with stage(f"{who} could not load the reward model from {rmp.path}",
+                       "check reward_model.model.path (a Qwen2.5-VL folder with a score head: python -m "
+                       "vlmrl.reward_model.train writes one)"):  # fmt: skip
+                from vlmrl.reward_model.discriminative import RewardModelWorker
+
+                self.reward_model = RewardModelWorker(rmp, self.device, self.processor)
         self._prepared: tuple[Any, Any, Any, dict[str, float]] | None = None
         if arr.rollout.name == "hf" and engine:
             from vlmrl.rollout.hf import HFRollout
@@ -239,6 +248,19 @@ class HybridWorker:
             rid = self.rollouts.put(prompts, rb)
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
         return rb
+
+    def score_rewards(self, prompts: list[PromptSample], rollout: RolloutBatch, n_micro: int) -> tuple[
+            list[float] | None, str | None, int]:  # fmt: skip
+        """The reward model's scores of these samples in ``n_micro`` forwards (the same on every rank), or the error
+        that stopped it (the driver counts the samples as reward errors), and how many responses ``max_length``
+        cut."""
+        if self.reward_model is None:
+            raise RuntimeError(f"worker {self.rank} holds no reward model")
+        try:
+            x, cut = self.reward_model.inputs(prompts, rollout)
+            return self.reward_model.score(x, n_micro).tolist(), None, cut
+        except Exception as e:  # noqa: BLE001 - reported per batch, as a rule reward's failure is
+            return None, f"{type(e).__name__}: {e}", 0
 
     def sleep_engine(self) -> float:
         """The engine gives its device memory to the update (GPU: KV cache freed, weights offloaded); seconds."""

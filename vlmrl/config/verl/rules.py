@@ -12,7 +12,6 @@ DROP = object()
 
 _MEGATRON = "the Megatron-LM backend (vlmrl trains with PyTorch FSDP2)"
 _CRITIC_LORA = "LoRA on the critic (it trains fully; actor LoRA: actor_rollout_ref.model.lora_rank)"
-_RM = "model-based reward models (use reward.function, reward.components or custom_reward_function.path)"
 _PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
 _FUNCTION_TOOLS = "tools from plain Python functions (declare tool classes in multi_turn.tool_config_path)"
 
@@ -108,6 +107,70 @@ def _trained_model(prefix: str) -> tuple[Rule, ...]:
     )
 
 
+_JUDGE_KEYS = ("name", "temperature", "top_p", "top_k", "response_length", "prompt_length", "max_model_len",
+               "gpu_memory_utilization")  # fmt: skip
+_RM_POOL = "a reward model in a resource pool of its own (vlmrl: the discriminative model on the training workers, "
+_RM_POOL += "the judge's engine in the driver)"
+
+
+def _reward_model_rules() -> tuple[Rule, ...]:
+    """verl's reward-model keys: verl 0.9.1's (``reward.reward_model.*``, and ``reward_model.*`` which it migrates
+    there) and the older FSDP reward-model worker's (``reward_model.micro_batch_size_per_gpu``, ...)."""
+    rules: list[Rule] = [
+        alias("reward.reward_model.enable", "reward_model.enable"),
+        alias("reward.reward_model.model_path", "reward_model.model.path"),
+        alias("reward_model.num_workers", "reward.num_workers", why="verl 0.9.1 moves it there too"),
+        *(alias(f"reward.reward_model.rollout.{k}", f"reward_model.rollout.{k}") for k in _JUDGE_KEYS),
+        alias(
+            "*reward_model.rollout.do_sample",
+            "reward_model.rollout.temperature",
+            mapping={False: 0.0, True: DROP},
+            why="greedy verdicts are temperature 0",
+        ),
+        accept("*reward_model.enable_resource_pool", (False,), _RM_POOL),
+        notice("*reward_model.n_gpus_per_node", "the reward model uses the run's devices (no pool of its own)"),
+        notice("*reward_model.nnodes", "the reward model uses the run's devices (no pool of its own)"),
+        accept("reward_model.model.external_lib", (None,), "importing an external library for the reward model"),
+        accept("reward_model.reward_loop_source", ("register", None), "custom reward loops"),
+        accept("reward_model.reward_loop_module_path", (None,), "custom reward loops"),
+        accept("reward_model.reward_loop_class_name", (None,), "custom reward loops"),
+        accept("reward_model.strategy", ("fsdp", "fsdp2"), _MEGATRON),
+        accept("reward_model.use_dynamic_bsz", (False,), "token-budget micro-batches for the reward model"),
+        notice("reward_model.forward_max_token_len_per_gpu", "the reward model runs fixed micro-batches"),
+        accept("reward_model.ulysses_sequence_parallel_size", (1,), "sequence parallelism"),
+        notice("reward_model.launch_reward_fn_async", "rewards are scored while nothing else runs on the driver"),
+        notice("reward_model.micro_batch_size", "verl's global micro-batch size: set micro_batch_size_per_gpu"),
+        notice("reward_model.model.use_remove_padding", "vlmrl trims padding per micro-batch"),
+        notice("reward_model.model.use_fused_kernels", "the reward model runs vlmrl's own forward"),
+        accept("*reward_model.rollout.n", (1,), "several verdicts per response"),
+        notice("*reward_model.rollout.tensor_model_parallel_size", "the judge's engine runs on one device"),
+        accept("*reward_model.rollout.data_parallel_size", (1,), "several judge engines"),
+        accept("*reward_model.rollout.expert_parallel_size", (1,), "expert parallelism"),
+        accept("*reward_model.rollout.pipeline_model_parallel_size", (1,), "pipeline parallelism"),
+        accept("*reward_model.rollout.load_format", ("auto",), "other weight formats for the judge"),
+        accept("*reward_model.rollout.engine_kwargs", ({},), "engine arguments for the judge"),
+        accept("*reward_model.rollout.quantization*", (None,), "a quantised judge"),
+        accept("*reward_model.rollout.mtp", (None,), "multi-token prediction"),
+        accept("*reward_model.rollout.disaggregation.enabled", (False,), "prefill/decode disaggregation"),
+        accept("*reward_model.rollout.ignore_eos", (False,), "verdicts that ignore the end of turn"),
+        accept("*reward_model.rollout.full_determinism", (False,), "deterministic kernels"),
+        accept("*reward_model.rollout.multi_stage_wake_up", (False,), "staged wake-up"),
+        notice("*reward_model.rollout.disaggregation.*", "no disaggregation (disaggregation.enabled=False)"),
+        notice("*reward_model.rollout.seed", "the judge's sampling follows trainer.seed"),
+        notice("*reward_model.rollout.dtype", "the judge runs in the checkpoint's dtype (float32 on CPU)"),
+        notice("*reward_model.rollout.limit_images", "the judge takes as many images as the data's prompts hold"),
+        notice("*reward_model.rollout.*", "an engine speed setting the judge's engine does not take"),
+        feature("reward.reward_model.*", "this reward-model key of verl 0.9.1"),
+    ]
+    # verl's legacy reward_model.* block leaves every value null (verl 0.9.1 migrates the set ones): null is "unset"
+    return tuple(
+        Rule(r.pattern, r.kind, r.why, r.target, (*r.values, None), r.mapping)
+        if r.kind == ACCEPT and None not in r.values
+        else r
+        for r in rules
+    )
+
+
 # First match wins: specific patterns before general ones.
 RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------------------------------------- aliases
@@ -190,7 +253,10 @@ RULES: tuple[Rule, ...] = (
     ),
     notice("data.filter_overlong_prompts_workers", "the overlong filter tokenises in batches in one process"),
     notice("data.return_raw_chat", "rewards always see the chat messages"),
-    notice("data.return_raw_input_ids", "no reward model re-tokenises prompts in vlmrl"),
+    notice(
+        "data.return_raw_input_ids",
+        "the reward model re-renders each conversation itself when reward_model.model.input_tokenizer is set",
+    ),
     notice("data.return_full_prompt", "rewards always get the rendered prompt (RewardSample.prompt)"),
     notice("data.return_multi_modal_inputs", "image inputs are processed once per prompt in the trainer"),
     notice("trainer.balance_batch", "each worker gets an equal share of the prompts"),
@@ -371,7 +437,6 @@ RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------------------------------ features (refused)
     feature("*.megatron.*", _MEGATRON),
     feature("*.megatron", _MEGATRON),
-    accept("reward_model.enable", (False, None), _RM),
     accept(
         "reward_model.reward_manager",
         ("naive", None),
@@ -384,7 +449,7 @@ RULES: tuple[Rule, ...] = (
         "DAPO's overlong penalty as a reward-manager option (vlmrl: add "
         "{function: length_penalty, kwargs: {buffer_len: N, penalty_factor: F}} to reward.components)",
     ),
-    feature("reward_model.*", _RM),
+    *_reward_model_rules(),
     accept(
         "reward.reward_manager.name",
         ("naive",),
@@ -392,8 +457,6 @@ RULES: tuple[Rule, ...] = (
     ),
     accept("reward.reward_manager.source", ("register",), "custom reward managers"),
     accept("reward.reward_manager.module.*", (None, "custom_reward_manager"), "custom reward managers"),
-    accept("reward.reward_model.enable*", (False,), _RM),
-    feature("reward.reward_model.*", _RM),
     accept("*sandbox_fusion.url", (None,), "SandboxFusion code-execution rewards"),
     notice("*sandbox_fusion.*", "SandboxFusion is off (no url)"),
     accept("distillation.enabled", (False,), "distillation"),

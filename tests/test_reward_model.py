@@ -1,0 +1,410 @@
+"""Rewards from a model (``reward_model.*``): the discriminative reward model's scores against transformers' own
+forward, re-rendering, max_length, the generative judge (its prompt, the verdict rule, a user's parse function,
+counted parse errors), the ``reward_model`` component, verl's keys, the config gate, and training a reward model
+(Bradley–Terry) whose held-out pair accuracy is measured.
+
+RL from a learned reward, end to end, is ``test_reward_model_train.py`` (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from utils import make_prompt, noise, solid, synthetic_data
+
+from vlmrl.batch import RewardSample, RolloutBatch
+from vlmrl.config import ConfigError, load, translate
+from vlmrl.config.reward_model import JudgeConfig, JudgeRolloutConfig, RewardModelConfig, RewardModelModelConfig
+from vlmrl.models import qwen_vl
+from vlmrl.reward_model.discriminative import RewardModelPlan, RewardModelWorker
+from vlmrl.reward_model.judge import Judge, parse_verdict, question_text
+from vlmrl.reward_model.train import train_reward_model
+from vlmrl.rewards.model import reward_model_score
+
+
+@pytest.fixture(scope="module")
+def colour(tmp_path_factory) -> Path:
+    return synthetic_data(tmp_path_factory.mktemp("rm_data"), train=256, test=64, size=112)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, colour, tmp_path_factory) -> tuple[Path, dict]:
+    """A reward model trained for 150 steps on the colour task's labelled records."""
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    figures = train_reward_model(tiny_model_dir, str(colour / "train.parquet"), out,
+                                 val_data=str(colour / "test.parquet"), steps=150, batch_size=16)  # fmt: skip
+    return out, figures
+
+
+def test_training_a_reward_model_ranks_held_out_pairs(trained):
+    """``python -m vlmrl.reward_model.train``'s function: the Bradley–Terry loss falls from log 2 and the held-out
+    pair accuracy (64 records, one fixed pair each) is at least 0.9; the folder holds the score head under
+    ``score.*`` and the figures file."""
+    folder, figures = trained
+    assert figures["first_loss"] == pytest.approx(math.log(2), abs=0.1)
+    assert figures["loss"] < 0.3 and figures["heldout_pair_accuracy"] >= 0.9, figures
+    info = json.loads((folder / "vlmrl_reward_model.json").read_text())
+    assert info["heldout_pair_accuracy"] == figures["heldout_pair_accuracy"] and info["heldout_pairs"] == 64
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert {"score.weight", "score.bias"} <= keys and "lm_head.weight" not in keys
+
+
+def test_explicit_chosen_rejected_columns_are_the_pairs(tiny_model_dir, colour, tmp_path):
+    """TRL's preference format: ``chosen`` / ``rejected`` columns beside the record are the pairs (here: the
+    right colour against the word "purple", and against nothing at all); one column alone is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlmrl.reward_model.train import load_pairs
+
+    table = pq.read_table(colour / "train.parquet").slice(0, 32)
+    truths = [r["ground_truth"] for r in table["reward_model"].to_pylist()]
+    rejected = ["purple" if i % 2 else "" for i in range(32)]
+    pq.write_table(table.append_column("chosen", pa.array(truths)).append_column("rejected", pa.array(rejected)),
+                   tmp_path / "pairs.parquet")  # fmt: skip
+    from transformers import AutoProcessor
+
+    pairs = load_pairs(str(tmp_path / "pairs.parquet"), AutoProcessor.from_pretrained(tiny_model_dir))
+    import random
+
+    got = [pairs.pair(p, random.Random(0)) for p in pairs.ds.get_batch(list(range(32)))]
+    assert got == [((t, True), (r, True)) for t, r in zip(truths, rejected)]
+    pq.write_table(table.append_column("chosen", pa.array(truths)), tmp_path / "half.parquet")
+    with pytest.raises(ValueError, match="needs both"):
+        load_pairs(str(tmp_path / "half.parquet"), AutoProcessor.from_pretrained(tiny_model_dir))
+
+
+# ------------------------------------------------------------------------------------------ the discriminative model
+
+
+def _plan(path: Path, **kw) -> RewardModelPlan:
+    base = dict(path=str(path), trust_remote_code=False, micro_batch_size=2, max_length=None, rerender=False,
+                param_offload=False, dtype="auto")  # fmt: skip
+    return RewardModelPlan(**(base | kw))
+
+
+def _batch(processor, n_images: int = 1, ended: bool = False) -> tuple[list, RolloutBatch]:
+    """Two prompts (one or two images) x 2 responses each, in the engine's convention (expanded pads); the second
+    is cut off (no end-of-turn token) unless ``ended``."""
+    tok = processor.tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompts = [
+        make_prompt(processor, "What colour is the shape?", [solid((230, 25, 25), (112, 112))] * n_images, 0, "red"),
+        make_prompt(processor, "What colour is it?", [noise(3, (112, 84))] * n_images, 1, "blue"),
+    ]
+    from utils import expanded
+
+    responses = [tok("red", add_special_tokens=False)["input_ids"] + [eos],
+                 tok("blue green", add_special_tokens=False)["input_ids"] + [eos] * ended,
+                 tok("blue", add_special_tokens=False)["input_ids"] + [eos], [eos]]  # fmt: skip
+    pids = [expanded(processor, p) for p in prompts for _ in range(2)]
+    return prompts, RolloutBatch(pids, responses, [[] for _ in responses], ["stop"] * 4, n=2)
+
+
+def _transformers_scores(path: Path, processor, prompts, rb) -> list[float]:
+    """transformers' own forward of each whole sequence (its own M-RoPE positions from input_ids and the image grid)
+    with the score head in place of the LM head, read at the last token."""
+    from transformers import AutoModelForImageTextToText
+
+    from vlmrl.models.value_head import add_value_head
+
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    add_value_head(model, str(path))
+    out = []
+    for i, (pids, rids) in enumerate(zip(rb.prompt_ids, rb.response_ids)):
+        enc = processor.image_processor(images=prompts[i // rb.n].images, return_tensors="pt")
+        ids = torch.tensor([pids + rids])
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=enc["pixel_values"],
+                           image_grid_thw=enc["image_grid_thw"], mm_token_type_ids=qwen_vl.mm_token_type_ids(
+                               ids, qwen_vl.vision_token_ids(processor.tokenizer))).logits  # fmt: skip
+        out.append(float(logits[0, -1, 0]))
+    return out
+
+
+@pytest.mark.parametrize("n_images", [1, 2])
+def test_scores_equal_transformers_own_forward(trained, tiny_processor, n_images):
+    """The worker's reward model (padded micro-batches of 2, vlmrl's positions, the last token of each response:
+    an empty one ends at the prompt's last token... here every response has a token) equals transformers' forward
+    of each sequence on its own (<= 1e-4), on one- and two-image prompts."""
+    folder, _ = trained
+    prompts, rb = _batch(tiny_processor, n_images)
+    worker = RewardModelWorker(_plan(folder), "cpu", tiny_processor)
+    x, cut = worker.inputs(prompts, rb)
+    got = worker.score(x).tolist()
+    want = _transformers_scores(folder, tiny_processor, prompts, rb)
+    assert cut == 0 and got == pytest.approx(want, abs=1e-4)
+    # an exact number of forwards (FSDP's ranks must match): the planned count, extra ones dropped
+    assert worker.score(x, n_micro=4).tolist() == pytest.approx(got, abs=1e-6)
+    with pytest.raises(ValueError, match="2 micro-batches, 1 were planned"):
+        worker.score(x, n_micro=1)
+
+
+def test_rerendering_in_the_reward_models_template(trained, tiny_processor, tmp_path):
+    """``reward_model.model.input_tokenizer`` set: each conversation is decoded and rendered again in the reward
+    model's own chat template (which closes every turn: the responses here are finished ones). With the same
+    template the scores equal the shared-ids path; with another template
+    (a system line of its own) they are the scores of that rendering, as transformers computes them."""
+    import shutil
+
+    folder, _ = trained
+    prompts, rb = _batch(tiny_processor, ended=True)
+    same = RewardModelWorker(_plan(folder), "cpu", tiny_processor)
+    again = RewardModelWorker(_plan(folder, rerender=True), "cpu", tiny_processor)
+    x, _ = same.inputs(prompts, rb)
+    y, _ = again.inputs(prompts, rb)
+    assert again.score(y).tolist() == pytest.approx(same.score(x).tolist(), abs=1e-5)
+
+    other = tmp_path / "other_template"
+    shutil.copytree(folder, other)
+    cfg_path = other / "chat_template.jinja"
+    template = cfg_path.read_text() if cfg_path.exists() else None
+    assert template is not None and "You are a helpful assistant." in template
+    cfg_path.write_text(template.replace("You are a helpful assistant.", "You judge answers."))
+    judge = RewardModelWorker(_plan(other, rerender=True), "cpu", tiny_processor)
+    z, _ = judge.inputs(prompts, rb)
+    got = judge.score(z).tolist()
+    assert got != pytest.approx(same.score(x).tolist(), abs=1e-4)
+    tok = judge.processor.tokenizer
+    assert "You judge answers." in tok.decode(z.input_ids[0])
+    # transformers on the same re-rendered ids: the worker's scores
+    pids = [z.input_ids[i][z.attention_mask[i].bool()].tolist() for i in range(4)]
+    lens = [int(z.response_mask[i].sum()) for i in range(4)]
+    rb2 = RolloutBatch([p[: len(p) - k] for p, k in zip(pids, lens)], [p[len(p) - k :] for p, k in zip(pids, lens)],
+                       [[]] * 4, ["stop"] * 4, n=1)  # fmt: skip
+    want = _transformers_scores(other, judge.processor, [prompts[i // 2] for i in range(4)], rb2)
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_max_length_cuts_responses_from_the_right(trained, tiny_processor):
+    """``reward_model.max_length``: a response longer than the room left after its prompt is cut to fit (counted),
+    and scored as the cut response."""
+    folder, _ = trained
+    prompts, rb = _batch(tiny_processor)
+    limit = len(rb.prompt_ids[0]) + 1  # one response token after the longer prompt, more after the shorter one
+    worker = RewardModelWorker(_plan(folder, max_length=limit), "cpu", tiny_processor)
+    x, cut = worker.inputs(prompts, rb)
+    room = [max(1, limit - len(p)) for p in rb.prompt_ids]
+    assert cut == sum(len(r) > k for r, k in zip(rb.response_ids, room)) > 0
+    full = RewardModelWorker(_plan(folder), "cpu", tiny_processor)
+    short = RolloutBatch(rb.prompt_ids, [r[:k] for r, k in zip(rb.response_ids, room)], [[]] * 4, ["stop"] * 4, n=2)
+    y, _ = full.inputs(prompts, short)
+    assert worker.score(x).tolist() == pytest.approx(full.score(y).tolist(), abs=1e-6)
+
+
+def test_a_chat_model_is_refused_as_a_discriminative_reward_model(tiny_model_dir, tiny_processor):
+    with pytest.raises(ValueError, match="holds no score head.*reward_model.style=generative"):
+        RewardModelWorker(_plan(Path(tiny_model_dir)), "cpu", tiny_processor)
+
+
+# ------------------------------------------------------------------------------------------------------ the judge
+
+
+def test_the_verdict_rule():
+    """The built-in rule: the last number; else a last word yes/correct/right (1) or no/incorrect/wrong (0)."""
+    assert parse_verdict("Score: 0.8") == 0.8
+    assert parse_verdict("It is 3 of 4, so 1") == 1.0
+    assert parse_verdict("-2.5e-1 points") == -0.25
+    assert parse_verdict("Correct") == 1.0 and parse_verdict("The answer is wrong.") == 0.0
+    for bad in ("maybe", "", "yes, but maybe"):
+        with pytest.raises(ValueError, match="no number and no yes/no verdict"):
+            parse_verdict(bad)
+
+
+def _judge_cfg(model: str, **judge) -> RewardModelConfig:
+    return RewardModelConfig(
+        enable=True, style="generative", model=RewardModelModelConfig(path=model),
+        judge=JudgeConfig(**judge), rollout=JudgeRolloutConfig(name="hf", response_length=6),
+    )  # fmt: skip
+
+
+def _reward_samples(processor) -> tuple[list, list[RewardSample]]:
+    prompts = [make_prompt(processor, "<image>What colour is the shape?", [solid((230, 25, 25))], 0, "red")]
+    samples = [RewardSample(response=r, prompt=prompts[0].prompt_text, ground_truth="red", images=prompts[0].images)
+               for r in ("red", "blue")]  # fmt: skip
+    return prompts, samples
+
+
+def test_the_judges_prompt_holds_the_images_question_and_answer(tiny_model_dir, tiny_processor):
+    prompts, samples = _reward_samples(tiny_processor)
+    assert question_text(prompts[0]) == "What colour is the shape?"
+    judge = Judge(_judge_cfg(tiny_model_dir, prompt_template="Q: {question} A: {response} T: {ground_truth}"),
+                  "cpu", 1)  # fmt: skip
+    ask = judge.prompt(samples[1], prompts[0])
+    assert "Q: What colour is the shape? A: blue T: red" in ask.prompt_text
+    assert qwen_vl.count_image_pads(ask.prompt_ids, judge.engine.vision_ids.image_pad) == 1
+    assert ask.images == prompts[0].images
+
+
+def test_judge_verdicts_are_parsed_and_failures_counted(tiny_model_dir, tiny_processor, tmp_path):
+    """The tiny random model as a judge (transformers' generate): its verdicts are kept on the samples. With a
+    parse function that reads them (their length) every sample is scored; with one that fails, every sample is a
+    counted parse error with its reason and no score, and the ``reward_model`` component then raises for it (the
+    reward manager counts it as a reward error, never a zero)."""
+    prompts, samples = _reward_samples(tiny_processor)
+    parse = tmp_path / "parse.py"
+    parse.write_text("def length(text):\n    return float(len(text))\n\ndef broken(text):\n    return None\n")
+    judge = Judge(_judge_cfg(tiny_model_dir, parse=f"{parse}:length"), "cpu", 1)
+    metrics = judge.score(prompts, 2, samples)
+    assert metrics["reward_model/parse_errors"] == 0
+    assert [s.rm_score for s in samples] == [float(len(s.rm_text)) for s in samples]
+    assert reward_model_score(samples[0]) == samples[0].rm_score
+    judge.parse = Judge(_judge_cfg(tiny_model_dir, parse=f"{parse}:broken"), "cpu", 1).parse
+    metrics = judge.score(prompts, 2, samples)
+    assert metrics["reward_model/parse_errors"] == 2
+    assert all(s.rm_score is None and "did not parse" in s.rm_error for s in samples)
+    with pytest.raises(ValueError, match="gave this sample no score: the judge's verdict did not parse"):
+        reward_model_score(samples[0])
+    from vlmrl.config.schema import RewardConfig
+    from vlmrl.scoring import RewardManager
+
+    with RewardManager(RewardConfig(components=[{"function": "reward_model", "name": "rm"},
+                                                {"function": "synthetic", "name": "rule", "weight": 0.0}],
+                                    num_workers=0, timeout_s=0)) as rm:  # fmt: skip
+        out = rm.score([RewardSample("red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]}, rm_score=2.5),
+                        RewardSample("red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]},
+                                     rm_error="its forward failed")])  # fmt: skip
+    assert out.scores == [2.5, 0.0] and out.metrics["reward/errors"] == 1  # the failed sample: fallback_score
+    assert out.components["rule"][0] == 1.0 and out.components["rm"][0] == 2.5
+
+
+# -------------------------------------------------------------------------------------------- keys and the gate
+
+
+def test_verl_reward_model_keys():
+    """verl 0.9.1's place (``reward.reward_model.*``) and its legacy one (``reward_model.*``) both land on vlmrl's
+    keys; what vlmrl does not do is refused by name or accepted with a notice."""
+    t = translate(["reward.reward_model.enable=True", "reward.reward_model.model_path=/m",
+                   "reward.reward_model.rollout.name=vllm", "reward_model.rollout.do_sample=False",
+                   "reward_model.num_workers=4", "reward_model.rollout.max_num_seqs=8"])  # fmt: skip
+    assert t.overrides == ["++reward_model.enable=True", "++reward_model.model.path=/m",
+                           "++reward_model.rollout.name=vllm", "++reward_model.rollout.temperature=0.0",
+                           "++reward.num_workers=4"], t.overrides  # fmt: skip
+    assert len(t.notices) == 1 and not t.problems
+    t = translate(["reward_model.enable_resource_pool=True", "reward.reward_model.rollout.data_parallel_size=2"])
+    assert [p.split(":")[0] for p in t.problems] == [
+        "'reward_model.enable_resource_pool=true'",
+        "'reward.reward_model.rollout.data_parallel_size=2'",
+    ]
+
+
+def _problems(*overrides: str, model: str, data: Path) -> str:
+    """The config gate's problems (values, then this machine's: what a dry run and the start of a run check)."""
+    from vlmrl.config.checks import check_config
+
+    try:
+        cfg = load([f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={model}", *overrides],
+                   config_name="tiny_cpu")  # fmt: skip
+        check_config(cfg)
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def test_the_config_gate(tiny_model_dir, trained, colour, tmp_path):
+    """Each misuse is named when the config is checked (so a dry run shows it), with the fix."""
+    import functools
+
+    folder, _ = trained
+    m = tiny_model_dir
+    _p = functools.partial(_problems, data=colour)
+    assert "needs reward_model.model.path" in _p("reward_model.enable=True", model=m)
+    assert "reward_model.enable is False" in _p(
+        "reward.function=null", "reward.components=[{function: reward_model}]", model=m
+    )
+    assert "does not use its score" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={folder}", model=m
+    )  # (tiny_cpu sets reward.function=synthetic)
+    assert "holds no score head" in _p("reward_model.enable=True", f"reward_model.model.path={m}",
+                                              "reward.function=null", model=m)  # fmt: skip
+    assert "does not exist" in _p("reward_model.enable=True", f"reward_model.model.path={tmp_path}/none",
+                                         "reward.function=null", model=m)  # fmt: skip
+    assert "names ['answer']" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.style=generative",
+        "reward.function=null", "reward_model.judge.prompt_template='{answer}'", model=m)  # fmt: skip
+    assert "reward_model.judge.parse" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.style=generative",
+        "reward.function=null", f"reward_model.judge.parse={tmp_path}/none.py:f", model=m)  # fmt: skip
+    # the fixes: the model's score is the whole reward, or a component beside a rule reward
+    assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
+                     model=m) == ""  # fmt: skip
+    assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
+                     "reward.components=[{function: reward_model, name: rm}, {function: format, weight: 0.2}]",
+                     model=m) == ""  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- runs, as launched
+
+
+def _run(tiny_model_dir: str, data: Path, out: Path, *extra: str) -> list[dict]:
+    from runs import base_args, metrics, run_to_end
+
+    args = base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "trainer.test_freq=2",
+                     "reward.function=null", "data.val_batch_size=8", *extra)  # fmt: skip
+    run_to_end(args, timeout=600)
+    return metrics(out)
+
+
+def args_to_cmd(args: list[str]) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "vlmrl.train", *args]
+
+
+def test_a_run_with_the_discriminative_reward_model(tiny_model_dir, trained, colour, tmp_path):
+    """``python -m vlmrl.train`` with the reward model as a component beside a weight-0 rule one, on the quick
+    start's 2 workers (the model FSDP-sharded over them) and vLLM: the dry run names the model and its memory; each
+    step logs the model's score, its errors and its stage time; validation logs each component (the rule's check);
+    the gallery shows the model's score; the report has the reward model's panel."""
+    import subprocess
+    import sys
+
+    folder, _ = trained
+    extra = (
+        "reward_model.enable=True", f"reward_model.model.path={folder}", "reward_model.micro_batch_size_per_gpu=5",
+        "reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, "
+        "weight: 0.0}]",
+    )  # fmt: skip
+    from runs import base_args
+
+    dry = subprocess.run([*args_to_cmd(base_args(tiny_model_dir, colour, tmp_path / "dry", "reward.function=null",
+                                                 *extra)), "trainer.dry_run=True"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    assert f"reward model: discriminative, {folder}, 0.2 M parameters" in dry.stdout, dry.stdout
+    assert "reward model 0.4 MiB" in dry.stdout  # fp32, sharded over the 2 workers
+    rows = _run(tiny_model_dir, colour, tmp_path / "run", *extra)
+    last = rows[-1]
+    assert last["reward_model/errors"] == 0 and last["timing/reward_model_s"] > 0
+    assert last["reward/rm/mean"] == pytest.approx(last["reward_model/score/mean"], abs=1e-5)
+    assert last["reward/mean"] == pytest.approx(last["reward/rm/mean"], abs=1e-5)  # the rule's weight is 0
+    assert "val/reward/rule/mean" in last and "val/reward_model/score/mean" in last
+    gallery = (tmp_path / "run" / "val_gallery" / "step_000002.html").read_text()
+    assert "<b>reward model</b>" in gallery
+    report = subprocess.run([sys.executable, "-m", "vlmrl.report", str(tmp_path / "run"), "--output",
+                             str(tmp_path / "report.html")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "id='panel-reward_model'" in (tmp_path / "report.html").read_text()
+
+
+def test_a_run_with_a_judge_on_its_own_vllm_engine(tiny_model_dir, colour, tmp_path):
+    """``reward_model.style=generative``: the tiny model judges on a vLLM engine of its own in the driver (greedy,
+    6 tokens); a parse function scores each verdict; verl's spelling of the keys. The step logs the judge's parse
+    errors (none) and its time; the gallery shows each verdict."""
+    parse = tmp_path / "parse.py"
+    parse.write_text("def length(text):\n    return float(len(text))\n")
+    rows = _run(tiny_model_dir, colour, tmp_path / "run", "reward.reward_model.enable=True",
+                f"reward.reward_model.model_path={tiny_model_dir}", "reward_model.style=generative",
+                "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.response_length=6",
+                f"reward_model.judge.parse={parse}:length")  # fmt: skip
+    last = rows[-1]
+    assert last["reward_model/parse_errors"] == 0 and last["reward_model/errors"] == 0, last
+    assert last["timing/reward_model_s"] > 0 and last["reward/rm/mean"] == last["reward_model/score/mean"]
+    gallery = (tmp_path / "run" / "val_gallery" / "step_000002.html").read_text()
+    assert "judge&#x27;s verdict" in gallery or "judge's verdict" in gallery

@@ -1,0 +1,137 @@
+"""The generative reward model: a VLM judge on its own engine (vLLM, or transformers' generate), in the driver.
+
+For each response the judge gets the record's images (as the policy saw them) and ``reward_model.judge.
+prompt_template`` filled with the question, the response and the ground truth, rendered in the judge's own chat
+template; it writes a verdict (``reward_model.rollout.*`` sampling: greedy by default), which the documented rule
+(:func:`parse_verdict`) or the user's ``judge.parse`` function turns into the score. A verdict that does not parse
+leaves the sample without a score (``rm_error``): counted (``reward_model/parse_errors``) and then scored as a reward
+error, never a silent zero. All of a step's samples go to the engine as one batch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from typing import Any
+
+from vlmrl.batch import PromptSample, RewardSample
+from vlmrl.config.reward_model import RewardModelConfig
+from vlmrl.config.schema import RolloutConfig
+from vlmrl.models import qwen_vl
+from vlmrl.rollout.base import SamplingSpec
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+_WORDS = {"yes": 1.0, "correct": 1.0, "right": 1.0, "no": 0.0, "incorrect": 0.0, "wrong": 0.0}
+_IMAGE = re.compile(r"<image>|<video>")
+
+
+def parse_verdict(text: str) -> float:
+    """The built-in rule: the last number the judge wrote (``"Score: 0.8"`` → 0.8; so ask for one number, not
+    "7/10"); else its last word when it is yes / correct / right (1.0) or no / incorrect / wrong (0.0). ValueError
+    when neither is there."""
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        value = float(numbers[-1])
+        if math.isfinite(value):
+            return value
+    words = re.findall(r"[a-z]+", text.lower())
+    if words and words[-1] in _WORDS:
+        return _WORDS[words[-1]]
+    raise ValueError(f"no number and no yes/no verdict in {text[:120]!r}")
+
+
+def question_text(prompt: PromptSample) -> str:
+    """The prompt's user text without image or video placeholders (what the judge is told was asked)."""
+    parts: list[str] = []
+    for m in prompt.messages:
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        else:
+            parts += [str(c.get("text", "")) for c in content or [] if c.get("type") == "text"]
+    return _IMAGE.sub("", "\n".join(parts)).strip()
+
+
+class Judge:
+    """The judge's engine, processor and parse function; :meth:`score` fills ``rm_score`` / ``rm_text`` /
+    ``rm_error`` on a batch of reward samples."""
+
+    def __init__(
+        self, cfg: RewardModelConfig, device: str, limit_images: int, limit_videos: int = 0, seed: int = 0
+    ) -> None:
+        from transformers import AutoProcessor
+
+        from vlmrl.userfiles import load_callable
+
+        path = str(cfg.model.path)
+        self.cfg = cfg
+        ro = cfg.rollout
+        self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        self.tokenizer = self.processor.tokenizer
+        self.parse = load_callable(cfg.judge.parse, "reward_model.judge.parse") if cfg.judge.parse else parse_verdict
+        self.spec = SamplingSpec(n=1, max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
+                                 top_k=ro.top_k, greedy=ro.temperature <= 0.0)  # fmt: skip
+        self.max_prompt = int(ro.prompt_length)
+        if ro.name == "vllm":
+            from vlmrl.rollout.vllm import VLLMRollout
+
+            engine_cfg = replace(RolloutConfig(), gpu_memory_utilization=ro.gpu_memory_utilization,
+                                 free_cache_engine=False, engine_kwargs={"vllm": {}})  # fmt: skip
+            self.engine: Any = VLLMRollout(
+                path, rollout_cfg=engine_cfg, max_model_len=ro.max_model_len or ro.prompt_length + ro.response_length,
+                limit_images=max(1, limit_images), limit_videos=limit_videos, device=device, seed=seed,
+                trust_remote_code=cfg.model.trust_remote_code,
+            )  # fmt: skip
+        else:
+            from vlmrl.rollout.hf import HFRollout
+            from vlmrl.workers.policy import load_model
+
+            model = load_model(path, device, cfg.model.trust_remote_code, where=f"reward_model.model.path={path}")
+            model.eval().requires_grad_(False)
+            self.engine = HFRollout(model, self.processor)
+
+    def prompt(self, sample: RewardSample, prompt: PromptSample) -> PromptSample:
+        """The judge's prompt for one response: the record's images and videos, then the filled template, in the
+        judge's chat template (one pad per image, as every engine prompt)."""
+        text = self.cfg.judge.prompt_template.format_map(
+            {"question": question_text(prompt), "response": sample.response, "ground_truth": str(sample.ground_truth)}
+        )
+        content = [{"type": "image"} for _ in prompt.images] + [{"type": "video"} for _ in prompt.videos]
+        content.append({"type": "text", "text": text})
+        messages = [{"role": "user", "content": content}]
+        rendered = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = qwen_vl.engine_prompt_ids(self.tokenizer, rendered, len(prompt.images), len(prompt.videos))
+        return replace(prompt, messages=messages, prompt_text=rendered, prompt_ids=ids)
+
+    def score(self, prompts: list[PromptSample], n: int, samples: list[RewardSample]) -> dict[str, float]:
+        """Judge every sample (sample i answers ``prompts[i // n]``) in one engine batch; metrics."""
+        asks = [self.prompt(s, prompts[i // n]) for i, s in enumerate(samples)]
+        too_long = {i for i, a in enumerate(asks) if len(a.prompt_ids) > self.max_prompt}
+        batch = [a for i, a in enumerate(asks) if i not in too_long]
+        texts = iter(self.tokenizer.batch_decode(self.engine.generate(batch, self.spec).response_ids,
+                                                 skip_special_tokens=True) if batch else [])  # fmt: skip
+        failed = 0
+        for i, s in enumerate(samples):
+            if i in too_long:
+                s.rm_score, s.rm_error = None, "the judge's prompt is longer than reward_model.rollout.prompt_length"
+                failed += 1
+                continue
+            s.rm_text = next(texts)
+            try:
+                value = self.parse(s.rm_text)
+                if value is None or isinstance(value, bool) or not math.isfinite(float(value)):
+                    raise ValueError(f"the parse function returned {value!r}")
+                s.rm_score, s.rm_error = float(value), None
+            except Exception as e:  # noqa: BLE001 - a verdict the rule or the user's function cannot read
+                s.rm_score, s.rm_error = None, f"the judge's verdict did not parse ({e}): {s.rm_text[:200]!r}"
+                failed += 1
+        return {"reward_model/parse_errors": float(failed)}
+
+    def close(self) -> None:
+        """Stop the engine."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,254 @@
+"""Train a discriminative reward model from preference pairs (Bradley–Terry, as TRL's RewardTrainer).
+
+    python -m vlmrl.reward_model.train --model BASE_DIR --data train.parquet --val-data test.parquet \
+        --output RM_DIR [--steps 300] [--batch-size 16] [--lr 1e-3]
+
+The model is the base Qwen2.5-VL with a one-output score head in place of the language-model head, read at the
+response's last token (``models.forward.last_token_scores``: the same forward the trainer's reward model runs); it
+sees the images. Each step takes ``--batch-size`` pairs and minimises ``-log sigmoid(score(chosen) -
+score(rejected))``. Pairs come from the records (verl's parquet schema, read by the trainer's own dataset code):
+
+- ``chosen`` / ``rejected`` string columns (TRL's preference format, the prompt and images being the record's), or
+- labelled records (``extra_info.choices`` and the ground truth, as ``preprocess/synthetic.py`` writes them): chosen
+  is the right answer (alone or among random word pieces); rejected a wrong one, the right one named beside a wrong
+  one, pieces of an answer repeated (``rererere``), or random tokens of the whole vocabulary, mixed or one repeated
+  (the unformed answers of an untrained policy, and what a policy exploiting the reward model writes: trained without
+  them, the tiny reward model scored ``rererere`` and repeated control bytes above wrong colours, and the policy
+  learned to write them). Each step draws anew.
+
+Responses end with the end-of-turn token, as the policy's finished responses do. The held-out pair accuracy (share
+of ``--val-data`` pairs whose chosen response scores higher; one fixed pair per record) is printed and written with
+the losses to ``OUTPUT/vlmrl_reward_model.json``; OUTPUT is a folder ``reward_model.model.path`` takes (the head as
+``score.weight`` / ``score.bias``, as verl's and transformers' classification models name it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.config.schema import DataConfig
+from vlmrl.data.dataset import RLDataset
+from vlmrl.models import qwen_vl
+from vlmrl.models.forward import last_token_scores
+from vlmrl.models.inputs import build_inputs, process_images, to_device
+from vlmrl.models.value_head import add_value_head, export_names
+from vlmrl.timing import Timer
+from vlmrl.workers.policy import load_model
+
+
+@dataclass
+class Pairs:
+    """Where a dataset's pairs come from: explicit columns, or each record's choices."""
+
+    ds: RLDataset
+    chosen: list[str] | None
+    """Per source row: the ``chosen`` column (None: labelled records)."""
+    rejected: list[str] | None
+    decode: Any
+    """The tokenizer's ``decode``: unformed text is random token ids of the whole vocabulary, decoded."""
+    vocab: int
+
+    def row(self, p: PromptSample) -> int:
+        """The source row of a record (its uid is ``<file>:<row>``)."""
+        return int(p.uid.rsplit(":", 1)[1])
+
+    def pair(self, p: PromptSample, rng: random.Random) -> tuple[tuple[str, bool], tuple[str, bool]]:
+        """((chosen, ends), (rejected, ends)) for one record; ``ends``: the response ends with the end-of-turn
+        token (always for explicit pairs; a coin flip for labelled records, so a cut-off answer is judged by what
+        it says)."""
+        if self.chosen is not None and self.rejected is not None:
+            return (self.chosen[self.row(p)], True), (self.rejected[self.row(p)], True)
+        truth = str(p.ground_truth)
+        wrong = [c for c in _choices(p) if c != truth]
+        if not wrong:
+            raise ValueError(f"{p.uid}: no chosen/rejected columns, and no wrong answer in extra_info.choices")
+
+        def noise(k: int) -> list[str]:  # random tokens of the whole vocabulary, or one of them repeated
+            if rng.random() < 0.5:
+                return [self.decode([rng.randrange(self.vocab) for _ in range(k)])]
+            return [self.decode([rng.randrange(self.vocab)] * k)]
+
+        def among(word: str) -> str:  # a word said among unformed text, as an untrained policy might
+            parts = noise(rng.randint(0, 3))
+            parts.insert(rng.randint(0, len(parts)), word)
+            return " ".join(parts)
+
+        def fragments() -> str:  # pieces of an answer, repeated: what a policy tries when pieces score
+            word = truth if rng.random() < 0.7 else rng.choice(wrong)
+            a = rng.randrange(len(word))
+            piece = word[a : rng.randint(a + 1, max(a + 1, len(word) - (a == 0)))]
+            return (" " if rng.random() < 0.3 else "").join([piece] * rng.randint(1, 8))
+
+        chosen = truth if rng.random() < 0.5 else among(truth)
+        kind = rng.random()
+        if kind < 0.2:
+            rejected = rng.choice(wrong) if rng.random() < 0.5 else among(rng.choice(wrong))
+        elif kind < 0.3:
+            both = [truth, rng.choice(wrong)]
+            rng.shuffle(both)
+            rejected = " ".join(both)
+        elif kind < 0.5:
+            rejected = fragments()
+        else:
+            rejected = " ".join(noise(rng.randint(1, 8)))
+        return (chosen, rng.random() < 0.5), (rejected, rng.random() < 0.5)
+
+
+def _choices(p: PromptSample) -> list[str]:
+    choices = (p.extra_info or {}).get("choices")
+    return [str(c) for c in (choices.tolist() if hasattr(choices, "tolist") else choices or [])]
+
+
+def load_pairs(path: str, processor: Any) -> Pairs:
+    """A parquet file's records and where their pairs come from."""
+    ds = RLDataset(path, processor, DataConfig(train_files=path, max_prompt_length=4096), split="train")
+    names = pq.read_schema(path).names
+    chosen = rejected = None
+    if "chosen" in names and "rejected" in names:
+        table = pq.read_table(path, columns=["chosen", "rejected"])
+        chosen, rejected = (
+            [str(x) for x in table["chosen"].to_pylist()],
+            [str(x) for x in table["rejected"].to_pylist()],
+        )
+    elif "chosen" in names or "rejected" in names:
+        raise ValueError(f"{path}: has one of the chosen / rejected columns; a preference pair needs both")
+    tok = processor.tokenizer
+    return Pairs(ds, chosen, rejected, lambda ids: tok.decode(ids, skip_special_tokens=True), len(tok))
+
+
+def pair_inputs(prompts: list[PromptSample], pairs: list[Any], processor: Any, eos: int, pad: int) -> Any:
+    """Model inputs of 2 samples per prompt: its chosen then its rejected response (``(text, ends)``: ending with
+    ``eos`` when ``ends``)."""
+    tok = processor.tokenizer
+    responses = [tok(t, add_special_tokens=False)["input_ids"] + [eos] * ends for pair in pairs for t, ends in pair]
+    images = process_images(processor, prompts)
+    merge = int(getattr(processor.image_processor, "merge_size", 2))
+    vision = qwen_vl.vision_token_ids(tok)
+    prompt_ids = []
+    for p, v in zip(prompts, images):
+        counts = qwen_vl.tokens_per_image(v.image_grid_thw, merge) if v.num_images else []
+        ids = qwen_vl.expand_image_pads(list(p.prompt_ids), vision.image_pad, counts)
+        prompt_ids += [ids, ids]
+    rb = RolloutBatch(prompt_ids, responses, [[] for _ in responses], ["stop"] * len(responses), n=2)
+    return build_inputs(prompts, rb, images, pad)
+
+
+def pair_scores(model: torch.nn.Module, x: Any, vision_ids: Any, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [P, 2] (chosen, rejected) and the dummy-vision term."""
+    s, extra = last_token_scores(model, to_device(x, device), vision_ids)
+    return s.view(-1, 2), extra
+
+
+@torch.no_grad()
+def pair_accuracy(model: torch.nn.Module, pairs: Pairs, processor: Any, eos: int, pad: int, device: str,
+                  seed: int = 1, batch: int = 32) -> float:  # fmt: skip
+    """Share of held-out pairs (one per record, fixed by ``seed``) whose chosen response scores higher."""
+    model.eval()
+    rng = random.Random(seed)
+    vision_ids = qwen_vl.vision_token_ids(processor.tokenizer)
+    right = total = 0
+    for start in range(0, len(pairs.ds), batch):
+        prompts = pairs.ds.get_batch(list(range(start, min(start + batch, len(pairs.ds)))))
+        x = pair_inputs(prompts, [pairs.pair(p, rng) for p in prompts], processor, eos, pad)
+        s, _ = pair_scores(model, x, vision_ids, device)
+        right += int((s[:, 0] > s[:, 1]).sum())
+        total += s.shape[0]
+    model.train()
+    return right / max(1, total)
+
+
+def train_reward_model(
+    model_path: str,
+    data: str,
+    output: str | Path,
+    *,
+    val_data: str | None = None,
+    steps: int = 300,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    seed: int = 0,
+    log_every: int = 50,
+) -> dict[str, float]:
+    """Train a reward model on ``data``'s pairs, save it to ``output`` and return its figures (first and last loss,
+    train and held-out pair accuracy, seconds)."""
+    from safetensors.torch import save_file
+    from transformers import AutoProcessor
+
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    processor = AutoProcessor.from_pretrained(model_path)
+    tok = processor.tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    train, val = load_pairs(data, processor), load_pairs(val_data, processor) if val_data else None
+    model = load_model(model_path, device, where=f"--model {model_path}")
+    add_value_head(model, model_path)
+    model.train()
+    vision_ids = qwen_vl.vision_token_ids(tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    sw = Timer.start()
+    out: dict[str, float] = {"steps": float(steps)}
+    for step in range(1, steps + 1):
+        prompts = train.ds.get_batch(rng.sample(range(len(train.ds)), min(batch_size, len(train.ds))))
+        x = pair_inputs(prompts, [train.pair(p, rng) for p in prompts], processor, eos, pad)
+        s, extra = pair_scores(model, x, vision_ids, device)
+        loss = -torch.nn.functional.logsigmoid(s[:, 0] - s[:, 1]).mean() + extra
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step == 1:
+            out["first_loss"] = loss.item()
+        out["loss"] = loss.item()
+        out["train_pair_accuracy_last_batch"] = float((s[:, 0] > s[:, 1]).float().mean())
+        if step % log_every == 0 or step in (1, steps):
+            print(f"[reward_model] step {step}/{steps} loss {loss.item():.4f} batch accuracy "
+                  f"{out['train_pair_accuracy_last_batch']:.2f} ({sw.elapsed:.0f} s)", flush=True)  # fmt: skip
+    out["train_seconds"] = sw.elapsed
+    if val is not None:
+        out["heldout_pair_accuracy"] = pair_accuracy(model, val, processor, eos, pad, device)
+        out["heldout_pairs"] = float(len(val.ds))
+        print(f"[reward_model] held-out pair accuracy {out['heldout_pair_accuracy']:.3f} "
+              f"({len(val.ds)} pairs)", flush=True)  # fmt: skip
+    folder = Path(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.eval().to("cpu")
+    model.config.save_pretrained(folder)
+    tensors = {k: v.detach().contiguous() for k, v in export_names(model.state_dict()).items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    processor.save_pretrained(folder)
+    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr, **out}
+    (folder / "vlmrl_reward_model.json").write_text(json.dumps(info, indent=2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the base Qwen2.5-VL folder")
+    ap.add_argument("--data", required=True, help="training records (parquet)")
+    ap.add_argument("--val-data", help="held-out records (parquet): their pair accuracy is reported")
+    ap.add_argument("--output", required=True, help="the reward model's folder")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=16, help="pairs per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
+                       lr=a.lr, seed=a.seed)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
