@@ -1,17 +1,19 @@
 """RL from a learned reward on CPU: train a tiny reward model, then GRPO whose only reward is that model, measured by
 the rule check it never sees.
 
-    python benchmarks/bench_reward_model.py [--rm-steps 600] [--rl-steps 120] [--seed 0]
+    python benchmarks/bench_reward_model.py [--rm-steps 600] [--rl-steps 160] [--seeds 0,1,2]
 
-1. ``python -m vlmrl.reward_model.train`` on the colour task's labelled records (512 train, 96 held out, 112 px; the
-   tiny Qwen2.5-VL with a score head): the Bradley–Terry loss, the held-out pair accuracy and the time.
+1. ``python -m vlmrl.reward_model.train`` on the colour task's records (512 train, 96 held out, 112 px; the tiny
+   Qwen2.5-VL with a score head; candidate responses labelled by the rule): the Bradley–Terry loss, the held-out
+   pair accuracy and the time.
 2. ``python -m vlmrl.train --config-name tiny_cpu`` (the quick start's settings on the quick start's data) with
    ``reward.components=[{function: reward_model, name: rm, weight: 1}, {function: synthetic, name: rule, weight:
    0}]``: the reward is the model's score alone; the rule component is logged (weight 0) and, in greedy validation
-   every 40 steps, says how many answers are right. The same run with the rule as the reward is the baseline.
+   every 40 steps, says how many answers are right. The same run with the rule as the reward is the baseline. Each
+   seed trains its own reward model and seeds both runs.
 
 Writes ``benchmarks/results/reward_model.json`` and the ``## RL from a learned reward`` section of
-benchmarks/README.md; ``--quick`` (a check: 100 + 20 steps) writes under a temporary folder only.
+benchmarks/README.md; ``--quick`` (a check: 1 seed, 100 + 20 steps) writes under a temporary folder only.
 """
 
 from __future__ import annotations
@@ -36,29 +38,20 @@ def validations(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
     return {int(r["step"]): float(r[key]) for r in rows if key in r}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rm-steps", type=int, default=600)
-    ap.add_argument("--rl-steps", type=int, default=120)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args(argv)
-    if a.quick:
-        a.rm_steps, a.rl_steps = 100, 20
-    work = Path(tempfile.mkdtemp(prefix="bench_rm_"))
-    model = common.tiny_model()
-    pairs = common.synthetic_data(work / "pairs", train=512, test=96, image_size=112)
-    data = common.synthetic_data(work / "colour", train=4096, test=96, image_size=112)
-    rm_dir = work / "rm"
+def one_seed(work: Path, model: Path, pairs: Path, data: Path, seed: int, rm_steps: int, rl_steps: int) -> dict:
+    """One seed: the reward model trained with it, then GRPO on its score and GRPO on the rule."""
+    rm_dir = work / f"rm_{seed}"
     cmd = [common.PY, "-m", "vlmrl.reward_model.train", "--model", str(model), "--data", str(pairs / "train.parquet"),
-           "--val-data", str(pairs / "test.parquet"), "--output", str(rm_dir), "--steps", str(a.rm_steps),
-           "--seed", str(a.seed)]  # fmt: skip
+           "--val-data", str(pairs / "test.parquet"), "--output", str(rm_dir), "--steps", str(rm_steps),
+           "--seed", str(seed)]  # fmt: skip
     proc = subprocess.run(cmd, env=common.bench_env(1), capture_output=True, text=True, cwd=common.ROOT)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     trained = json.loads((rm_dir / "vlmrl_reward_model.json").read_text())
     val = [f"data.val_files={data / 'test.parquet'}", "trainer.test_freq=40", "trainer.val_before_train=true"]
-    runs = {}
+    out: dict[str, Any] = {"reward_model_training": {k: trained[k] for k in ("first_loss", "loss",
+                                                                              "heldout_pair_accuracy",
+                                                                              "train_seconds")}}  # fmt: skip
     for name, extra in (
         (
             "reward_model",
@@ -66,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         ),  # fmt: skip
         ("rule", []),
     ):
-        out = common.vlmrl_train(work / name, data, model, a.rl_steps, [*extra, *val, f"trainer.seed={a.seed}"],
+        run = common.vlmrl_train(work / f"{name}_{seed}", data, model, rl_steps, [*extra, *val, f"trainer.seed={seed}"],
                                  timeout_s=1800)  # fmt: skip
-        rows = out["rows"]
+        rows = run["rows"]
         rule_key = "val/reward/rule/mean" if name == "reward_model" else "val/reward/mean"
-        runs[name] = {
+        out[name] = {
             "val_rule": validations(rows, rule_key),
             "val_reward": validations(rows, "val/reward/mean"),
             "step_s_median": common.median([r["timing/step_s"] for r in rows if r.get("step", 0) > 1]),
@@ -78,40 +71,78 @@ def main(argv: list[str] | None = None) -> int:
                 [r.get("timing/reward_model_s", 0.0) for r in rows if r.get("step", 0) > 1]
             ),  # fmt: skip
         }
+    return out
+
+
+def spread(values: list[float], fmt: str = ".2f") -> str:
+    """``median`` or ``median [min-max]`` as the README writes it."""
+    lo, mid, hi = (format(v, fmt) for v in (min(values), common.median(values), max(values)))
+    return mid if lo == hi else f"{mid} [{lo}-{hi}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rm-steps", type=int, default=600)
+    ap.add_argument("--rl-steps", type=int, default=160)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    seeds = [int(x) for x in a.seeds.split(",")]
+    if a.quick:
+        a.rm_steps, a.rl_steps, seeds = 100, 20, seeds[:1]
+    work = Path(tempfile.mkdtemp(prefix="bench_rm_"))
+    model = common.tiny_model()
+    pairs = common.synthetic_data(work / "pairs", train=512, test=96, image_size=112)
+    data = common.synthetic_data(work / "colour", train=4096, test=96, image_size=112)
+    per_seed = {str(s): one_seed(work, model, pairs, data, s, a.rm_steps, a.rl_steps) for s in seeds}
     result = common.result_head("reward_model") | {
         "settings": {
             "rm_steps": a.rm_steps,
             "rl_steps": a.rl_steps,
-            "seed": a.seed,
+            "seeds": seeds,
             "pairs_train": 512,
             "pairs_heldout": 96,
         },  # fmt: skip
-        "reward_model_training": {
-            k: trained[k] for k in ("first_loss", "loss", "heldout_pair_accuracy", "train_seconds")
-        },  # fmt: skip
-        "rl": runs,
+        "seeds": per_seed,
     }
-    rm, rule = runs["reward_model"], runs["rule"]
-    last = max(rm["val_rule"])
+    runs = list(per_seed.values())
+    steps = sorted(runs[0]["reward_model"]["val_rule"], key=int)
+    last = steps[-1]
+
+    def col(kind: str, what: str, step: int) -> str:
+        return spread([r[kind][what][step] for r in runs])
+
+    summary = {
+        "heldout_pair_accuracy": [r["reward_model_training"]["heldout_pair_accuracy"] for r in runs],
+        "train_seconds": [r["reward_model_training"]["train_seconds"] for r in runs],
+        "final_rule_reward_model": [r["reward_model"]["val_rule"][last] for r in runs],
+        "final_rule_rule": [r["rule"]["val_rule"][last] for r in runs],
+        "step_s_reward_model": [r["reward_model"]["step_s_median"] for r in runs],
+        "step_s_rule": [r["rule"]["step_s_median"] for r in runs],
+        "reward_model_s": [r["reward_model"]["reward_model_s_median"] for r in runs],
+    }
+    result["summary"] = summary
     body = (
-        f"`python benchmarks/bench_reward_model.py` ({common.machine_line(result)}). A reward model trained "
-        f"{a.rm_steps} steps: held-out pair accuracy {trained['heldout_pair_accuracy']:.3f} "
-        f"({trained['train_seconds']:.0f} s). GRPO on its score alone, greedy validation by the rule check:\n\n"
+        f"`python benchmarks/bench_reward_model.py` ({common.machine_line(result)}), seeds "
+        f"{','.join(map(str, seeds))}: median "
+        f"[min-max]. Reward models trained {a.rm_steps} steps (candidates labelled by the rule): held-out pair "
+        f"accuracy {spread(summary['heldout_pair_accuracy'], '.3f')} in {spread(summary['train_seconds'], '.0f')} s. "
+        "GRPO on the model's score alone (the quick start's settings), greedy validation by the rule check it never "
+        "sees, against GRPO on the rule itself:\n\n"
         + common.table(
-            ["step", "reward model's score", "rule check (RM-trained)", "rule check (rule-trained)"],
+            ["step", "reward model's score", "rule check (reward-model run)", "rule check (rule run)"],
             [
                 [
                     s,
-                    f"{rm['val_reward'][s]:.2f}",
-                    f"{rm['val_rule'][s]:.2f}",
-                    f"{rule['val_rule'].get(s, float('nan')):.2f}",
+                    col("reward_model", "val_reward", s),
+                    col("reward_model", "val_rule", s),
+                    col("rule", "val_rule", s),
                 ]
-                for s in sorted(rm["val_rule"])
+                for s in steps
             ],
         )  # fmt: skip
-        + f"\n\nMedian step {rm['step_s_median']:.2f} s with the reward model ({rm['reward_model_s_median']:.2f} s "
-        f"of it scoring), {rule['step_s_median']:.2f} s with the rule; rule check at step {last}: "
-        f"{rm['val_rule'][last]:.2f} (reward model) vs {rule['val_rule'][last]:.2f} (rule)."
+        + f"\n\nMedian step {spread(summary['step_s_reward_model'])} s with the reward model "
+        f"({spread(summary['reward_model_s'])} s of it its forward), {spread(summary['step_s_rule'])} s with the rule."
     )
     common.publish("reward_model", "RL from a learned reward", result, body, check_dir=work if a.quick else None)
     return 0

@@ -28,6 +28,7 @@ import numpy as np
 
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.reward_model.discriminative import RewardModelPlan
+from vlmrl.trainer.step import split_even
 
 __all__ = ["RewardModel", "RewardModelPlan", "effective_reward", "reward_model_plan", "uses_reward_model"]
 
@@ -79,16 +80,6 @@ def effective_reward(cfg: Any) -> Any:
     from omegaconf import OmegaConf
 
     return OmegaConf.merge(cfg.reward, {"components": components})
-
-
-def _split_even(items: list[int], parts: int) -> list[list[int]]:
-    k, r = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = k + (i < r)
-        out.append(items[start : start + size])
-        start += size
-    return out
 
 
 class RewardModel:
@@ -144,7 +135,7 @@ class RewardModel:
         """Each worker scores an equal share of the prompt groups (a worker left without one scores a copy of the
         first, dropped), every worker in the same number of micro-batches (FSDP's collectives pair them up)."""
         n = rollout.n
-        shares = _split_even(list(range(len(prompts))), self.world)
+        shares = split_even(list(range(len(prompts))), self.world)
         real = [bool(g) for g in shares]
         shares = [g or [0] for g in shares]
         n_micro = max(math.ceil(len(g) * n / self.micro) for g in shares)

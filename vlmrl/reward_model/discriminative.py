@@ -83,7 +83,10 @@ class RewardModelWorker:
         """Each sample as its own prompt, rendered in the reward model's chat template: the conversation (prompt
         messages and the decoded response) → the reward model's prompt ids and response ids."""
         tok = self.processor.tokenizer
+        from vlmrl.reward_model.judge import plain_text
+
         texts = self.policy_processor.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        texts = [plain_text(t, tok) for t in texts]
         out_prompts, out_resp = [], []
         for i, text in enumerate(texts):
             p = prompts[i // rollout.n]

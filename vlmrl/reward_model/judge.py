@@ -41,6 +41,17 @@ def parse_verdict(text: str) -> float:
     raise ValueError(f"no number and no yes/no verdict in {text[:120]!r}")
 
 
+def plain_text(text: str, tokenizer: Any) -> str:
+    """``text`` with every special token's spelling broken (``<|image_pad|>`` → ``< |image_pad|>``): a response
+    put into another prompt must not turn into control tokens there (an image pad without its image would fail the
+    whole batch; an end of turn would cut the prompt)."""
+    for tok in sorted(set(tokenizer.all_special_tokens) | {str(t) for t in tokenizer.added_tokens_decoder.values()},
+                      key=len, reverse=True):  # fmt: skip
+        if tok and tok in text:
+            text = text.replace(tok, tok[:1] + " " + tok[1:])
+    return text
+
+
 def question_text(prompt: PromptSample) -> str:
     """The prompt's user text without image or video placeholders (what the judge is told was asked)."""
     parts: list[str] = []
@@ -53,6 +64,22 @@ def question_text(prompt: PromptSample) -> str:
         else:
             parts += [str(c.get("text", "")) for c in content or [] if c.get("type") == "text"]
     return _IMAGE.sub("", "\n".join(parts)).strip()
+
+
+def judge_prompt(processor: Any, template: str, response: str, ground_truth: Any, prompt: PromptSample) -> PromptSample:
+    """The judge's prompt for one response: the record's images and videos, then ``template`` filled with the
+    question, the response and the ground truth, in the judge's chat template (one pad per image, as every engine
+    prompt)."""
+    tok = processor.tokenizer
+    text = template.format_map({"question": plain_text(question_text(prompt), tok),
+                                "response": plain_text(response, tok),
+                                "ground_truth": plain_text(str(ground_truth), tok)})  # fmt: skip
+    content = [{"type": "image"} for _ in prompt.images] + [{"type": "video"} for _ in prompt.videos]
+    content.append({"type": "text", "text": text})
+    messages = [{"role": "user", "content": content}]
+    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = qwen_vl.engine_prompt_ids(processor.tokenizer, rendered, len(prompt.images), len(prompt.videos))
+    return replace(prompt, messages=messages, prompt_text=rendered, prompt_ids=ids)
 
 
 class Judge:
@@ -94,17 +121,10 @@ class Judge:
             self.engine = HFRollout(model, self.processor)
 
     def prompt(self, sample: RewardSample, prompt: PromptSample) -> PromptSample:
-        """The judge's prompt for one response: the record's images and videos, then the filled template, in the
-        judge's chat template (one pad per image, as every engine prompt)."""
-        text = self.cfg.judge.prompt_template.format_map(
-            {"question": question_text(prompt), "response": sample.response, "ground_truth": str(sample.ground_truth)}
+        """The judge's prompt for one response (:func:`judge_prompt`)."""
+        return judge_prompt(
+            self.processor, self.cfg.judge.prompt_template, sample.response, sample.ground_truth, prompt
         )
-        content = [{"type": "image"} for _ in prompt.images] + [{"type": "video"} for _ in prompt.videos]
-        content.append({"type": "text", "text": text})
-        messages = [{"role": "user", "content": content}]
-        rendered = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = qwen_vl.engine_prompt_ids(self.tokenizer, rendered, len(prompt.images), len(prompt.videos))
-        return replace(prompt, messages=messages, prompt_text=rendered, prompt_ids=ids)
 
     def score(self, prompts: list[PromptSample], n: int, samples: list[RewardSample]) -> dict[str, float]:
         """Judge every sample (sample i answers ``prompts[i // n]``) in one engine batch; metrics."""

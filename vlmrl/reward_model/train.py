@@ -1,22 +1,23 @@
 """Train a discriminative reward model from preference pairs (Bradley–Terry, as TRL's RewardTrainer).
 
     python -m vlmrl.reward_model.train --model BASE_DIR --data train.parquet --val-data test.parquet \
-        --output RM_DIR [--steps 300] [--batch-size 16] [--lr 1e-3]
+        --output RM_DIR [--steps 300] [--batch-size 16] [--lr 1e-3] [--label synthetic]
 
 The model is the base Qwen2.5-VL with a one-output score head in place of the language-model head, read at the
 response's last token (``models.forward.last_token_scores``: the same forward the trainer's reward model runs); it
-sees the images. Each step takes ``--batch-size`` pairs and minimises ``-log sigmoid(score(chosen) -
+sees the images. Each step takes ``--batch-size`` records (``--pairs-per-record`` pairs each for labelled
+candidates) and minimises ``-log sigmoid(score(chosen) -
 score(rejected))``. Pairs come from the records (verl's parquet schema, read by the trainer's own dataset code):
 
 - ``chosen`` / ``rejected`` string columns (TRL's preference format, the prompt and images being the record's), or
-- labelled records (``extra_info.choices`` and the ground truth, as ``preprocess/synthetic.py`` writes them): chosen
-  is the right answer (alone or among random word pieces); rejected a wrong one, the right one named beside a wrong
-  one, pieces of an answer repeated (``rererere``), or random tokens of the whole vocabulary, mixed or one repeated
-  (the unformed answers of an untrained policy, and what a policy exploiting the reward model writes: trained without
-  them, the tiny reward model scored ``rererere`` and repeated control bytes above wrong colours, and the policy
-  learned to write them). Each step draws anew.
+- labelled candidates: responses a policy might write (the right answer, another answer, either among random
+  tokens, near-misses of an answer with a token dropped, replaced or repeated, several answers named, random tokens,
+  one token repeated),
+  labelled right or wrong by a reward function (``--label``, default ``synthetic``: the quick-start task's rule), one
+  right and one wrong per pair, drawn anew each step. The labeller plays the human of RLHF: the reward model learns
+  its judgement from examples, and the policy is then trained on the model alone.
 
-Responses end with the end-of-turn token, as the policy's finished responses do. The held-out pair accuracy (share
+Explicit pairs end with the end-of-turn token, as the policy's finished responses do. The held-out pair accuracy (share
 of ``--val-data`` pairs whose chosen response scores higher; one fixed pair per record) is printed and written with
 the losses to ``OUTPUT/vlmrl_reward_model.json``; OUTPUT is a folder ``reward_model.model.path`` takes (the head as
 ``score.weight`` / ``score.bias``, as verl's and transformers' classification models name it).
@@ -48,60 +49,104 @@ from vlmrl.workers.policy import load_model
 
 @dataclass
 class Pairs:
-    """Where a dataset's pairs come from: explicit columns, or each record's choices."""
+    """Where a dataset's pairs come from: explicit columns, or candidates labelled by a reward function."""
 
     ds: RLDataset
     chosen: list[str] | None
-    """Per source row: the ``chosen`` column (None: labelled records)."""
+    """Per source row: the ``chosen`` column (None: labelled candidates)."""
     rejected: list[str] | None
-    decode: Any
-    """The tokenizer's ``decode``: unformed text is random token ids of the whole vocabulary, decoded."""
-    vocab: int
+    tok: Any
+    """The tokenizer (candidates are token sequences, as a policy writes them)."""
+    label: Any = None
+    """``label(sample) -> float``: the reward function that labels candidates (>= 0.5: right)."""
 
     def row(self, p: PromptSample) -> int:
         """The source row of a record (its uid is ``<file>:<row>``)."""
         return int(p.uid.rsplit(":", 1)[1])
 
-    def pair(self, p: PromptSample, rng: random.Random) -> tuple[tuple[str, bool], tuple[str, bool]]:
-        """((chosen, ends), (rejected, ends)) for one record; ``ends``: the response ends with the end-of-turn
-        token (always for explicit pairs; a coin flip for labelled records, so a cut-off answer is judged by what
-        it says)."""
+    def ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def pair(self, p: PromptSample, rng: random.Random) -> tuple[tuple[list[int], bool], tuple[list[int], bool]]:
+        """((chosen ids, ends), (rejected ids, ends)) for one record; ``ends``: the response ends with the
+        end-of-turn token (always for explicit pairs; a coin flip for candidates, so a cut-off answer is judged by
+        what it says)."""
         if self.chosen is not None and self.rejected is not None:
-            return (self.chosen[self.row(p)], True), (self.rejected[self.row(p)], True)
+            return (self.ids(self.chosen[self.row(p)]), True), (self.ids(self.rejected[self.row(p)]), True)
+        right = wrong = None
+        for _ in range(200):  # draw candidates until one of each label
+            ids = self.candidate(p, rng, want_right=right is None)
+            ok = self.is_right(p, ids)
+            if ok and right is None:
+                right = ids
+            elif not ok and wrong is None:
+                wrong = ids
+            if right is not None and wrong is not None:
+                return (right, rng.random() < 0.5), (wrong, rng.random() < 0.5)
+        raise ValueError(f"{p.uid}: the label function found no right and wrong candidates in 200 draws")
+
+    def plain_ids(self) -> list[int]:
+        """Token ids a policy can write: every id but the special ones (end of turn, image and video pads)."""
+        if not hasattr(self, "_plain"):
+            special = set(self.tok.all_special_ids) | set(self.tok.added_tokens_decoder)
+            self._plain = [i for i in range(len(self.tok)) if i not in special]
+        return self._plain
+
+    def is_right(self, p: PromptSample, ids: list[int]) -> bool:
+        """The label function's verdict on a candidate (its decoded text)."""
+        from vlmrl.batch import RewardSample
+
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        sample = RewardSample(response=text, prompt=p.prompt_text, ground_truth=p.ground_truth,
+                              data_source=p.data_source, extra_info=p.extra_info, images=p.images)  # fmt: skip
+        from vlmrl.scoring.loading import normalize
+
+        return normalize(self.label(sample))[0] >= 0.5
+
+    def candidate(self, p: PromptSample, rng: random.Random, want_right: bool) -> list[int]:
+        """One response a policy might write: the right answer (when ``want_right``, half the time; alone or said
+        again and again), another answer, either with random tokens around it, near-misses of an answer (a token
+        dropped or replaced, a piece of it repeated, pieces of two answers glued together), several answers named,
+        random tokens, one token repeated; at most 12 tokens."""
         truth = str(p.ground_truth)
-        wrong = [c for c in _choices(p) if c != truth]
-        if not wrong:
-            raise ValueError(f"{p.uid}: no chosen/rejected columns, and no wrong answer in extra_info.choices")
+        answers = _choices(p) or [truth]
+        plain = self.plain_ids()
 
-        def noise(k: int) -> list[str]:  # random tokens of the whole vocabulary, or one of them repeated
+        def noise(k: int) -> list[int]:
             if rng.random() < 0.5:
-                return [self.decode([rng.randrange(self.vocab) for _ in range(k)])]
-            return [self.decode([rng.randrange(self.vocab)] * k)]
+                return [rng.choice(plain) for _ in range(k)]
+            return [rng.choice(plain)] * k
 
-        def among(word: str) -> str:  # a word said among unformed text, as an untrained policy might
-            parts = noise(rng.randint(0, 3))
-            parts.insert(rng.randint(0, len(parts)), word)
-            return " ".join(parts)
-
-        def fragments() -> str:  # pieces of an answer, repeated: what a policy tries when pieces score
-            word = truth if rng.random() < 0.7 else rng.choice(wrong)
-            a = rng.randrange(len(word))
-            piece = word[a : rng.randint(a + 1, max(a + 1, len(word) - (a == 0)))]
-            return (" " if rng.random() < 0.3 else "").join([piece] * rng.randint(1, 8))
-
-        chosen = truth if rng.random() < 0.5 else among(truth)
+        word = truth if (want_right and rng.random() < 0.5) else rng.choice(answers)
+        ids = self.ids(word if rng.random() < 0.5 else " " + word)
         kind = rng.random()
-        if kind < 0.2:
-            rejected = rng.choice(wrong) if rng.random() < 0.5 else among(rng.choice(wrong))
-        elif kind < 0.3:
-            both = [truth, rng.choice(wrong)]
-            rng.shuffle(both)
-            rejected = " ".join(both)
-        elif kind < 0.5:
-            rejected = fragments()
-        else:
-            rejected = " ".join(noise(rng.randint(1, 8)))
-        return (chosen, rng.random() < 0.5), (rejected, rng.random() < 0.5)
+        if want_right and kind < 0.3:  # the answer alone, or said again and again
+            ids = ids if rng.random() < 0.5 else self.ids(" ".join([word] * rng.randint(2, 6)))
+        elif kind < 0.4:
+            ids = noise(rng.randint(0, 3)) + self.ids(" " + word + " ") + noise(rng.randint(0, 3))
+        elif kind < 0.65:  # a near-miss of the answer
+            op = rng.randrange(5)
+            k = rng.randrange(len(ids))
+            if op == 0 and len(ids) > 1:
+                ids = ids[:k] + ids[k + 1 :]
+            elif op == 1:
+                ids = ids[:k] + [rng.choice(plain)] + ids[k + 1 :]
+            elif op == 2:  # a piece of it, repeated
+                a = rng.randrange(len(ids))
+                ids = ids[a : rng.randint(a + 1, len(ids))] * rng.randint(2, 8)
+            elif op == 3:  # pieces of two answers glued together, repeated
+                other = self.ids(rng.choice(answers))
+                ids = (ids[rng.randrange(len(ids)) :] + other[rng.randrange(len(other)) :]) * rng.randint(1, 4)
+            else:
+                ids = noise(rng.randint(1, 3)) + ids
+        elif kind < 0.88:
+            ids = noise(rng.randint(1, 8))
+        else:  # several answers named, one of them perhaps many times
+            words = [rng.choice(answers) for _ in range(rng.randint(2, 8))]
+            if len(answers) > 1 and len(set(words)) == 1:
+                words[rng.randrange(len(words))] = rng.choice([a for a in answers if a != words[0]])
+            ids = self.ids(" " + " ".join(words))
+        return ids[:12]
 
 
 def _choices(p: PromptSample) -> list[str]:
@@ -109,28 +154,28 @@ def _choices(p: PromptSample) -> list[str]:
     return [str(c) for c in (choices.tolist() if hasattr(choices, "tolist") else choices or [])]
 
 
-def load_pairs(path: str, processor: Any) -> Pairs:
-    """A parquet file's records and where their pairs come from."""
+def load_pairs(path: str, processor: Any, label: str = "synthetic") -> Pairs:
+    """A parquet file's records and where their pairs come from (``label``: the reward function, by registry name
+    or ``file.py:fn``, that labels candidates when the file has no chosen / rejected columns)."""
+    from vlmrl.scoring.loading import make_reward_fn
+
     ds = RLDataset(path, processor, DataConfig(train_files=path, max_prompt_length=4096), split="train")
     names = pq.read_schema(path).names
     chosen = rejected = None
     if "chosen" in names and "rejected" in names:
         table = pq.read_table(path, columns=["chosen", "rejected"])
-        chosen, rejected = (
-            [str(x) for x in table["chosen"].to_pylist()],
-            [str(x) for x in table["rejected"].to_pylist()],
-        )
+        chosen = [str(x) for x in table["chosen"].to_pylist()]
+        rejected = [str(x) for x in table["rejected"].to_pylist()]
     elif "chosen" in names or "rejected" in names:
         raise ValueError(f"{path}: has one of the chosen / rejected columns; a preference pair needs both")
-    tok = processor.tokenizer
-    return Pairs(ds, chosen, rejected, lambda ids: tok.decode(ids, skip_special_tokens=True), len(tok))
+    return Pairs(ds, chosen, rejected, processor.tokenizer, None if chosen is not None else make_reward_fn(label))
 
 
 def pair_inputs(prompts: list[PromptSample], pairs: list[Any], processor: Any, eos: int, pad: int) -> Any:
-    """Model inputs of 2 samples per prompt: its chosen then its rejected response (``(text, ends)``: ending with
+    """Model inputs of 2 samples per prompt: its chosen then its rejected response (``(ids, ends)``: ending with
     ``eos`` when ``ends``)."""
     tok = processor.tokenizer
-    responses = [tok(t, add_special_tokens=False)["input_ids"] + [eos] * ends for pair in pairs for t, ends in pair]
+    responses = [list(ids) + [eos] * ends for pair in pairs for ids, ends in pair]
     images = process_images(processor, prompts)
     merge = int(getattr(processor.image_processor, "merge_size", 2))
     vision = qwen_vl.vision_token_ids(tok)
@@ -177,10 +222,13 @@ def train_reward_model(
     batch_size: int = 16,
     lr: float = 1e-3,
     seed: int = 0,
+    label: str = "synthetic",
+    pairs_per_record: int = 3,
     log_every: int = 50,
 ) -> dict[str, float]:
     """Train a reward model on ``data``'s pairs, save it to ``output`` and return its figures (first and last loss,
-    train and held-out pair accuracy, seconds)."""
+    train and held-out pair accuracy, seconds). ``pairs_per_record``: labelled candidates drawn per record and step
+    (explicit pairs: 1)."""
     from safetensors.torch import save_file
     from transformers import AutoProcessor
 
@@ -190,7 +238,8 @@ def train_reward_model(
     tok = processor.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    train, val = load_pairs(data, processor), load_pairs(val_data, processor) if val_data else None
+    train = load_pairs(data, processor, label)
+    val = load_pairs(val_data, processor, label) if val_data else None
     model = load_model(model_path, device, where=f"--model {model_path}")
     add_value_head(model, model_path)
     model.train()
@@ -199,8 +248,10 @@ def train_reward_model(
     rng = random.Random(seed)
     sw = Timer.start()
     out: dict[str, float] = {"steps": float(steps)}
+    recent: list[float] = []
     for step in range(1, steps + 1):
         prompts = train.ds.get_batch(rng.sample(range(len(train.ds)), min(batch_size, len(train.ds))))
+        prompts = prompts * (pairs_per_record if train.chosen is None else 1)
         x = pair_inputs(prompts, [train.pair(p, rng) for p in prompts], processor, eos, pad)
         s, extra = pair_scores(model, x, vision_ids, device)
         loss = -torch.nn.functional.logsigmoid(s[:, 0] - s[:, 1]).mean() + extra
@@ -211,6 +262,8 @@ def train_reward_model(
         if step == 1:
             out["first_loss"] = loss.item()
         out["loss"] = loss.item()
+        recent = (recent + [loss.item()])[-20:]
+        out["loss_last_20_mean"] = sum(recent) / len(recent)
         out["train_pair_accuracy_last_batch"] = float((s[:, 0] > s[:, 1]).float().mean())
         if step % log_every == 0 or step in (1, steps):
             print(f"[reward_model] step {step}/{steps} loss {loss.item():.4f} batch accuracy "
@@ -228,7 +281,8 @@ def train_reward_model(
     tensors = {k: v.detach().contiguous() for k, v in export_names(model.state_dict()).items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     processor.save_pretrained(folder)
-    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr, **out}
+    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr,
+            "label": label, "pairs_per_record": pairs_per_record, **out}  # fmt: skip
     (folder / "vlmrl_reward_model.json").write_text(json.dumps(info, indent=2))
     return out
 
@@ -241,12 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-data", help="held-out records (parquet): their pair accuracy is reported")
     ap.add_argument("--output", required=True, help="the reward model's folder")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch-size", type=int, default=16, help="pairs per step")
+    ap.add_argument("--batch-size", type=int, default=16, help="records per step")
+    ap.add_argument("--pairs-per-record", type=int, default=3, help="labelled candidate pairs per record and step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--label",
+        default="synthetic",
+        help="the reward function that labels candidate responses (registry name or file.py:fn)",
+    )
     a = ap.parse_args(argv)
     train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
-                       lr=a.lr, seed=a.seed)  # fmt: skip
+                       lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record)  # fmt: skip
     return 0
 
 

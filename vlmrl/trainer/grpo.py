@@ -1,7 +1,8 @@
 """The training loop (GRPO family and actor-critic PPO): one ``fit()`` a reader can follow top to bottom, each stage
 of a step one call.
 
-sample prompts → rollout (n per prompt, on every worker) → rewards (driver) [→ more batches: dynamic sampling]
+sample prompts → rollout (n per prompt, on every worker) → [reward model: every worker scores its share, or the
+  driver's judge] → rewards (driver) [→ more batches: dynamic sampling]
   → engines sleep → advantages (driver) → old/ref log-probs + update (every worker, its shard) → weight push (every
   worker's engine, awake again) → metrics → validation / checkpoint
 

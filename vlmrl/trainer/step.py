@@ -41,9 +41,11 @@ class StepData:
 
 
 def split_even(items: list[Any], parts: int) -> list[list[Any]]:
-    """Split into ``parts`` contiguous chunks of equal size (the caller guarantees divisibility)."""
-    k = len(items) // parts
-    return [items[i * k : (i + 1) * k] for i in range(parts)]
+    """Split into ``parts`` contiguous chunks of equal size (one more item in each of the first ``len(items) %
+    parts`` chunks when they do not divide evenly; some chunks are empty when there are fewer items than parts)."""
+    k, r = divmod(len(items), parts)
+    bounds = [i * k + min(i, r) for i in range(parts + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(parts)]
 
 
 def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepData:
