@@ -405,7 +405,7 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     env = script_env(tmp_path / "home", SMOKE="1", DATA=str(tmp_path / "data"), OUT=str(run_dir),
                      PYTHON=sys.executable, RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # fmt: skip
     del env["VLMRL_DRY_RUN"]
-    quick = script.name in ("quickstart_cpu.sh", "ppo_cpu.sh", "length_aware_cpu.sh")  # OUT is the run folder
+    quick = script.name in ("quickstart_cpu.sh", "ppo_cpu.sh", "length_aware_cpu.sh", "reward_model_cpu.sh")
     args = [] if quick else [f"trainer.default_local_dir={run_dir}"]
     proc = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
@@ -426,6 +426,12 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
                    for r in rows[1:])  # fmt: skip
         assert (run_dir / "report.html").is_file() and "id='panel-critic'" in (run_dir / "report.html").read_text()
         assert "[quickstart] tiny model:" in log and "ppo_tiny_cpu" not in log.split("[quickstart] tiny model:")[0]
+        return
+    if script.name == "reward_model_cpu.sh":  # a reward model trained, then the quick start on its score alone
+        assert "[reward_model] step 20/20" in log and (run_dir / "reward_model" / "model.safetensors").is_file()
+        assert all(r["reward/rm/mean"] == pytest.approx(r["reward_model/score/mean"]) and "reward/rule/mean" in r
+                   for r in rows[1:])  # fmt: skip
+        assert "val/reward/rule/mean" in rows[2] and "id='panel-reward_model'" in (run_dir / "report.html").read_text()
         return
     if script.name == "length_aware_cpu.sh":  # the quick start's pipeline with an algorithm class of the user's
         assert all(0.0 <= r["algorithm/in_window"] <= 1.0 and r["algorithm/max_length"] == 5.0 and

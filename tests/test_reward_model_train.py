@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from runs import base_args, make_colour_data, metrics, run_to_end
+from utils import synthetic_data
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +26,7 @@ def test_grpo_on_a_learned_reward_alone_learns_the_colour_task(tiny_model_dir, t
     validation before training is at most 0.05; the model's score rises with it. Seed 1 (the reward model's and
     the run's): on some seeds the tiny policy settles on two of the three colours whichever reward it gets (the
     README's figures are over 3 seeds, with the rule-rewarded run beside them), and a test needs one that does not."""
-    pairs = tmp_path / "pairs"
-    subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(pairs), "--families", "colour",
-         "--image-size", "112", "--train-size", "512", "--test-size", "96", "--seed", "0", "--no-progress"],
-        check=True, capture_output=True, cwd=REPO,
-    )  # fmt: skip
+    pairs = synthetic_data(tmp_path / "pairs", train=512, test=96, size=112)
     rm = tmp_path / "rm"
     proc = subprocess.run(
         [sys.executable, "-m", "vlmrl.reward_model.train", "--model", tiny_model_dir, "--data",

@@ -29,6 +29,7 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,39 @@ def pair_accuracy(model: torch.nn.Module, pairs: Pairs, processor: Any, eos: int
     return right / max(1, total)
 
 
+def optimise(
+    model: torch.nn.Module,
+    step_loss: Callable[[random.Random], tuple[torch.Tensor, dict[str, float]]],
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    tag: str,
+    log_every: int,
+) -> dict[str, float]:
+    """``steps`` AdamW steps (gradients clipped at 1) on ``step_loss(rng)``'s loss, which also returns metrics to
+    keep; the figures: first loss, last loss and the mean of the last 20, the metrics, seconds."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    sw = Timer.start()
+    out: dict[str, float] = {"steps": float(steps)}
+    recent: list[float] = []
+    for step in range(1, steps + 1):
+        loss, metrics = step_loss(rng)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        out.setdefault("first_loss", loss.item())
+        recent = (recent + [loss.item()])[-20:]
+        out |= {"loss": loss.item(), "loss_last_20_mean": sum(recent) / len(recent), **metrics}
+        if step % log_every == 0 or step in (1, steps):
+            shown = "".join(f" {k} {v:.2f}" for k, v in metrics.items())
+            print(f"[{tag}] step {step}/{steps} loss {loss.item():.4f}{shown} ({sw.elapsed:.0f} s)", flush=True)
+    out["train_seconds"] = sw.elapsed
+    return out
+
+
 def train_reward_model(
     model_path: str,
     data: str,
@@ -244,31 +278,16 @@ def train_reward_model(
     add_value_head(model, model_path)
     model.train()
     vision_ids = qwen_vl.vision_token_ids(tok)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    rng = random.Random(seed)
-    sw = Timer.start()
-    out: dict[str, float] = {"steps": float(steps)}
-    recent: list[float] = []
-    for step in range(1, steps + 1):
+
+    def step_loss(rng: random.Random) -> tuple[torch.Tensor, dict[str, float]]:
         prompts = train.ds.get_batch(rng.sample(range(len(train.ds)), min(batch_size, len(train.ds))))
         prompts = prompts * (pairs_per_record if train.chosen is None else 1)
         x = pair_inputs(prompts, [train.pair(p, rng) for p in prompts], processor, eos, pad)
         s, extra = pair_scores(model, x, vision_ids, device)
         loss = -torch.nn.functional.logsigmoid(s[:, 0] - s[:, 1]).mean() + extra
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step == 1:
-            out["first_loss"] = loss.item()
-        out["loss"] = loss.item()
-        recent = (recent + [loss.item()])[-20:]
-        out["loss_last_20_mean"] = sum(recent) / len(recent)
-        out["train_pair_accuracy_last_batch"] = float((s[:, 0] > s[:, 1]).float().mean())
-        if step % log_every == 0 or step in (1, steps):
-            print(f"[reward_model] step {step}/{steps} loss {loss.item():.4f} batch accuracy "
-                  f"{out['train_pair_accuracy_last_batch']:.2f} ({sw.elapsed:.0f} s)", flush=True)  # fmt: skip
-    out["train_seconds"] = sw.elapsed
+        return loss, {"train_pair_accuracy_last_batch": float((s[:, 0] > s[:, 1]).float().mean())}
+
+    out = optimise(model, step_loss, steps=steps, lr=lr, seed=seed, tag="reward_model", log_every=log_every)
     if val is not None:
         out["heldout_pair_accuracy"] = pair_accuracy(model, val, processor, eos, pad, device)
         out["heldout_pairs"] = float(len(val.ds))

@@ -31,8 +31,7 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, process_images, to_device
 from vlmrl.reward_model.judge import judge_prompt
-from vlmrl.reward_model.train import Pairs, load_pairs
-from vlmrl.timing import Timer
+from vlmrl.reward_model.train import Pairs, load_pairs, optimise
 from vlmrl.workers.policy import load_model
 
 VERDICTS = ("0", "1")
@@ -100,26 +99,14 @@ def train_judge(
     train = load_pairs(data, processor, label)
     val = load_pairs(val_data, processor, label) if val_data else None
     model = load_model(model_path, device, where=f"--model {model_path}").train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    rng = random.Random(seed)
-    sw = Timer.start()
-    out: dict[str, float] = {"steps": float(steps)}
-    recent: list[float] = []
-    for step in range(1, steps + 1):
+
+    def step_loss(rng: random.Random) -> tuple[torch.Tensor, dict[str, float]]:
         prompts = train.ds.get_batch(rng.sample(range(len(train.ds)), min(batch_size, len(train.ds))))
         x, truth = verdict_inputs(prompts, train, processor, template, rng)
         lp, extra = verdict_logprobs(model, x, vid, device)
-        loss = -lp[torch.arange(len(truth)), torch.tensor(truth)].mean() + extra
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        out.setdefault("first_loss", loss.item())
-        recent = (recent + [loss.item()])[-20:]
-        out["loss_last_20_mean"] = sum(recent) / len(recent)
-        if step % log_every == 0 or step in (1, steps):
-            print(f"[judge] step {step}/{steps} loss {loss.item():.4f} ({sw.elapsed:.0f} s)", flush=True)
-    out["train_seconds"] = sw.elapsed
+        return -lp[torch.arange(len(truth)), torch.tensor(truth)].mean() + extra, {}
+
+    out = optimise(model, step_loss, steps=steps, lr=lr, seed=seed, tag="judge", log_every=log_every)
     if val is not None:
         out["heldout_verdict_accuracy"] = verdict_accuracy(model, val, processor, template, device)
         out["heldout_candidates"] = float(2 * len(val.ds))
