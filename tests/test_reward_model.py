@@ -529,3 +529,19 @@ def test_a_failing_reward_model_call_is_that_batchs_error(tiny_processor):
     metrics = rm.score(prompts, rb, samples)
     assert all(s.rm_score is None and "engine died" in s.rm_error for s in samples)
     assert metrics["reward_model/errors"] == 4
+
+
+@pytest.mark.slow
+def test_the_models_score_alone_on_the_one_step_off_policy_trainer(tiny_model_dir, trained, colour, tmp_path):
+    """With no reward configured the model's score is the whole reward (verl's behaviour), and the reward model
+    runs on the training pool of ``hybrid_engine=False`` (the rollout pool holds engines only): every sample is
+    scored, one step stale as the trainer's batches are."""
+    folder, _ = trained
+    rows = _run(tiny_model_dir, colour, tmp_path / "run", "reward_model.enable=True",
+                f"reward_model.model.path={folder}", "actor_rollout_ref.hybrid_engine=False",
+                "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.total_training_steps=3")  # fmt: skip
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0]
+    assert all(r["reward_model/errors"] == 0 and r["reward/mean"] == r["reward/rm/mean"] for r in steps)
+    components = {k.split("/")[1] for k in steps[0] if k.startswith("reward/") and k.count("/") == 2}
+    assert components == {"rm"}, components
