@@ -545,3 +545,44 @@ def test_the_models_score_alone_on_the_one_step_off_policy_trainer(tiny_model_di
     assert all(r["reward_model/errors"] == 0 and r["reward/mean"] == r["reward/rm/mean"] for r in steps)
     components = {k.split("/")[1] for k in steps[0] if k.startswith("reward/") and k.count("/") == 2}
     assert components == {"rm"}, components
+
+
+def test_the_engine_sleeps_for_the_reward_model_and_wakes_for_the_next_rollout():
+    """On GPU the worker's engine gives its memory to the reward model's forward (verl's order) and wakes, weights
+    kept, for the next rollout (dynamic sampling's, validation's, the next step's): the worker's own calls, with an
+    engine that records its state (on CPU sleep and wake free nothing)."""
+    from vlmrl.rollout.base import SamplingSpec
+    from vlmrl.workers.hybrid import HybridWorker
+
+    class Engine:
+        asleep = False
+        log: list[str] = []
+
+        def sleep(self):
+            self.asleep = True
+            self.log.append("sleep")
+
+        def wake(self):
+            self.asleep = False
+            self.log.append("wake")
+
+        def generate(self, prompts, spec):
+            assert not self.asleep, "generated while asleep"
+            self.log.append("generate")
+            return RolloutBatch([[1]], [[2]], [[0.0]], ["stop"], n=1)
+
+    class Scorer:
+        def inputs(self, prompts, rollout):
+            assert engine.asleep, "the reward model ran beside an awake engine"
+            return None, 0
+
+        def score(self, x, n_micro):
+            return torch.zeros(1)
+
+    engine = Engine()
+    w = HybridWorker.__new__(HybridWorker)
+    w.engine, w.reward_model, w.rank, w.agent, w.tp, w.role, w.engine_group = engine, Scorer(), 0, None, 1, "rollout", 0
+    w.train_spec = w.val_spec = SamplingSpec()
+    assert w.score_rewards([], RolloutBatch([], [], [], [], n=1), 1) == ([0.0], None, 0)
+    w.generate(["a prompt"])
+    assert engine.log == ["sleep", "wake", "generate"]

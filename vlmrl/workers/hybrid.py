@@ -239,6 +239,8 @@ class HybridWorker:
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
+        if getattr(self.engine, "asleep", False):  # asleep for the reward model (GPU): its weights kept in host memory
+            self.engine.wake()
         if seed is not None:
             torch.manual_seed(seed + self.engine_group)
         if self.tp > 1:
@@ -256,6 +258,8 @@ class HybridWorker:
         cut."""
         if self.reward_model is None:
             raise RuntimeError(f"worker {self.rank} holds no reward model")
+        if self.engine is not None:  # GPU: the engine's memory to the reward model first, as verl does (CPU: no-op);
+            self.engine.sleep()  # the next rollout, or the weight push, wakes it
         try:
             x, cut = self.reward_model.inputs(prompts, rollout)
             return self.reward_model.score(x, n_micro).tolist(), None, cut
