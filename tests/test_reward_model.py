@@ -381,6 +381,10 @@ def test_the_config_gate(tiny_model_dir, trained, colour, tmp_path):
     assert "reward_model.judge.parse" in _p(
         "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.style=generative",
         "reward.function=null", f"reward_model.judge.parse={tmp_path}/none.py:f", model=m)  # fmt: skip
+    assert "re-renders single-turn conversations only" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
+        "reward_model.model.input_tokenizer=x", "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path}/tools.yaml", model=m)  # fmt: skip
     # the fixes: the model's score is the whole reward, or a component beside a rule reward
     assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
                      model=m) == ""  # fmt: skip

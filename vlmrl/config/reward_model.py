@@ -113,6 +113,9 @@ def reward_model_problems(cfg: Any) -> list[str]:
         p.append("reward_model.enable=True, but the configured reward does not use its score: add "
                  "{function: reward_model, name: rm, weight: 1.0} to reward.components (or leave reward.* unset: "
                  "the model's score is then the whole reward).")  # fmt: skip
+    if rm.model.input_tokenizer is not None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        p.append("reward_model.model.input_tokenizer re-renders single-turn conversations only: a multi-turn run's "
+                 "reward model reads the policy's own ids (unset input_tokenizer).")  # fmt: skip
     if rm.micro_batch_size_per_gpu < 1:
         p.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu}: must be >= 1.")
     if rm.max_length is not None and rm.max_length < 2:
