@@ -17,9 +17,10 @@ from utils import make_prompt, noise, solid, synthetic_data
 
 from vlmrl.batch import RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, load, translate
+from vlmrl.config.plan import RewardModelPlan
 from vlmrl.config.reward_model import JudgeConfig, JudgeRolloutConfig, RewardModelConfig, RewardModelModelConfig
 from vlmrl.models import qwen_vl
-from vlmrl.reward_model.discriminative import RewardModelPlan, RewardModelWorker
+from vlmrl.reward_model.discriminative import RewardModelWorker
 from vlmrl.reward_model.judge import Judge, parse_verdict, question_text
 from vlmrl.reward_model.train import train_reward_model
 from vlmrl.rewards.model import reward_model_score

@@ -34,10 +34,10 @@ from vlmrl.config.plan import (
     rollout_world,
     separate_pools,
 )
+from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
 from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
-from vlmrl.reward_model import effective_reward
 from vlmrl.scoring import RewardManager
 from vlmrl.tools.config import build_tools, config_tool_schemas
 

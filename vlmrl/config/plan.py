@@ -122,6 +122,20 @@ def reference_needed(cfg: VLMRLConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+@dataclass(frozen=True)
+class RewardModelPlan:
+    """What a worker needs to build the discriminative reward model (``reward_model.*``, resolved by the driver)."""
+
+    path: str
+    trust_remote_code: bool
+    micro_batch_size: int
+    max_length: int | None
+    rerender: bool
+    """``model.input_tokenizer`` is set: re-render each conversation in the reward model's own template."""
+    param_offload: bool
+    dtype: str
+
+
 @dataclass
 class CriticPlan:
     """The critic's settings with every "the actor's value" default resolved (``critic_plan``)."""
@@ -210,19 +224,27 @@ class WorkerPlan:
     """``algorithm.plugins``: files/modules the worker imports before it looks up the policy loss."""
     algorithm: tuple[str | None, dict[str, Any]] = (None, {})
     """``algorithm.name`` and its ``params``: the class each worker builds (its state arrives with each shard)."""
-    reward_model: Any = None
-    """The discriminative reward model the training workers hold (``vlmrl.reward_model.RewardModelPlan``; None:
-    none)."""
+    reward_model: RewardModelPlan | None = None
+    """The discriminative reward model the training workers hold (None: none, or a judge)."""
     role: str = "hybrid"
     """hybrid (policy, reference and engine in one worker) | actor (the training pool of ``hybrid_engine=False``:
     policy, reference, critic; no engine) | rollout (its rollout pool: the engine only)."""
 
 
-def reward_model_plan(cfg: VLMRLConfig) -> Any:
-    """The workers' discriminative reward model (``vlmrl.reward_model.reward_model_plan``; None: none or a judge)."""
-    from vlmrl.reward_model import reward_model_plan as plan_of
-
-    return plan_of(cfg)
+def reward_model_plan(cfg: VLMRLConfig) -> RewardModelPlan | None:
+    """The workers' discriminative reward model (None: no reward model, or a judge)."""
+    rm = cfg.reward_model
+    if not rm.enable or rm.style != "discriminative":
+        return None
+    return RewardModelPlan(
+        path=str(rm.model.path),
+        trust_remote_code=bool(rm.model.trust_remote_code),
+        micro_batch_size=int(rm.micro_batch_size_per_gpu),
+        max_length=rm.max_length,
+        rerender=rm.model.input_tokenizer is not None,
+        param_offload=bool(rm.model.fsdp_config.param_offload),
+        dtype=str(rm.model.fsdp_config.dtype),
+    )
 
 
 def worker_plan(

@@ -4,6 +4,7 @@ workers, or a generative judge (a VLM on its own engine) run by the driver. Thei
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import string
@@ -98,8 +99,6 @@ class RewardModelConfig:
 def reward_model_problems(cfg: Any) -> list[str]:
     """Problems of ``reward_model.*`` values, and of a reward that reads a reward model that is off (or ignores one
     that is on); every one says how to fix it."""
-    from vlmrl.reward_model import uses_reward_model
-
     rm, p = cfg.reward_model, []
     used = uses_reward_model(cfg.reward, cfg.custom_reward_function)
     if not rm.enable:
@@ -174,3 +173,36 @@ def reward_model_environment(cfg: Any) -> list[str]:
         except Exception as e:  # noqa: BLE001 - unreadable weights are the folder's problem too
             return [str(e)]
     return []
+
+
+def uses_reward_model(reward_cfg: Any, custom_cfg: Any) -> bool | None:
+    """Whether the configured reward reads the model's score: True when a component or the function is
+    ``reward_model``, None when a custom function decides (it may read ``sample.rm_score``), False otherwise."""
+    if custom_cfg is not None and custom_cfg.path:
+        return None
+    entries = list(reward_cfg.components or [])
+    for spec in (reward_cfg.dispatch or {}).values():
+        if isinstance(spec, str):
+            entries.append({"function": spec})
+        elif isinstance(spec, dict) or hasattr(spec, "get"):
+            entries += list(spec.get("components") or []) or [spec]
+    names = [reward_cfg.function] + [e.get("function") if hasattr(e, "get") else e for e in entries]
+    return "reward_model" in names
+
+
+def reward_unset(reward_cfg: Any, custom_cfg: Any) -> bool:
+    """No reward function, component, dispatch or custom function was configured."""
+    return not (reward_cfg.function or reward_cfg.components or reward_cfg.dispatch or (custom_cfg and custom_cfg.path))
+
+
+def effective_reward(cfg: Any) -> Any:
+    """``cfg.reward``, or, with a reward model and no reward configured, the reward model's score alone (verl's
+    behaviour: the model's score is the reward) as the component ``rm``."""
+    if not cfg.reward_model.enable or not reward_unset(cfg.reward, cfg.custom_reward_function):
+        return cfg.reward
+    components = [{"function": "reward_model", "name": "rm", "weight": 1.0}]
+    if dataclasses.is_dataclass(cfg.reward):
+        return dataclasses.replace(cfg.reward, components=components)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg.reward, {"components": components})

@@ -20,66 +20,15 @@ Training a reward model: ``python -m vlmrl.reward_model.train`` (Bradley–Terry
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
-from vlmrl.reward_model.discriminative import RewardModelPlan
 from vlmrl.trainer.step import split_even
 
-__all__ = ["RewardModel", "RewardModelPlan", "effective_reward", "reward_model_plan", "uses_reward_model"]
-
-
-def reward_model_plan(cfg: Any) -> RewardModelPlan | None:
-    """The workers' discriminative reward model (None: no reward model, or a judge)."""
-    rm = cfg.reward_model
-    if not rm.enable or rm.style != "discriminative":
-        return None
-    return RewardModelPlan(
-        path=str(rm.model.path),
-        trust_remote_code=bool(rm.model.trust_remote_code),
-        micro_batch_size=int(rm.micro_batch_size_per_gpu),
-        max_length=rm.max_length,
-        rerender=rm.model.input_tokenizer is not None,
-        param_offload=bool(rm.model.fsdp_config.param_offload),
-        dtype=str(rm.model.fsdp_config.dtype),
-    )
-
-
-def uses_reward_model(reward_cfg: Any, custom_cfg: Any) -> bool | None:
-    """Whether the configured reward reads the model's score: True when a component or the function is
-    ``reward_model``, None when a custom function decides (it may read ``sample.rm_score``), False otherwise."""
-    if custom_cfg is not None and custom_cfg.path:
-        return None
-    entries = list(reward_cfg.components or [])
-    for spec in (reward_cfg.dispatch or {}).values():
-        if isinstance(spec, str):
-            entries.append({"function": spec})
-        elif isinstance(spec, dict) or hasattr(spec, "get"):
-            entries += list(spec.get("components") or []) or [spec]
-    names = [reward_cfg.function] + [e.get("function") if hasattr(e, "get") else e for e in entries]
-    return "reward_model" in names
-
-
-def reward_unset(reward_cfg: Any, custom_cfg: Any) -> bool:
-    """No reward function, component, dispatch or custom function was configured."""
-    return not (reward_cfg.function or reward_cfg.components or reward_cfg.dispatch or (custom_cfg and custom_cfg.path))
-
-
-def effective_reward(cfg: Any) -> Any:
-    """``cfg.reward``, or, with a reward model and no reward configured, the reward model's score alone (verl's
-    behaviour: the model's score is the reward) as the component ``rm``."""
-    if not cfg.reward_model.enable or not reward_unset(cfg.reward, cfg.custom_reward_function):
-        return cfg.reward
-    components = [{"function": "reward_model", "name": "rm", "weight": 1.0}]
-    if dataclasses.is_dataclass(cfg.reward):
-        return dataclasses.replace(cfg.reward, components=components)
-    from omegaconf import OmegaConf
-
-    return OmegaConf.merge(cfg.reward, {"components": components})
+__all__ = ["RewardModel"]
 
 
 class RewardModel:

@@ -9,7 +9,7 @@ re-rendered in its own chat template and processor. Its score is the head's outp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +17,11 @@ import torch
 import torch.distributed as dist
 
 from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.config.plan import RewardModelPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import last_token_scores
 from vlmrl.models.inputs import ModelInputs, build_inputs, process_images, process_response_images, to_device
 from vlmrl.models.value_head import add_value_head, saved_value_head
-
-
-@dataclass(frozen=True)
-class RewardModelPlan:
-    """What a worker needs to build the discriminative reward model (``reward_model.*``, resolved by the driver)."""
-
-    path: str
-    trust_remote_code: bool
-    micro_batch_size: int
-    max_length: int | None
-    rerender: bool
-    """``model.input_tokenizer`` is set: re-render each conversation in the reward model's own template."""
-    param_offload: bool
-    dtype: str
 
 
 def require_score_head(path: str) -> str:

@@ -100,7 +100,7 @@ def turns_html(traj: Trajectory) -> str:
 
 def reward_model_html(s: RewardSample) -> str:
     """The reward model's part of a card: its score (or why it has none) and a judge's verdict."""
-    rm_score, rm_text, rm_error = (getattr(s, k, None) for k in ("rm_score", "rm_text", "rm_error"))
+    rm_score, rm_text, rm_error = s.rm_score, s.rm_text, s.rm_error
     if rm_score is None and rm_text is None and rm_error is None:
         return ""
     out = f"<b>reward model</b> <span class='meta'>score {_fmt(rm_score) if rm_score is not None else '–'}</span>"

@@ -44,9 +44,10 @@ from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
 from vlmrl.config.plan import critic_plan, rollout_plan, separate_pools, tp_size, worker_plan
+from vlmrl.config.reward_model import effective_reward
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
-from vlmrl.reward_model import RewardModel, effective_reward
+from vlmrl.reward_model import RewardModel
 from vlmrl.scoring import RewardError, RewardManager, RewardOutput
 from vlmrl.startup import stage
 from vlmrl.supervise import HangError
