@@ -278,6 +278,36 @@ def test_the_judges_prompt_holds_the_images_question_and_answer(tiny_model_dir, 
     assert ask.images == prompts[0].images
 
 
+def test_a_hanging_parse_function_ends_in_bounded_time(tiny_model_dir, tiny_processor, tmp_path):
+    """A user's parse function runs where reward functions run (worker processes, ``reward.timeout_s``): one that
+    hangs is ended after its timeout and, hanging on every call, stops the batch naming the function and the
+    setting, within seconds; through the reward-model stage that batch's samples are then counted errors."""
+    import time
+    from types import SimpleNamespace
+
+    from vlmrl.reward_model import RewardModel
+    from vlmrl.supervise import HangError
+
+    parse = tmp_path / "hang.py"
+    parse.write_text("import time\n\ndef hang(text):\n    time.sleep(600)\n")
+    prompts, samples = _reward_samples(tiny_processor)
+    cfg = _judge_cfg(tiny_model_dir, parse=f"{parse}:hang")
+    judge = Judge(cfg, "cpu", 1, workers=1, timeout_s=1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HangError, match="reward.timeout_s") as e:
+            judge.score(prompts, 2, samples)
+    finally:
+        judge.close()
+    assert "parse function" in str(e.value) and time.monotonic() - t0 < 30
+    stage = RewardModel(SimpleNamespace(reward_model=cfg, reward=SimpleNamespace(num_workers=1, timeout_s=1.0)))
+    try:
+        metrics = stage.score(prompts, RolloutBatch([[0]] * 2, [[0]] * 2, [[]] * 2, ["stop"] * 2, n=2), samples)
+    finally:
+        stage.close()
+    assert metrics["reward_model/errors"] == 2 and all("HangError" in s.rm_error for s in samples)
+
+
 def test_a_response_spelling_control_tokens_stays_text(tiny_model_dir, tiny_processor):
     """Model output put into the judge's prompt (or re-rendered for a reward model) cannot become control tokens
     there: a response that spells ``<|image_pad|>`` or ``<|im_end|>`` keeps the prompt's one image pad and one end
@@ -306,8 +336,10 @@ def test_judge_verdicts_are_parsed_and_failures_counted(tiny_model_dir, tiny_pro
     assert metrics["reward_model/parse_errors"] == 0
     assert [s.rm_score for s in samples] == [float(len(s.rm_text)) for s in samples]
     assert reward_model_score(samples[0]) == samples[0].rm_score
-    judge.parse = Judge(_judge_cfg(tiny_model_dir, parse=f"{parse}:broken"), "cpu", 1).parse
+    judge.close()
+    judge = Judge(_judge_cfg(tiny_model_dir, parse=f"{parse}:broken"), "cpu", 1)
     metrics = judge.score(prompts, 2, samples)
+    judge.close()
     assert metrics["reward_model/parse_errors"] == 2
     assert all(s.rm_score is None and "did not parse" in s.rm_error for s in samples)
     with pytest.raises(ValueError, match="gave this sample no score: the judge's verdict did not parse"):

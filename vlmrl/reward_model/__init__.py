@@ -53,7 +53,8 @@ class RewardModel:
         if self.style == "generative":
             from vlmrl.reward_model.judge import Judge
 
-            self.judge = Judge(rm, device, limits[0], limits[1], seed)
+            r = cfg.reward
+            self.judge = Judge(rm, device, limits[0], limits[1], seed, int(r.num_workers), float(r.timeout_s))
 
     def score(
         self, prompts: list[PromptSample], rollout: RolloutBatch, samples: list[RewardSample]

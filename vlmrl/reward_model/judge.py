@@ -82,13 +82,45 @@ def judge_prompt(processor: Any, template: str, response: str, ground_truth: Any
     return replace(prompt, messages=messages, prompt_text=rendered, prompt_ids=ids)
 
 
+_PARSE: Any = None
+
+
+def _build_parse(spec: str) -> None:
+    """A parse worker's start-up: the user's function, loaded once."""
+    global _PARSE
+    from vlmrl.userfiles import load_callable
+
+    _PARSE = load_callable(spec, "reward_model.judge.parse")
+
+
+def _parse(text: str) -> Any:
+    """One verdict through the user's function, in a parse worker."""
+    return _PARSE(text)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 class Judge:
     """The judge's engine, processor and parse function; :meth:`score` fills ``rm_score`` / ``rm_text`` /
     ``rm_error`` on a batch of reward samples."""
 
     def __init__(
-        self, cfg: RewardModelConfig, device: str, limit_images: int, limit_videos: int = 0, seed: int = 0
+        self,
+        cfg: RewardModelConfig,
+        device: str,
+        limit_images: int,
+        limit_videos: int = 0,
+        seed: int = 0,
+        workers: int = 1,
+        timeout_s: float = 30.0,
     ) -> None:
+        """``workers`` / ``timeout_s``: the reward's (``reward.num_workers`` / ``reward.timeout_s``) for a user's
+        parse function (0 workers: called in the driver, as rewards are)."""
         from transformers import AutoProcessor
 
         from vlmrl.userfiles import load_callable
@@ -99,6 +131,14 @@ class Judge:
         self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
         self.parse = load_callable(cfg.judge.parse, "reward_model.judge.parse") if cfg.judge.parse else parse_verdict
+        self.pool = None
+        """A user's parse function runs in worker processes under ``reward.timeout_s``, as reward functions do
+        (``vlmrl.supervise``): one that hangs is ended, and one that keeps hanging stops the batch by name."""
+        if cfg.judge.parse and workers > 0:
+            from vlmrl.supervise import SupervisedPool
+
+            self.pool = SupervisedPool(f"the judge's parse function {cfg.judge.parse}", "reward.timeout_s", workers,
+                                       timeout_s, initializer=_build_parse, initargs=(cfg.judge.parse,))  # fmt: skip
         self.spec = SamplingSpec(n=1, max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
                                  top_k=ro.top_k, greedy=ro.temperature <= 0.0)  # fmt: skip
         self.max_prompt = int(ro.prompt_length)
@@ -133,25 +173,42 @@ class Judge:
         batch = [a for i, a in enumerate(asks) if i not in too_long]
         texts = iter(self.tokenizer.batch_decode(self.engine.generate(batch, self.spec).response_ids,
                                                  skip_special_tokens=True) if batch else [])  # fmt: skip
-        failed = 0
-        for i, s in enumerate(samples):
-            if i in too_long:
-                s.rm_score, s.rm_error = None, "the judge's prompt is longer than reward_model.rollout.prompt_length"
-                failed += 1
-                continue
-            s.rm_text = next(texts)
-            try:
-                value = self.parse(s.rm_text)
-                if value is None or isinstance(value, bool) or not math.isfinite(float(value)):
-                    raise ValueError(f"the parse function returned {value!r}")
+        judged = [i for i in range(len(samples)) if i not in too_long]
+        for i in judged:
+            samples[i].rm_text = next(texts)
+        parsed = self._parse([samples[i].rm_text or "" for i in judged])
+        failed = len(too_long)
+        for i in too_long:
+            samples[i].rm_score = None
+            samples[i].rm_error = "the judge's prompt is longer than reward_model.rollout.prompt_length"
+        for i, (value, why) in zip(judged, parsed):
+            s = samples[i]
+            if why is None and (value is None or isinstance(value, bool) or not _finite(value)):
+                why = f"the parse function returned {value!r}"
+            if why is None:
                 s.rm_score, s.rm_error = float(value), None
-            except Exception as e:  # noqa: BLE001 - a verdict the rule or the user's function cannot read
-                s.rm_score, s.rm_error = None, f"the judge's verdict did not parse ({e}): {s.rm_text[:200]!r}"
+            else:
+                s.rm_score, s.rm_error = None, f"the judge's verdict did not parse ({why}): {s.rm_text[:200]!r}"
                 failed += 1
         return {"reward_model/parse_errors": float(failed)}
 
+    def _parse(self, texts: list[str]) -> list[tuple[Any, str | None]]:
+        """(value, None) or (None, why) per verdict: the built-in rule here, a user's function in its workers."""
+        if self.pool is not None:
+            return [(r.value, None) if r.error is None else (None, r.message)
+                    for r in self.pool.map(_parse, [(t,) for t in texts])]  # fmt: skip
+        out: list[tuple[Any, str | None]] = []
+        for t in texts:
+            try:
+                out.append((self.parse(t), None))
+            except Exception as e:  # noqa: BLE001 - a verdict the rule or the user's function cannot read
+                out.append((None, str(e)))
+        return out
+
     def close(self) -> None:
-        """Stop the engine."""
+        """Stop the engine and the parse function's workers."""
+        if self.pool is not None:
+            self.pool.close()
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()
