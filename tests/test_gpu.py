@@ -144,3 +144,36 @@ def test_vllm_sleep_frees_memory_and_wake_restores(tiny_model_dir):
     assert torch.cuda.mem_get_info()[0] > free0, "sleep freed no GPU memory"
     eng.wake()
     assert eng.generate(prompts, spec).response_ids == before
+
+
+def test_packed_forward_on_cuda_equals_the_padded_one_in_bf16(tiny_model_dir, tiny_processor):
+    """``use_remove_padding=True`` on CUDA under bf16 autocast (flash-attention's varlen kernel where ``flash_attn`` is
+    installed, the masked blocks otherwise): the same log-probs as the padded forward within bf16 precision, and
+    gradients flow."""
+    from transformers import AutoModelForImageTextToText
+    from utils import make_prompt, noise, solid
+
+    from vlmrl.models import forward, packing, qwen_vl
+    from vlmrl.models.inputs import build_inputs, process_images, to_device
+    from vlmrl.rollout.base import SamplingSpec
+    from vlmrl.rollout.hf import HFRollout
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=packing.VARLEN
+    ).cuda()
+    prompts = [make_prompt(tiny_processor, "What colour is the shape?", [solid((0, 200, 0))], 0),
+               make_prompt(tiny_processor, "Two pictures here.", [noise(5), noise(6, (56, 112))], 1)]  # fmt: skip
+    rb = HFRollout(model.eval(), tiny_processor).generate(prompts, SamplingSpec(n=3, max_tokens=9))
+    x = to_device(build_inputs(prompts, rb, process_images(tiny_processor, prompts), 0), "cuda")
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    out = {}
+    for packed in (False, True):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            lp, _, extra = forward.response_logprobs(model.train(), x, ids, packed=packed)
+        ((lp * x.response_mask).sum() + extra).backward()
+        out[packed] = (lp.detach().float() * x.response_mask, sum(float(p.grad.abs().sum()) for p in
+                                                                 model.parameters() if p.grad is not None))  # fmt: skip
+    gap = ((out[True][0] - out[False][0]).abs().sum() / x.response_mask.sum()).item()
+    assert gap < 0.05, gap
+    assert out[True][1] > 0 and abs(out[True][1] - out[False][1]) / out[False][1] < 0.05

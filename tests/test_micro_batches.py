@@ -130,3 +130,39 @@ def test_token_budget_update_equals_fixed_micro_batches(tiny_model_dir, tiny_pro
         assert any(float(g.abs().max()) > 1e-4 for g in a.values())
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert dyn_metrics[key] == pytest.approx(fixed_metrics[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["fixed", "token-budget"])
+def test_packed_update_equals_the_padded_one(tiny_model_dir, tiny_processor, varied_batch, budget) -> None:
+    """``use_remove_padding=True`` (verl's scripts set it): the same update as padded micro-batches (gradients of
+    each optimizer step, loss, KL to the reference, entropy; fp32, <= 1e-5), with fixed or token-budget
+    micro-batches and gradient checkpointing on; the update's forwards run the same real tokens and no padding."""
+    x, advantages = varied_batch
+    arr = ActorRolloutRefConfig()
+    arr.model.path = str(tiny_model_dir)
+    arr.model.enable_gradient_checkpointing = True
+    arr.actor.use_kl_loss = True  # the reference's forward is packed too
+    arr.actor.kl_loss_coef = 0.1
+    arr.actor.entropy_coeff = 0.01
+    arr.actor.ppo_micro_batch_size_per_gpu = 3
+    arr.actor.use_dynamic_bsz = budget
+    arr.actor.ppo_max_token_len_per_gpu = 2 * int(x.attention_mask.sum(-1).max())
+    arr.actor.shuffle = False
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    torch.manual_seed(0)
+    worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=ids, seed=1, max_response_length=22)
+    assert worker.packed is False
+    padded_grads, padded_metrics, used = _update(worker, x, advantages, 6)
+    worker.packed = True  # what actor_rollout_ref.model.use_remove_padding=True sets
+    packed_grads, packed_metrics, packed_used = _update(worker, x, advantages, 6)
+    assert packed_used == used and len(padded_grads) == len(packed_grads) == 2
+    for a, b in zip(padded_grads, packed_grads):
+        assert a.keys() == b.keys() and len(a) > 4
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+        assert any(float(g.abs().max()) > 1e-4 for g in a.values())
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
+        assert packed_metrics[key] == pytest.approx(padded_metrics[key], abs=1e-5), key
+    # checkpointing makes the padded update run every sample's whole sequence; the packed one runs each prompt once
+    assert padded_metrics["work/update_padding_tokens"] > 0 and packed_metrics["work/update_padding_tokens"] == 0
+    assert packed_metrics["work/update_tokens"] < padded_metrics["work/update_tokens"]
+    assert packed_metrics["work/update_vision_patches"] == padded_metrics["work/update_vision_patches"] > 0

@@ -202,13 +202,25 @@ class FirstTurnScripted:
 
 
 def _trainer_gap(model, processor, prompts, rb) -> float:
-    """Largest |trainer - engine| log-prob over the engine's own tokens (the policy's turns after the first)."""
+    """Largest |trainer - engine| log-prob over the engine's own tokens (the policy's turns after the first); the
+    padding-free (packed) forward gives the trainer's log-probs and gradients too (<= 1e-5)."""
     ids = qwen_vl.vision_token_ids(processor.tokenizer)
     x = build_inputs(prompts, rb, process_images(processor, prompts), processor.tokenizer.pad_token_id,
                      process_response_images(processor, rb))  # fmt: skip
     assert x.has_response_images
-    with torch.no_grad():
-        lp, _, _ = response_logprobs(model, x, ids)
+    grads = []
+    for packed in (False, True):
+        model.zero_grad()
+        lp, _, extra = response_logprobs(model, x, ids, packed=packed)
+        ((lp * x.response_mask).sum() + extra).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if not packed:
+            padded = lp.detach()
+    model.zero_grad()
+    lp = lp.detach()
+    assert float(((lp - padded) * x.response_mask).abs().max()) <= 1e-5
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 4
+    assert max(float((grads[0][k] - grads[1][k]).abs().max()) for k in grads[0]) <= 1e-5
     gaps = []
     for i, t in enumerate(rb.trajectories):
         first_tool = t.response_mask.index(0)
@@ -221,7 +233,11 @@ def _trainer_gap(model, processor, prompts, rb) -> float:
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir):
-    return AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    from vlmrl.models.packing import VARLEN
+
+    return AutoModelForImageTextToText.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=VARLEN
+    ).eval()
 
 
 @pytest.mark.vllm

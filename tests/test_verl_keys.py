@@ -204,6 +204,8 @@ README_DIFFERS = {
     "trainer.n_gpus_per_node": (1, 8),
     "algorithm.filter_groups.max_num_gen_batches": (4, 0),  # verl's 0: unbounded
     "trainer.log_val_generations": (16, 0),
+    "actor_rollout_ref.model.use_remove_padding": (False, True),
+    "critic.model.use_remove_padding": (False, True),
 }
 """README, "... except where vlmrl differs on purpose": key -> (vlmrl's default, verl's default)."""
 
@@ -224,6 +226,8 @@ README_SAYS = {
     "trainer.n_gpus_per_node": "`trainer.n_gpus_per_node=1` (verl: 8;",
     "algorithm.filter_groups.max_num_gen_batches": "`algorithm.filter_groups.max_num_gen_batches=4` (verl: unbounded)",
     "trainer.log_val_generations": "`trainer.log_val_generations=16`",
+    "actor_rollout_ref.model.use_remove_padding": "`model.use_remove_padding=False` (verl: True;",
+    "critic.model.use_remove_padding": "`critic.model.use_remove_padding=False`",
 }
 """Where the README's defaults paragraph states each value of ``README_FOLLOWS_VERL`` and ``README_DIFFERS``."""
 

@@ -177,6 +177,9 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout, proc.stdout[-3000:]
     if script == MULTI_TURN:
         assert all('"multi_turn/turns/mean"' in line for line in lines[1:])
+    # the scripts' use_remove_padding=True: the update ran packed rows, not one padding position
+    steps = [json.loads(line) for line in lines[1:]]
+    assert all(s["work/update_padding_tokens"] == 0 and s["work/update_tokens"] > 0 for s in steps), steps
 
 
 def verl_ppo_lines(model: str) -> list[str]:

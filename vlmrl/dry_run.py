@@ -332,6 +332,7 @@ def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     rep.plan.append(
         f"policy: lr {arr.actor.optim.lr:g}, KL loss {'on (' + arr.actor.kl_loss_type + ')' if arr.actor.use_kl_loss else 'off'}"  # noqa: E501
         f", LoRA rank {arr.model.lora_rank}, gradient checkpointing {arr.model.enable_gradient_checkpointing}, "
+        f"{'padding-free (packed) forwards' if arr.model.use_remove_padding else 'padded micro-batches'}, "
         f"vision tower {'frozen' if arr.model.freeze_vision_tower else 'trained'}"
     )
     rep.plan.append(
@@ -396,6 +397,7 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
             f"critic: {head}, value head per token; lr {crit.optim.lr:g}, {crit.epochs} epoch(s) of "
             f"{crit.mini_batch_size}-prompt mini-batches, cliprange_value {crit.cliprange_value:g}, loss "
             f"{crit.loss_agg_mode}, gradient checkpointing {crit.gradient_checkpointing}"
+            + (", padding-free (packed) forwards" if crit.use_remove_padding else "")
             + (f", critic-only steps before step {cfg.trainer.critic_warmup}" if cfg.trainer.critic_warmup > 1 else "")
         )
         if os.path.isdir(crit.path) and not (Path(crit.path) / "config.json").is_file():

@@ -20,6 +20,8 @@ class CriticModelConfig:
     """Passed to transformers' loader (only ever from the launch command)."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in the backward pass (verl's default)."""
+    use_remove_padding: bool = False
+    """Padding-free forwards for the critic (``actor_rollout_ref.model.use_remove_padding``'s, verl's key)."""
 
 
 @dataclass

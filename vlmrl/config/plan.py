@@ -143,6 +143,7 @@ class CriticPlan:
     path: str
     trust_remote_code: bool
     gradient_checkpointing: bool
+    use_remove_padding: bool
     optim: OptimConfig
     fsdp: FSDPConfig
     mini_batch_size: int
@@ -170,6 +171,7 @@ def critic_plan(cfg: VLMRLConfig) -> CriticPlan | None:
         path=c.model.path or m.path,
         trust_remote_code=c.model.trust_remote_code or (c.model.path is None and m.trust_remote_code),
         gradient_checkpointing=c.model.enable_gradient_checkpointing,
+        use_remove_padding=c.model.use_remove_padding,
         optim=c.optim,
         fsdp=c.fsdp,
         mini_batch_size=c.ppo_mini_batch_size or a.ppo_mini_batch_size,

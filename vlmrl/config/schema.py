@@ -112,6 +112,10 @@ class ModelConfig:
     """Passed to transformers' and vLLM's loaders. Only ever from the launch command: never read from a checkpoint."""
     enable_gradient_checkpointing: bool = True
     """Recompute activations in the backward pass (less memory, ~30% more compute; verl's default)."""
+    use_remove_padding: bool = False
+    """Padding-free forwards for the actor and the reference (verl's key; its scripts set it): each micro-batch runs
+    as one packed row of real tokens, every distinct prompt once (``vlmrl.models.packing``). Same values and
+    gradients as off, where each micro-batch runs padded to its longest prompt and response."""
     freeze_vision_tower: bool = False
     """Keep the vision tower's weights fixed (it still runs, and is still pushed once to the engine). verl's
     ``actor_rollout_ref.actor.freeze_vision_tower`` sets this too."""

@@ -8,6 +8,8 @@
   sequence (:func:`full_sequence_logits`). Both give the same values and gradients (tests/test_models.py).
 - A micro-batch without images or videos runs the vision tower on a dummy input so every FSDP rank joins the same
   collectives.
+- With ``packed`` (verl's ``use_remove_padding=True``), a micro-batch's sequences run as one row without padding
+  (:func:`packed_logits`, ``models.packing``); every sample then runs its whole sequence.
 - M-RoPE positions are given to the model, built by ``qwen_vl.rope_index`` as the engine builds them (transformers 5's
   own differ after a video).
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vlmrl.models import qwen_vl
+from vlmrl.models import packing, qwen_vl
 from vlmrl.models.inputs import ModelInputs
 from vlmrl.models.qwen_vl import VisionTokenIds
 
@@ -260,6 +262,102 @@ def shared_sample_logits(
     return logits, extra
 
 
+def packed_logits(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [b, R, V] predicting each response token with no padding run (``models.packing``): each distinct prompt
+    once, then each sample's response continuing it (``pack_shared``); when some response holds tool images (their
+    M-RoPE positions need the whole sequence), every sample's whole sequence (``pack_rows``). Each sequence keeps
+    its own M-RoPE positions and features and attends only within itself. Equals the padded forwards
+    (tests/test_packing.py), gradient checkpointing included (no KV cache is involved)."""
+    if not packing.supports_packing(model):
+        raise ValueError(
+            "use_remove_padding=True needs the model loaded with vlmrl's varlen attention "
+            f"(attn_implementation={packing.VARLEN!r}, as workers.policy.load_model does)"
+        )
+    feats, extra = _vision_features(model, mb)
+    B, R = mb.responses.shape
+    P = mb.input_ids.shape[1] - R
+    prompt_of = mb.prompt_of.tolist()
+    if mb.has_response_images:
+        layout = packing.pack_rows(mb.attention_mask, R)
+        vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(prompt_of)])
+        grid = rope_position_ids(model, mb.input_ids, mb.attention_mask, vision_ids, vision)
+    else:
+        order = sorted(set(prompt_of))
+        first_row = {p: prompt_of.index(p) for p in order}
+        rows = [first_row[p] for p in order]
+        inv = [order.index(p) for p in prompt_of]
+        layout = packing.pack_shared(mb.attention_mask, R, rows, inv)
+        vision = _vision_of(mb, feats, [(p, None) for p in order])
+        p_mask = mb.attention_mask[rows, :P]
+        p_pos = rope_position_ids(model, mb.input_ids[rows, :P], p_mask, vision_ids, vision)
+        last = p_pos.amax(dim=(0, 2))  # [U]: responses continue from their prompt's highest position
+        offs = (mb.attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
+        grid = torch.zeros((3, *mb.input_ids.shape), dtype=p_pos.dtype, device=p_pos.device)
+        grid[:, rows, :P] = p_pos
+        grid[:, :, P:] = (last[torch.tensor(inv, device=last.device)][:, None] + 1 + offs).unsqueeze(0)
+    positions = grid.flatten(1)[:, layout.tokens.to(grid.device)]
+    kwargs: dict[str, Any] = {
+        "attention_mask": None,
+        "use_cache": False,
+        "position_ids": positions.unsqueeze(1),
+        "logits_to_keep": layout.predict.to(mb.input_ids.device),
+        "vlmrl_segments": layout.segments,  # (no cu_seq_lens: another attention would read them without the prefixes)
+    }
+    if (outputs := vision.encoder_outputs()) is not None:
+        kwargs["mm_encoder_outputs"] = outputs
+    ids = mb.input_ids.flatten()[layout.tokens.to(mb.input_ids.device)].unsqueeze(0)
+    logits = model(input_ids=ids, **kwargs).logits[0]
+    out = logits.new_zeros(B * R, logits.shape[-1])  # the response padding's columns: zeros, which the mask drops
+    out[layout.predicted.to(out.device)] = logits
+    return out.view(B, R, -1), extra
+
+
+def response_logits(
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds, packed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs [b, R, ...] at the positions predicting each response token, and the dummy-vision term:
+    packed (``packed``), else each distinct prompt running once (:func:`shared_sample_logits`) unless the model is
+    checkpointing in training mode or some response holds images (multi-turn tool results: their M-RoPE positions
+    need the whole sequence), where every sample runs its whole sequence (:func:`full_sequence_logits`)."""
+    if packed:
+        return packed_logits(model, mb, vision_ids)
+    if checkpointing_in_training(model) or mb.has_response_images:
+        return full_sequence_logits(model, mb, vision_ids)
+    return shared_sample_logits(model, mb, vision_ids)
+
+
+def forward_token_counts(mb: ModelInputs, model: torch.nn.Module, packed: bool = False) -> tuple[int, int]:
+    """(real, padding) token positions the language model runs for ``mb`` in :func:`response_logits` (distinct
+    prompts counted once where the forward runs them once): the forward's work and its waste, for throughput."""
+    B, T = mb.input_ids.shape
+    real = int(mb.attention_mask.sum())
+    full = mb.has_response_images or (not packed and checkpointing_in_training(model))
+    if full:
+        return real, 0 if packed else B * T - real
+    R = mb.responses.shape[1]
+    P = T - R
+    prompt_of = mb.prompt_of.tolist()
+    rows = [prompt_of.index(p) for p in sorted(set(prompt_of))]
+    prompt_real = int(mb.attention_mask[rows, :P].sum())
+    response_real = int(mb.attention_mask[:, P:].sum())
+    run = prompt_real + response_real
+    return run, 0 if packed else len(rows) * P + B * R - run
+
+
+def vision_patch_count(mb: ModelInputs) -> int:
+    """Patches the vision tower encodes for ``mb`` (each distinct prompt's images and videos once, each row's tool
+    images): its share of the forward's work."""
+    n = 0
+    for p in set(mb.prompt_of.tolist()):
+        for pix in (mb.images[p].pixel_values, mb.images[p].pixel_values_videos):
+            n += 0 if pix is None else int(pix.shape[0])
+    for im in mb.sample_images or []:
+        n += 0 if im.pixel_values is None else int(im.pixel_values.shape[0])
+    return n
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) per position, computed in fp32 (``logits[:, t]`` predicts ``targets[:, t]``)."""
     return logprobs_and_entropy(logits, targets, temperature)[0]
@@ -284,26 +382,25 @@ def response_logprobs(
     vision_ids: VisionTokenIds,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per-token log-probs [b, R] of the responses (and entropy [b, R] when asked), plus the dummy-vision term (add
-    it to the loss: it is exactly 0). Shares each prompt's forward among its samples unless the model is
-    checkpointing in training mode or some response holds images (multi-turn tool results: their M-RoPE positions
-    need the whole sequence)."""
-    full = checkpointing_in_training(model) or mb.has_response_images
-    forward = full_sequence_logits if full else shared_sample_logits
-    logits, extra = forward(model, mb, vision_ids)
+    it to the loss: it is exactly 0). The forward is :func:`response_logits`'s (``packed``: padding-free)."""
+    logits, extra = response_logits(model, mb, vision_ids, packed)
     lp, ent = logprobs_and_entropy(logits, mb.responses, temperature, with_entropy)
     return lp, ent, extra
 
 
 def response_logprobs_and_pi2(
-    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds, temperature: float = 1.0
+    model: torch.nn.Module,
+    mb: ModelInputs,
+    vision_ids: VisionTokenIds,
+    temperature: float = 1.0,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs [b, R] and the sum over the vocabulary of the squared token probabilities [b, R] (the
     optimal-token-baseline estimators' ``sum_pi_squared``), from one forward (no gradient needed)."""
-    full = checkpointing_in_training(model) or mb.has_response_images
-    forward = full_sequence_logits if full else shared_sample_logits
-    logits, _ = forward(model, mb, vision_ids)
+    logits, _ = response_logits(model, mb, vision_ids, packed)
     logits = logits.float() / temperature if temperature != 1.0 else logits.float()
     logp_all = torch.log_softmax(logits, dim=-1)
     lp = logp_all.gather(-1, mb.responses.unsqueeze(-1)).squeeze(-1)
@@ -311,14 +408,12 @@ def response_logprobs_and_pi2(
 
 
 def response_values(
-    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds
+    model: torch.nn.Module, mb: ModelInputs, vision_ids: VisionTokenIds, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The critic's values [b, R] in fp32: at each response token, the value of the state before it (the position
     whose logits would predict it, as verl's ``values[:, -R-1:-1]``), plus the dummy-vision term. The same forward as
     :func:`response_logprobs` on a model whose head has one output (``models.value_head``)."""
-    full = checkpointing_in_training(model) or mb.has_response_images
-    forward = full_sequence_logits if full else shared_sample_logits
-    out, extra = forward(model, mb, vision_ids)
+    out, extra = response_logits(model, mb, vision_ids, packed)
     return out[..., 0].float(), extra
 
 

@@ -191,13 +191,16 @@ def stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
 
 
 def mean_of_workers(dicts: list[dict[str, float]]) -> dict[str, float]:
-    """The workers' metrics as one: the mean, but the slowest worker's time for ``timing/*`` and the largest
-    worker's memory for ``perf/*``."""
+    """The workers' metrics as one: the mean, but the slowest worker's time for ``timing/*``, the largest
+    worker's memory for ``perf/*`` and the total of the work counts ``work/*`` (tokens, patches)."""
     keys = set().union(*dicts)
     out = {}
     for k in keys:
         vals = [d[k] for d in dicts if k in d]
-        out[k] = max(vals) if k.startswith(("timing/", "perf/")) else float(np.mean(vals))
+        if k.startswith("work/"):
+            out[k] = float(sum(vals))
+        else:
+            out[k] = max(vals) if k.startswith(("timing/", "perf/")) else float(np.mean(vals))
     return out
 
 

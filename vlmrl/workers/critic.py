@@ -93,7 +93,7 @@ class CriticWorker:
         try:
             for idx in self.micro_batches(x, list(range(x.batch_size)), update=False):
                 mb = to_device(x.select(idx), self.device)
-                v, _ = response_values(self.model, mb, self.vision_ids)
+                v, _ = response_values(self.model, mb, self.vision_ids, self.plan.use_remove_padding)
                 out[idx, : v.shape[1]] = v.cpu()
         finally:
             self.model.train(was_training)
@@ -137,7 +137,7 @@ class CriticWorker:
         sums = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/vpred_mean": 0.0}
         for idx in self.micro_batches(x, rows.tolist(), update=True):
             mb = to_device(x.select(idx), self.device)
-            vpreds, extra = response_values(self.model, mb, self.vision_ids)
+            vpreds, extra = response_values(self.model, mb, self.vision_ids, self.plan.use_remove_padding)
             R = vpreds.shape[1]
             mask = mb.response_mask
             m = mask.to(vpreds.dtype)

@@ -23,8 +23,8 @@ from vlmrl.algos.rollout_correction import correct
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
 from vlmrl.config.schema import RolloutCorrectionConfig
-from vlmrl.models import qwen_vl
-from vlmrl.models.forward import response_logprobs, response_logprobs_and_pi2
+from vlmrl.models import packing, qwen_vl
+from vlmrl.models.forward import forward_token_counts, response_logprobs, response_logprobs_and_pi2, vision_patch_count
 from vlmrl.models.inputs import ModelInputs, to_device
 from vlmrl.safe_load import safe_dcp_load
 from vlmrl.timing import Timer
@@ -135,13 +135,14 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
 
 def load_model(path: str, device: str, trust_remote_code: bool = False, where: str | None = None) -> torch.nn.Module:
     """Load a Qwen-VL checkpoint in fp32 (the master weights) on the worker's device; rejects other models, naming
-    ``where`` the path came from (default: the config key)."""
+    ``where`` the path came from (default: the config key). Its attention is ``sdpa`` behind vlmrl's varlen function
+    (``models.packing``), which also runs padding-free packed rows."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     qwen_vl.check_model_type(config, where or f"actor_rollout_ref.model.path={path}")
     model = AutoModelForImageTextToText.from_pretrained(
-        path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation="sdpa"
+        path, dtype=torch.float32, trust_remote_code=trust_remote_code, attn_implementation=packing.VARLEN
     )
     return model.to(device)
 
@@ -352,6 +353,8 @@ class PolicyWorker:
             self.loss_config.policy_loss.rollout_correction = rollout_correction
         self.algorithm = build_algorithm(algorithm[0], dict(algorithm[1]), self.loss_config)
         self.temperature = max(arr.rollout.temperature, 1e-6)
+        self.packed = arr.model.use_remove_padding
+        """Padding-free forwards (``models.packing``) for the actor and the reference."""
         # optimizer state in host memory between steps (verl's optimizer_offload). With param_offload FSDP2 keeps
         # it there already (CPUOffloadPolicy); on a CPU device it is host memory anyway.
         self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
@@ -383,7 +386,7 @@ class PolicyWorker:
             with torch.no_grad():
                 for idx in self.micro_batches(x, list(range(x.batch_size)), "actor"):
                     mb = to_device(x.select(idx), self.device)
-                    lp, p2 = response_logprobs_and_pi2(self.model, mb, self.vision_ids, self.temperature)
+                    lp, p2 = response_logprobs_and_pi2(self.model, mb, self.vision_ids, self.temperature, self.packed)
                     old[idx, : lp.shape[1]] = lp.float().cpu()
                     pi2[idx, : p2.shape[1]] = p2.float().cpu()
         finally:
@@ -404,7 +407,7 @@ class PolicyWorker:
         try:
             for idx in self.micro_batches(x, list(range(x.batch_size)), which):
                 mb = to_device(x.select(idx), self.device)
-                lp, _, _ = response_logprobs(model, mb, self.vision_ids, self.temperature)
+                lp, _, _ = response_logprobs(model, mb, self.vision_ids, self.temperature, packed=self.packed)
                 out[idx, : lp.shape[1]] = lp.float().cpu()
         finally:
             model.train(was_training)
@@ -477,7 +480,7 @@ class PolicyWorker:
                     self._mini_step(x, mini, advantages, old, ref, metrics, weights, rewards, lazy)
             self.scheduler.step()
         empty = len(metrics.pop("actor/empty_mini_batches", []))
-        out = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        out = {k: float(sum(v) / (1 if k.startswith("work/") else len(v))) for k, v in metrics.items()}
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
         if self.correction is not None:
             out["actor/empty_mini_batches"] = float(empty)
@@ -538,9 +541,17 @@ class PolicyWorker:
         def add(name: str, value: float) -> None:
             sums[name] = sums.get(name, 0.0) + value
 
+        work = dict.fromkeys(("work/update_tokens", "work/update_padding_tokens", "work/update_vision_patches"), 0.0)
+
         for idx in self.micro_batches(x, rows.tolist(), "update"):
             mb = to_device(x.select(idx), self.device)
-            lp, ent, extra = response_logprobs(self.model, mb, self.vision_ids, self.temperature, with_entropy=True)
+            lp, ent, extra = response_logprobs(
+                self.model, mb, self.vision_ids, self.temperature, with_entropy=True, packed=self.packed
+            )
+            real, padding = forward_token_counts(mb, self.model, self.packed)
+            work["work/update_tokens"] += real
+            work["work/update_padding_tokens"] += padding
+            work["work/update_vision_patches"] += vision_patch_count(mb)
             mask = mb.response_mask
             m = mask.to(lp.dtype)
             n_tok = float(mask.sum())
@@ -587,6 +598,8 @@ class PolicyWorker:
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "actor/pg_loss" else value / tokens)
         for name, value in extremes.items():
+            metrics.setdefault(name, []).append(value)
+        for name, value in work.items():  # totals over the update: one entry per mini-batch, summed in update()
             metrics.setdefault(name, []).append(value)
         losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
         gn = clip_and_step(
