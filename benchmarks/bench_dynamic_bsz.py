@@ -3,9 +3,9 @@ the policy update's time and the tokens its forwards compute, same data, same lo
 
     python benchmarks/bench_dynamic_bsz.py [--prompts 8] [--n 8] [--max-response 192] [--micro 8] [--repeats 3]
 
-One process, one worker (no process group), the 20 M-parameter Qwen2.5-VL shape of bench_rollout.py, fp32, 2 threads.
-Responses are random tokens with lengths drawn from a long-tailed distribution (most short, a few near the maximum),
-as RL responses are. Fixed: ``ppo_micro_batch_size_per_gpu=--micro``. Token budget: the same memory bound,
+One process, one worker (no process group), the 20 M-parameter preset (``vlmrl.testing.tiny.SIZES["20m"]``), fp32,
+2 threads. Responses are random tokens with lengths drawn from a long-tailed distribution (most short, a few near
+the maximum), as RL responses are. Fixed: ``ppo_micro_batch_size_per_gpu=--micro``. Token budget: the same memory bound,
 ``ppo_max_token_len_per_gpu = micro x (longest prompt + longest response)``. Each timed update is one optimizer step
 over the whole batch (one mini-batch); runs alternate fixed / budget, median of ``--repeats`` after a warm-up.
 
@@ -29,16 +29,14 @@ from common import (  # noqa: E402
     machine_line,
     median,
     now,
+    preset_model,
     synthetic_data,
     table,
-    tiny_model,
     versions,
     write_readme_section,
     write_result,
 )
 
-SHAPE = {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 2, "vision_hidden": 256, "vision_depth": 4,
-         "vision_heads": 4}  # fmt: skip
 SECTION = "Token-budget micro-batches"
 
 
@@ -93,7 +91,7 @@ def main() -> int:
     from vlmrl.workers import micro_batches
     from vlmrl.workers.policy import PolicyWorker
 
-    model = tiny_model(seed=0, **SHAPE)
+    model = preset_model("20m")
     data = synthetic_data(Path(tempfile.gettempdir()) / "vlmrl-bench-dynbsz-data", train=64, image_size=112)
     with cpu_lock("bench_dynamic_bsz"):
         x, adv = batch(a, model, data)

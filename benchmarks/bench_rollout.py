@@ -27,17 +27,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from vlmrl.testing.tiny import SIZES, spec_overrides  # noqa: E402
+
 SECTION = "Rollout engines and weight push"
 
-# shapes: vocab stays small (the tiny tokenizer), hidden/layers grow; head_dim = hidden / heads >= 32 for vLLM's CPU
-# attention; intermediate = 2 x hidden (tiny.py)
-SHAPES: dict[str, dict[str, int]] = {
-    "tiny": {},
-    "20m": {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 2, "vision_hidden": 256, "vision_depth": 4,
-            "vision_heads": 4},
-    "100m": {"hidden": 1024, "layers": 10, "heads": 16, "kv_heads": 4, "vision_hidden": 384, "vision_depth": 6,
-             "vision_heads": 6},
-}  # fmt: skip
+# the model-size presets of vlmrl/testing/tiny.py (SIZES: vocab stays the tiny tokenizer's, hidden/layers grow,
+# head_dim >= 32 for vLLM's CPU attention), as the TinySpec fields that differ from the tiny model's
+SHAPES: dict[str, dict[str, Any]] = {name: spec_overrides(spec) for name, spec in SIZES.items()}
 
 
 # ------------------------------------------------------------------------------------------ engine subprocess

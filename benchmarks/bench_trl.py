@@ -2,6 +2,7 @@
 ``GRPOTrainer`` (HF ``generate``, one process x 2 threads) on the same tiny Qwen2.5-VL and synthetic colour task.
 
     python benchmarks/bench_trl.py [--rounds 2] [--steps 12] [--learn-budget-s 240] [--image-size 112]
+    python benchmarks/bench_trl.py --model-size tiny,20m,100m    # the same at three sizes: bench_trl_sizes.py
 
 TRL runs in its own environment, made here idempotently: ``pip install --target .cache/trl-pkgs --no-deps trl==X``
 (TRL's other dependencies are already vlmrl's), used as ``PYTHONPATH`` over vlmrl's interpreter so torch and
@@ -337,9 +338,61 @@ def learn_summary(rewards: list[float], step_times: list[float], threshold: floa
     }
 
 
+def time_to_learn(
+    model: Path, data: Path, work: Path, trl_args: list[str], vlmrl_over: list[str], a: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """TRL then vlmrl (EOS allowed), each until the 5-step mean reward reaches ``a.learn_threshold`` or
+    ``a.learn_budget_s`` seconds of training: ``{"trl": learn_summary, "vlmrl": ...}`` (with start-up and
+    contention) and the two runs' raw results (TRL's JSON, vlmrl's metrics rows)."""
+    learning: dict[str, Any] = {}
+    print("[bench_trl] time to learn: TRL", flush=True)
+    big = 100000
+    tr = run_trl(
+        model,
+        data,
+        work / "trl_learn.json",
+        trl_args
+        + ["--steps", str(big), "--time-budget-s", str(a.learn_budget_s)]
+        + ["--stop-reward", str(a.learn_threshold)],
+        timeout_s=a.learn_budget_s + 300,
+    )
+    learning["trl"] = learn_summary(
+        tr["rewards"], [s["step_s"] for s in tr["steps"]], a.learn_threshold, a.learn_secondary
+    )
+    learning["trl"]["startup_s"] = tr["process_wall_s"] - tr["train_wall_s"]
+    learning["trl"]["foreign_cpu_frac"] = tr["foreign_cpu_frac"]
+    print("[bench_trl] time to learn: vlmrl", flush=True)
+
+    def done(rows: list[dict[str, Any]]) -> bool:
+        rw = [x["reward/mean"] for x in rows]
+        return sum(x["timing/step_s"] for x in rows) > a.learn_budget_s or (
+            common.moving_average_hit(rw, 5, a.learn_threshold) is not None
+        )
+
+    vr = common.vlmrl_train(
+        work / "vlmrl_learn", data, model, big, vlmrl_over, timeout_s=a.learn_budget_s + 300, stop_when=done
+    )
+    rows = vr["rows"]
+    learning["vlmrl"] = learn_summary(
+        [x["reward/mean"] for x in rows], [x["timing/step_s"] for x in rows], a.learn_threshold, a.learn_secondary
+    )
+    learning["vlmrl"]["startup_s"] = startup_s(vr["log"]) or float("nan")
+    learning["vlmrl"]["foreign_cpu_frac"] = vr["foreign_cpu_frac"]
+    return learning, {"trl": tr, "vlmrl": vr}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run both parts, write the results file and the README section."""
+    """Run both parts, write the results file and the README section; ``--model-size`` other than ``tiny``: the
+    size sweep (``bench_trl_sizes.py``, its own arguments and ``results/trl_sizes.json``)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--model-size", default="tiny")
+    if pre.parse_known_args(argv)[0].model_size != "tiny":
+        import bench_trl_sizes
+
+        return bench_trl_sizes.main(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-size", default="tiny", help="tiny (this comparison); a list such as tiny,20m,100m runs "
+                   "the size sweep, see bench_trl_sizes.py --help")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="alternating (TRL, vlmrl) step-time rounds")
     p.add_argument("--steps", type=int, default=12, help="steps per step-time run")
     p.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each run")
@@ -422,41 +475,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step_time["ratio_vlmrl_over_trl"] = step_time["vlmrl_median_s"] / step_time["trl_median_s"]
 
     # 2. time to learn
-    learning: dict[str, Any] = {}
-    if not a.skip_learn:
-        print("[bench_trl] time to learn: TRL", flush=True)
-        big = 100000
-        tr = run_trl(
-            model,
-            data,
-            work / "trl_learn.json",
-            trl_args
-            + ["--steps", str(big), "--time-budget-s", str(a.learn_budget_s)]
-            + ["--stop-reward", str(a.learn_threshold)],
-            timeout_s=a.learn_budget_s + 300,
-        )
-        learning["trl"] = learn_summary(
-            tr["rewards"], [s["step_s"] for s in tr["steps"]], a.learn_threshold, a.learn_secondary
-        )
-        learning["trl"]["startup_s"] = tr["process_wall_s"] - tr["train_wall_s"]
-        learning["trl"]["foreign_cpu_frac"] = tr["foreign_cpu_frac"]
-        print("[bench_trl] time to learn: vlmrl", flush=True)
-
-        def done(rows: list[dict[str, Any]]) -> bool:
-            rw = [x["reward/mean"] for x in rows]
-            return sum(x["timing/step_s"] for x in rows) > a.learn_budget_s or (
-                common.moving_average_hit(rw, 5, a.learn_threshold) is not None
-            )
-
-        vr = common.vlmrl_train(
-            work / "vlmrl_learn", data, model, big, common_over, timeout_s=a.learn_budget_s + 300, stop_when=done
-        )
-        rows = vr["rows"]
-        learning["vlmrl"] = learn_summary(
-            [x["reward/mean"] for x in rows], [x["timing/step_s"] for x in rows], a.learn_threshold, a.learn_secondary
-        )
-        learning["vlmrl"]["startup_s"] = startup_s(vr["log"]) or float("nan")
-        learning["vlmrl"]["foreign_cpu_frac"] = vr["foreign_cpu_frac"]
+    learning = {} if a.skip_learn else time_to_learn(model, data, work, trl_args, common_over, a)[0]
     res = {
         **common.result_head("trl", trl=trl_version),
         "config": {

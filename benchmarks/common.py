@@ -149,6 +149,16 @@ def tiny_model(seed: int = 0, **spec: Any) -> Path:
     return ensure_tiny_model(seed=seed, spec=TinySpec(**spec))
 
 
+def preset_model(size: str, seed: int = 0) -> Path:
+    """The cached Qwen2.5-VL of a model-size preset (``vlmrl.testing.tiny.SIZES``: tiny, 20m, 100m)."""
+    os.environ.setdefault("VLMRL_CACHE", str(ROOT / ".cache" / "vlmrl"))
+    from vlmrl.testing.tiny import SIZES, ensure_tiny_model
+
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose from {', '.join(SIZES)}")
+    return ensure_tiny_model(seed=seed, spec=SIZES[size])
+
+
 def synthetic_data(out: Path, train: int, test: int = 32, image_size: int = 56, families: str = "colour") -> Path:
     """Synthetic task parquet files in ``out`` (reused when already there); returns the folder."""
     if (out / "train.parquet").exists() and (out / "test.parquet").exists():

@@ -7,7 +7,8 @@ interpreter, so torch and transformers are exactly vlmrl's). Not meant to be run
 
 Timing: wall time per optimizer step (callback), and where it goes: TRL's methods are wrapped to time generation
 (``_generate``: processor + HF ``generate``), scoring (``_calculate_rewards``), the whole generate-and-score stage,
-the loss forward (``compute_loss``), the backward pass (``accelerator.backward``) and the rest (optimizer, logging).
+the loss forward (``compute_loss``), the backward pass (``accelerator.backward``) and the rest (optimizer, logging);
+and what the loss forwards ran (non-padding tokens, padding positions, vision patches) for the FLOP accounting.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def colour_reward(prompts: list, completions: list, ground_truth: list, choices:
 
 
 class Timers:
-    """Accumulates seconds per named stage within the current optimizer step."""
+    """Accumulates seconds per named stage (and the update's token counts) within the current optimizer step."""
 
     def __init__(self) -> None:
         self.current: dict[str, float] = defaultdict(float)
@@ -80,6 +81,23 @@ class Timers:
                 self.current[key] += time.perf_counter() - t0
 
         setattr(obj, name, timed)
+
+    def count_update_inputs(self, trainer: Any) -> None:
+        """Add what each loss forward runs to the step's row (compute efficiency, ``compute_efficiency.py``):
+        ``update_tokens`` (prompt + completion mask sums), ``update_padding_tokens`` (the other positions of its
+        padded ``[prompt | completion]`` batch) and ``update_vision_patches`` (rows of its ``pixel_values``)."""
+        fn: Callable[..., Any] = trainer.compute_loss
+
+        def counted(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            masks = (inputs["prompt_mask"], inputs["completion_mask"])
+            real = float(sum(m.sum() for m in masks))
+            self.current["update_tokens"] += real
+            self.current["update_padding_tokens"] += sum(m.numel() for m in masks) - real
+            pixels = inputs.get("pixel_values")
+            self.current["update_vision_patches"] += float(pixels.shape[0]) if pixels is not None else 0.0
+            return fn(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = counted
 
     def take(self) -> dict[str, float]:
         """This step's totals, then reset."""
@@ -177,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     timers.wrap(trainer, "compute_loss", "loss_forward_s")
     timers.wrap(trainer, "training_step", "training_step_s")
     timers.wrap(trainer.accelerator, "backward", "backward_s")
+    timers.count_update_inputs(trainer)
 
     steps: list[dict[str, Any]] = []
     rewards: list[float] = []

@@ -1,13 +1,15 @@
 """Build a tiny random Qwen2.5-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
 
-    python -m vlmrl.testing.tiny --output DIR [--seed N]
+    python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m]
 
 The folder is a normal HF checkpoint: ``AutoProcessor`` + ``AutoModelForImageTextToText`` and ``vllm.LLM`` load it.
 It is deterministic for a seed (same bytes of weights), a few MB, and built in seconds. Its untrained policy explores:
 the output head starts small (std 0.02, near-uniform next-token distribution) and the vocabulary has no padded ids
 that decode to nothing, so reinforcement learning from scratch finds rewarded answers.
 
-Tests, examples and benchmarks share one cached copy per seed: ``ensure_tiny_model(seed)``.
+Tests, examples and benchmarks share one cached copy per seed: ``ensure_tiny_model(seed)``. Larger shapes for
+performance work (``SIZES``: ~20 M and ~100 M parameters, same tokenizer) are cached the same way:
+``ensure_tiny_model(seed, SIZES["20m"])``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -137,6 +139,18 @@ QWEN25_VL_3B = TinySpec(
 TOOL_DEMO = TinySpec(vocab_size=1024, tool_tokens=True)
 """The tiny model for multi-turn tool demos: Qwen2.5's tool-call tokens, and a vocabulary large enough that the
 hermes system message listing a tool is ~230 tokens instead of ~480 (``examples/tool_zoom_cpu.sh``)."""
+
+PRESET_20M = TinySpec(hidden=512, layers=8, heads=8, kv_heads=2, vision_hidden=256, vision_depth=4, vision_heads=4)
+"""~23 M parameters (language model 18.4 M, vision tower 4.5 M): the tiny tokenizer (vocab 512), so the parameters
+are in the transformer, not in embeddings; head_dim 64 in both towers (vLLM's CPU attention needs >= 32 in the
+language model)."""
+
+PRESET_100M = TinySpec(hidden=1024, layers=10, heads=16, kv_heads=4, vision_hidden=384, vision_depth=6, vision_heads=6)
+"""~103 M parameters (language model 90.2 M, vision tower 13.3 M), the tiny tokenizer; head_dim 64 in both towers."""
+
+SIZES: dict[str, TinySpec] = {"tiny": TinySpec(), "20m": PRESET_20M, "100m": PRESET_100M}
+"""Model-size presets by name (``--size``; benchmarks' ``--model-size``): language model and vision tower grow
+together, the MLPs are 2 x hidden wide (``TinySpec`` defaults), the vocabulary stays the tiny tokenizer's."""
 
 
 def _corpus(seed: int, tools: bool = False) -> list[str]:
@@ -296,6 +310,27 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
     return model
 
 
+def spec_overrides(spec: TinySpec) -> dict[str, object]:
+    """The fields of ``spec`` that differ from the default ``TinySpec()`` (``TinySpec(**spec_overrides(s)) == s``)."""
+    default = asdict(TinySpec())
+    return {k: getattr(spec, k) for k, v in asdict(spec).items() if v != default[k]}
+
+
+def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
+    """Parameters of a spec's model, counted on the meta device (no memory, no weights; ~0.1 s): ``total``,
+    ``vision_tower`` (patch embedding, blocks, patch merger), ``language_model`` (everything else: embeddings,
+    decoder layers, final norm, LM head) and ``embedding`` (the input embedding; the LM head too when tied)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    config = model_config(build_tokenizer(spec), spec)
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    total = sum(p.numel() for p in model.parameters())  # tied weights are one parameter, counted once
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    embedding = model.model.language_model.embed_tokens.weight.numel()
+    return {"total": total, "language_model": total - vision, "vision_tower": vision, "embedding": embedding}
+
+
 def build_tiny_model(output: str | os.PathLike, seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # noqa: B008
     """Build the tiny model, its tokenizer and processor into ``output`` (an HF folder) and return its path."""
     out = Path(output)
@@ -341,24 +376,26 @@ def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # no
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m vlmrl.testing.tiny --output DIR [--seed N]``."""
+    """CLI: ``python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m]``; the shape flags
+    override the preset's fields."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", required=True, help="folder to write the HF checkpoint to")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=TinySpec.hidden)
-    ap.add_argument("--layers", type=int, default=TinySpec.layers)
-    ap.add_argument("--vision-hidden", type=int, default=TinySpec.vision_hidden)
-    ap.add_argument("--vision-depth", type=int, default=TinySpec.vision_depth)
-    ap.add_argument("--vocab-size", type=int, default=TinySpec.vocab_size)
+    ap.add_argument("--size", choices=list(SIZES), default="tiny", help="model-size preset (default: tiny)")
+    ap.add_argument("--hidden", type=int, help="override the preset's hidden size")
+    ap.add_argument("--layers", type=int, help="override the preset's decoder layers")
+    ap.add_argument("--vision-hidden", type=int, help="override the preset's vision hidden size")
+    ap.add_argument("--vision-depth", type=int, help="override the preset's vision blocks")
+    ap.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
     ap.add_argument("--tool-tokens", action="store_true", help="add Qwen2.5's <tool_call> tokens (tool demos)")
     a = ap.parse_args(argv)
-    spec = TinySpec(hidden=a.hidden, layers=a.layers, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth,
-                    vocab_size=a.vocab_size, tool_tokens=a.tool_tokens)  # fmt: skip
+    fields = ("hidden", "layers", "vision_hidden", "vision_depth", "vocab_size")
+    given = {f: getattr(a, f) for f in fields if getattr(a, f) is not None}
+    spec = replace(SIZES[a.size], **given, **({"tool_tokens": True} if a.tool_tokens else {}))
     out = build_tiny_model(a.output, a.seed, spec)
     size = sum(f.stat().st_size for f in out.iterdir())
-    print(
-        json.dumps({"output": str(out), "seed": a.seed, "bytes": size, "files": sorted(p.name for p in out.iterdir())})
-    )
+    files = sorted(p.name for p in out.iterdir())
+    print(json.dumps({"output": str(out), "seed": a.seed, "size": a.size, "bytes": size, "files": files}))
 
 
 if __name__ == "__main__":
