@@ -40,6 +40,25 @@ def test_by_tokens_keeps_every_micro_batch_within_its_padded_budget() -> None:
         micro_batches.by_tokens(rows, prompts, responses, 100, "actor.ppo_max_token_len_per_gpu")
 
 
+def test_packed_budgets_count_real_tokens_with_each_prompt_once() -> None:
+    """With packing (``use_remove_padding=True``) a budget counts what the packed forward runs, as verl's does:
+    samples stay in order (a GRPO group together, its prompt once) and no padding is counted."""
+    rows = list(range(8))
+    prompt_of = [0, 0, 0, 0, 1, 1, 1, 1]
+    prompts = [40] * 4 + [10] * 4
+    responses = [5, 60, 7, 40, 2, 2, 90, 3]
+    batches = micro_batches.by_tokens(rows, prompts, responses, 150, "budget", prompt_of)
+    # 40 + 5 + 60 + 7 = 112 (one more: 152); 40 + 40 + 10 + 2 + 2 = 94 (one more: 184); 10 + 90 + 3 = 103
+    assert batches == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    p, r, q = dict(zip(rows, prompts)), dict(zip(rows, responses)), dict(zip(rows, prompt_of))
+    assert [micro_batches.packed_tokens(b, p, r, q) for b in batches] == [112, 94, 103]
+    assert micro_batches.padded_tokens([0, 1, 2], p, r) == 300  # what the padded count would charge
+    split = micro_batches.split_to(batches, 4, p, r, q)  # another rank needs 4: the costliest (112) splits
+    assert split[0] == [1] and split[1] == [0, 2] and sorted(x for b in split for x in b) == rows
+    with pytest.raises(ValueError, match=r"budget=50 is smaller than one sample of 100 tokens"):
+        micro_batches.by_tokens(rows, prompts, responses, 50, "budget", prompt_of)
+
+
 def test_split_to_reaches_the_count_another_rank_needs() -> None:
     rows = list(range(6))
     p = dict.fromkeys(rows, 10)
@@ -155,7 +174,11 @@ def test_packed_update_equals_the_padded_one(tiny_model_dir, tiny_processor, var
     padded_grads, padded_metrics, used = _update(worker, x, advantages, 6)
     worker.packed = True  # what actor_rollout_ref.model.use_remove_padding=True sets
     packed_grads, packed_metrics, packed_used = _update(worker, x, advantages, 6)
-    assert packed_used == used and len(padded_grads) == len(packed_grads) == 2
+    if budget:  # packed budgets count real tokens, each prompt once: fewer, larger micro-batches
+        assert sum(map(len, packed_used)) < sum(map(len, used))
+    else:
+        assert packed_used == used
+    assert len(padded_grads) == len(packed_grads) == 2
     for a, b in zip(padded_grads, packed_grads):
         assert a.keys() == b.keys() and len(a) > 4
         assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
@@ -165,4 +188,6 @@ def test_packed_update_equals_the_padded_one(tiny_model_dir, tiny_processor, var
     # checkpointing makes the padded update run every sample's whole sequence; the packed one runs each prompt once
     assert padded_metrics["work/update_padding_tokens"] > 0 and packed_metrics["work/update_padding_tokens"] == 0
     assert packed_metrics["work/update_tokens"] < padded_metrics["work/update_tokens"]
-    assert packed_metrics["work/update_vision_patches"] == padded_metrics["work/update_vision_patches"] > 0
+    # the same images encoded, or fewer where the packed budget keeps a prompt's samples together
+    assert 0 < packed_metrics["work/update_vision_patches"] <= padded_metrics["work/update_vision_patches"]
+    assert (packed_metrics["work/update_vision_patches"] == padded_metrics["work/update_vision_patches"]) is not budget

@@ -47,6 +47,8 @@ COMMANDS = {
     "ppo.json": "python benchmarks/bench_ppo.py",
     "async.json": "python benchmarks/bench_async.py",
     "gpu.json": "bash benchmarks/gpu_check.sh",
+    "trl_sizes.json": "python benchmarks/bench_trl.py --model-size tiny,20m,100m",
+    "packing.json": "python benchmarks/bench_packing.py",
 }
 """The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
 MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
@@ -208,6 +210,12 @@ QS, TZ, SU, VI, PU = "quickstart.json", "tool_zoom.json", "suite.json", "video.j
 PP, GP = "ppo.json", "gpu.json"
 
 
+def _pk(data: dict[str, Any], size: str, checkpointing: bool) -> dict[str, Any]:
+    """bench_packing's row for ``size`` with fixed micro-batches and gradient checkpointing on or off."""
+    return next(r for r in data["results"] if r["size"] == size and r["gradient_checkpointing"] is checkpointing
+                and not r["token_budget"])  # fmt: skip
+
+
 def _per(algo: str, key: str) -> Field:
     """``key`` of each run of ``algo`` in bench_ppo's results (one per seed)."""
     return computed(f"{key} of the {algo} runs", lambda d: [r[key] for r in d["runs"] if r["algo"] == algo])
@@ -216,6 +224,8 @@ def _per(algo: str, key: str) -> Field:
 TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
 AS = "async.json"
 RMB = "reward_model.json"
+TS = "trl_sizes.json"
+PK = "packing.json"
 
 
 def _asy(workload: str, mode: str, key: str) -> Field:
@@ -429,6 +439,46 @@ FIGURES: list[Figure] = [
     F(RMB, at("summary", "step_s_rule"), "s against {v} s with the rule", kind="spread"),
     F(RMB, at("summary", "reward_model_s"), "with the rule ({v} s of it the reward", kind="spread"),
     F(RMB, computed("seeds", lambda d: len(d["settings"]["seeds"])), "a learned reward\", {v} seeds", "d"),
+    # ---- speed at size: benchmarks/bench_trl.py --model-size tiny,20m,100m
+    F(TS, at("sizes", "tiny", "step_time", "ratio_vlmrl_over_trl"), "a vlmrl step took {v} TRL's", ".2f", "x"),
+    F(TS, at("sizes", "20m", "step_time", "ratio_vlmrl_over_trl"), "on the tiny model, {v} at", ".2f", "x"),
+    F(TS, at("sizes", "20m", "params", "total"), "on the tiny model, {*} at {v} parameters", ".1f", " M", scale=1e-6),
+    F(TS, at("sizes", "100m", "step_time", "ratio_vlmrl_over_trl"), "parameters and {v} at", ".2f", "x"),
+    F(TS, at("sizes", "100m", "params", "total"), "parameters and {*} at {v} ({*} with", ".1f", " M", scale=1e-6),
+    F(TS, at("sizes", "100m", "step_time", "ratio_vlmrl_packed_over_trl"), "M ({v} with packing)", ".2f", "x"),
+    F(TS, at("sizes", "100m", "efficiency", "vlmrl", "tokens"), "at `100m`, {v} tokens per step against", ",d"),
+    F(TS, at("sizes", "100m", "efficiency", "trl", "tokens"), "tokens per step against TRL's {v}.", ",d"),
+    F(TS, at("sizes", "100m", "efficiency", "vlmrl", "of_matmul"), "the update reached {v} of this", ".0f", "%",
+      scale=100),
+    F(TS, at("sizes", "100m", "efficiency", "vlmrl_packed", "of_matmul"), "2 x 1 threads ({v} packed)", ".0f", "%",
+      scale=100),
+    F(TS, at("sizes", "100m", "profile", "vlmrl", "profile", "groups_share", "matmul / conv"),
+      "update at that size, {v} of the time", ".0f", "%", scale=100),
+    F(TS, at("sizes", "tiny", "step_time", "ratio_packed_over_padded"), "the step-time runs above took {v},", ".2f",
+      "x"),
+    F(TS, at("sizes", "20m", "step_time", "ratio_packed_over_padded"), "runs above took {*}, {v} and", ".2f", "x"),
+    F(TS, at("sizes", "100m", "step_time", "ratio_packed_over_padded"), "{*} and {v} their padded time", ".2f",
+      "x"),
+    # ---- padding-free packing: benchmarks/bench_packing.py
+    F(PK, computed("20m, checkpointing on, fixed: padded update s", lambda d: _pk(d, "20m", True)["padded_update_s"]),
+      "packing cut the update from {v} to", unit=" s"),
+    F(PK, computed("20m, checkpointing on, fixed: packed update s", lambda d: _pk(d, "20m", True)["packed_update_s"]),
+      "update from {*} to {v} at the `20m`", unit=" s"),
+    F(PK, computed("100m, checkpointing on, fixed: padded update s",
+                   lambda d: _pk(d, "100m", True)["padded_update_s"]), "preset and from {v} to", unit=" s"),
+    F(PK, computed("100m, checkpointing on, fixed: packed update s",
+                   lambda d: _pk(d, "100m", True)["packed_update_s"]), "preset and from {*} to {v} at `100m`",
+      unit=" s"),
+    F(PK, computed("checkpointing on, fixed: padding share", lambda d: _pk(d, "100m", True)["padding_share"]),
+      "positions were {v} padding", ".0f", "%", scale=100),
+    F(PK, computed("checkpointing off, fixed: padding share", lambda d: _pk(d, "100m", False)["padding_share"]),
+      "the padding was {v} and the cut", ".0f", "%", scale=100),
+    F(PK, computed("20m, checkpointing off, fixed: time cut", lambda d: _pk(d, "20m", False)["time_cut"]),
+      "and the cut {v} at `20m`", ".0f", "%", scale=100),
+    F(PK, computed("100m, checkpointing off, fixed: time cut", lambda d: _pk(d, "100m", False)["time_cut"]),
+      "at `20m`, {v} at `100m`", ".0f", "%", scale=100),
+    F(PK, computed("samples per update", lambda d: d["config"]["prompts"] * d["config"]["n"]),
+      "On one update over {v} samples", "d"),
     # ---- GRPO step time against TRL: benchmarks/bench_trl.py
     F("trl.json", at("step_time", "ratio_vlmrl_over_trl"), "`GRPOTrainer`: {v} per step on the tiny model", ".2f", "x"),
     F("trl.json", computed("vlmrl / TRL median step time, round by round", _trl_rounds),
@@ -440,6 +490,11 @@ FIGURES: list[Figure] = [
 # --------------------------------------------------------------------------- numbers that are not measurements
 
 ALLOWED: list[tuple[str, str]] = [
+    # speed at size (README, "Speed at size")
+    ("TRL 1.16 in the same run", "the TRL version bench_trl.py installs, a setting"),
+    ("(6 x parameters x tokens", "the FLOP count's definition (benchmarks/compute_efficiency.py)"),
+    ("the same 2 x 1 threads", "the benchmark's worker layout, a setting"),
+    ("padded forwards' to 1e-5 in fp32", "the bound tests/test_packing.py and tests/test_micro_batches.py assert"),
     # rewards from a model (README, "Rewards from a model")
     ("tested on one- and two-image prompts", "tests/test_reward_model.py's parametrisation"),
     ("last word yes/correct (1) or no/incorrect (0)", "vlmrl.reward_model.judge.parse_verdict's rule"),

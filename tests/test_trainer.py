@@ -157,7 +157,8 @@ TRAIN_KEYS = (
     "reward/mean", "reward/std", "response_length/mean", "response_length/clip_ratio", "advantages/mean",
     "actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/lr", "rollout/logprob_diff",
     "timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/train_s", "timing/update_s", "timing/push_s",
-    "throughput/tokens_per_s", "training/epoch",
+    "throughput/tokens_per_s", "training/epoch", "work/update_tokens", "work/update_padding_tokens",
+    "work/update_vision_patches",
 )  # fmt: skip
 VAL_KEYS = ("val/reward/mean", "val/synthetic/colour/reward", "val/synthetic/shape/reward", "timing/validate_s")
 
@@ -190,6 +191,8 @@ def test_metrics_jsonl_one_line_per_step(basic_run):
         assert 0 < r["response_length/mean"] <= MAX_RESP
         assert r["timing/step_s"] > 0 and r["timing/push_s"] >= 0 and r["actor/grad_norm"] >= 0
         assert r["timing/step_s"] >= r["timing/rollout_s"]
+        # what the update's forwards ran (both workers'): every real token of the batch's responses at least
+        assert r["work/update_tokens"] >= r["response_length/mean"] * BS * N and r["work/update_padding_tokens"] >= 0
         assert r["advantages/mean"] == pytest.approx(0.0, abs=1e-5)  # GRPO: every group is centred
         assert "reward/score/mean" not in r  # one reward mean, the trained batch's
         assert r["actor/lr"] == pytest.approx(2e-3)  # tiny_cpu's lr, constant schedule

@@ -212,7 +212,8 @@ def pack_shared(
     U = len(prompt_rows)
     p_start = cu[:U]
     r_start = cu[U:-1]
-    prefixes = [(int(p_start[u]), int(p_start[u] + prompt_lens[u])) for u in inv.tolist()]
+    spans = list(zip(p_start.tolist(), (p_start + prompt_lens).tolist()))
+    prefixes = [spans[u] for u in sample_prompt]
     j, predicted = _columns(response_lens, response_len)
     last_prompt = (p_start + prompt_lens - 1)[inv]
     # response token 0 is predicted by the prompt's last token, token j > 0 by the sample's token j - 1
@@ -233,15 +234,16 @@ def _segments(cu: torch.Tensor, prefixes: list[tuple[int, int]], kinds: list[tup
     for starts, lens, p_starts, p_lens in kinds:
         if len(lens) == 0:
             continue
-        order = torch.argsort(lens, descending=True, stable=True).tolist()
+        n = lens.tolist()
         groups: list[list[int]] = [[]]
-        for s in order:
+        tokens = 0
+        for s in sorted(range(len(n)), key=lambda i: -n[i]):  # longest first; a block's first is its longest
             g = groups[-1]
-            longest = int(lens[g[0]]) if g else 0
-            tokens = sum(int(lens[i]) for i in g) + int(lens[s])
-            if g and longest * (len(g) + 1) > (1 + MAX_WASTE) * tokens:
+            if g and n[g[0]] * (len(g) + 1) > (1 + MAX_WASTE) * (tokens + n[s]):
                 groups.append([])
+                tokens = 0
             groups[-1].append(s)
+            tokens += n[s]
         for g in groups:
             i = torch.tensor(sorted(g), device=lens.device)
             block, valid = _block(starts[i], lens[i], None if p_starts is None else p_starts[i],

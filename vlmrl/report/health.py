@@ -17,8 +17,8 @@ STAGES = {
     "rollout.gpu_memory_utilization, tensor parallelism for a big model",
     "timing/wait_prev_gen_s": "waiting for the batch the rollout pool generated meanwhile (one-step off-policy): "
     "more rollout workers (rollout.cpu_workers / rollout.n_gpus_per_node) and fewer training workers",
-    "timing/update_s": "the update: actor.use_dynamic_bsz=True with a token budget, a larger micro-batch, gradient "
-    "checkpointing off when memory allows, fewer ppo_epochs",
+    "timing/update_s": "the update: model.use_remove_padding=True (no padding computed), actor.use_dynamic_bsz=True "
+    "with a token budget, a larger micro-batch, gradient checkpointing off when memory allows, fewer ppo_epochs",
     "timing/push_s": "the weight push: it is fixed per step, so a larger batch per step amortises it",
     "timing/reward_s": "the reward: more reward.num_workers, a faster reward function (the driver waits for it)",
     "timing/data_s": "data loading: smaller images (data.max_pixels) or images stored as bytes, not paths",

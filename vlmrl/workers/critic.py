@@ -81,7 +81,7 @@ class CriticWorker:
             return micro_batches.fixed(rows, p.micro_batch_size if update else p.forward_micro_batch_size)
         key = "critic.ppo_max_token_len_per_gpu" if update else "critic.forward_max_token_len_per_gpu"
         budget = p.max_token_len if update else p.forward_max_token_len
-        return token_micro_batches(x, rows, budget, key, self.device, self.world)
+        return token_micro_batches(x, rows, budget, key, self.device, self.world, self.plan.use_remove_padding)
 
     @torch.no_grad()
     def values(self, x: ModelInputs) -> torch.Tensor:

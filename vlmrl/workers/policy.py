@@ -160,21 +160,25 @@ def lr_lambda(step: int, warmup: int, total: int, style: str, min_ratio: float) 
 
 
 def token_micro_batches(
-    x: ModelInputs, rows: list[int], budget: int, key: str, device: str, world: int
+    x: ModelInputs, rows: list[int], budget: int, key: str, device: str, world: int, packed: bool = False
 ) -> list[list[int]]:
     """``rows`` of ``x`` in micro-batches of at most ``budget`` tokens each (``key`` names the setting in errors),
-    as many on every rank as the rank needing the most (one all-reduce), so all ranks run the same passes."""
+    counted as the forward computes them (``packed``: real tokens, each prompt once), as many on every rank as the
+    rank needing the most (one all-reduce), so all ranks run the same passes."""
     plen = x.input_ids.shape[1] - x.responses.shape[1]
     prompt_lens = x.attention_mask[rows, :plen].sum(-1).tolist()
     response_lens = x.attention_mask[rows, plen:].sum(-1).tolist()  # every response token (tool turns too)
-    batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key)
+    # packed with tool images in responses: every sample runs its whole sequence (no prompt shared)
+    prompt_of = None if not packed else rows if x.has_response_images else x.prompt_of[rows].tolist()
+    batches = micro_batches.by_tokens(rows, prompt_lens, response_lens, budget, key, prompt_of)
     count = len(batches)
     if dist.is_initialized() and world > 1:
         t = torch.tensor([count], dtype=torch.int64, device=device if device == "cuda" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         count = int(t.item())
     # ranks hold equal sample counts (plan_shards), so a rank can always split to the count another needs
-    return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)))
+    shared = None if prompt_of is None else dict(zip(rows, prompt_of))
+    return micro_batches.split_to(batches, count, dict(zip(rows, prompt_lens)), dict(zip(rows, response_lens)), shared)
 
 
 def last_token_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -373,7 +377,7 @@ class PolicyWorker:
                 c = arr.ref if which == "ref" else arr.rollout
                 size = c.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
             return micro_batches.fixed(rows, size)
-        return token_micro_batches(x, rows, budget, key, self.device, self.world)
+        return token_micro_batches(x, rows, budget, key, self.device, self.world, self.packed)
 
     def old_logprobs_and_pi2(self, x: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's log-probs [B, R] and its sum of squared token probabilities [B, R] (for the optimal-token-
