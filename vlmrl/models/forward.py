@@ -8,8 +8,9 @@
   sequence (:func:`full_sequence_logits`). Both give the same values and gradients (tests/test_models.py).
 - A micro-batch without images or videos runs the vision tower on a dummy input so every FSDP rank joins the same
   collectives.
-- With ``packed`` (verl's ``use_remove_padding=True``), a micro-batch's sequences run as one row without padding
-  (:func:`packed_logits`, ``models.packing``); every sample then runs its whole sequence.
+- With ``packed`` (verl's ``use_remove_padding=True``), a micro-batch's real tokens run as one row, each distinct
+  prompt once and its samples' responses continuing it, with or without gradient checkpointing
+  (:func:`packed_logits`, ``models.packing``).
 - M-RoPE positions are given to the model, built by ``qwen_vl.rope_index`` as the engine builds them (transformers 5's
   own differ after a video).
 """
