@@ -289,6 +289,8 @@ def packed_logits(
         first_row = {p: prompt_of.index(p) for p in order}
         rows = [first_row[p] for p in order]
         inv = [order.index(p) for p in prompt_of]
+        if not bool((mb.input_ids[:, :P] == mb.input_ids[rows, :P][inv]).all()):
+            raise ValueError("packed forward: a sample's prompt ids differ from its prompt's")
         layout = packing.pack_shared(mb.attention_mask, R, rows, inv)
         vision = _vision_of(mb, feats, [(p, None) for p in order])
         p_mask = mb.attention_mask[rows, :P]
