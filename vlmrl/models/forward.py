@@ -130,12 +130,7 @@ def shared_prompt_logits(
     rows = prompt_rows.to(input_ids.device)
     p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
     inv = sample_prompt.to(input_ids.device)
-    if not bool((input_ids[:, :P] == p_ids[inv]).all()):
-        raise ValueError("shared-prompt forward: a sample's prompt ids differ from its prompt's")
-    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, vision)
-    last = p_pos.amax(dim=(0, 2))  # [U] highest prompt position; responses continue from it
-    offs = (attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
-    r_pos = (last[inv].unsqueeze(-1) + 1 + offs).unsqueeze(0).expand(3, -1, -1)
+    p_pos, r_pos = shared_prompt_positions(model, input_ids, attention_mask, P, rows, inv, vision_ids, vision)
     kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
     if (outputs := vision.encoder_outputs()) is not None:
         kwargs["mm_encoder_outputs"] = outputs
@@ -151,6 +146,41 @@ def shared_prompt_logits(
         use_cache=True,
     ).logits
     return torch.cat([first.unsqueeze(1), resp[:, :-1]], dim=1)
+
+
+def shared_prompt_positions(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    rows: torch.Tensor,
+    inv: torch.Tensor,
+    vision_ids: VisionTokenIds,
+    vision: Vision,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE positions when each distinct prompt runs once: [3, U, P] of the prompts (row ``rows[u]``'s first
+    ``prompt_len`` columns; ``vision`` holds their grids) and [3, B, R] of each sample's response, continuing its
+    prompt ``inv[b]`` from its highest position. Refuses a sample whose prompt ids differ from its prompt's."""
+    P = prompt_len
+    p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
+    if not bool((input_ids[:, :P] == p_ids[inv]).all()):
+        raise ValueError("shared-prompt forward: a sample's prompt ids differ from its prompt's")
+    p_pos = rope_position_ids(model, p_ids, p_mask, vision_ids, vision)
+    last = p_pos.amax(dim=(0, 2))  # [U] highest prompt position; responses continue from it
+    offs = (attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
+    return p_pos, (last[inv].unsqueeze(-1) + 1 + offs).unsqueeze(0).expand(3, -1, -1)
+
+
+def distinct_prompts(mb: ModelInputs) -> tuple[list[int], list[int], list[int]]:
+    """A micro-batch's distinct prompts (indices into ``mb.images``, sorted), the row of each one's first sample, and
+    each row's place among them."""
+    prompt_of = mb.prompt_of.tolist()
+    order = sorted(set(prompt_of))
+    first_row: dict[int, int] = {}
+    for row, p in enumerate(prompt_of):
+        first_row.setdefault(p, row)
+    place = {p: u for u, p in enumerate(order)}
+    return order, [first_row[p] for p in order], [place[p] for p in prompt_of]
 
 
 def checkpointing_in_training(model: torch.nn.Module) -> bool:
@@ -246,17 +276,14 @@ def shared_sample_logits(
     """Logits [b, R, V] predicting each response token, each distinct prompt running once (its KV cache shared by
     its samples: :func:`shared_prompt_logits`), and the dummy-vision term."""
     feats, extra = _vision_features(model, mb)  # no response images here (those take the full sequence)
-    order = sorted(set(mb.prompt_of.tolist()))
-    first_row: dict[int, int] = {}
-    for row, p in enumerate(mb.prompt_of.tolist()):
-        first_row.setdefault(p, row)
+    order, rows, inv = distinct_prompts(mb)
     logits = shared_prompt_logits(
         model,
         mb.input_ids,
         mb.attention_mask,
         mb.responses.shape[1],
-        torch.tensor([first_row[p] for p in order]),
-        torch.tensor([order.index(p) for p in mb.prompt_of.tolist()]),
+        torch.tensor(rows),
+        torch.tensor(inv),
         vision_ids,
         vision=_vision_of(mb, feats, [(p, None) for p in order]),
     )
@@ -279,27 +306,20 @@ def packed_logits(
     feats, extra = _vision_features(model, mb)
     B, R = mb.responses.shape
     P = mb.input_ids.shape[1] - R
-    prompt_of = mb.prompt_of.tolist()
     if mb.has_response_images:
         layout = packing.pack_rows(mb.attention_mask, R)
-        vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(prompt_of)])
+        vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(mb.prompt_of.tolist())])
         grid = rope_position_ids(model, mb.input_ids, mb.attention_mask, vision_ids, vision)
     else:
-        order = sorted(set(prompt_of))
-        first_row = {p: prompt_of.index(p) for p in order}
-        rows = [first_row[p] for p in order]
-        inv = [order.index(p) for p in prompt_of]
-        if not bool((mb.input_ids[:, :P] == mb.input_ids[rows, :P][inv]).all()):
-            raise ValueError("packed forward: a sample's prompt ids differ from its prompt's")
-        layout = packing.pack_shared(mb.attention_mask, R, rows, inv)
+        order, rows, inv = distinct_prompts(mb)
         vision = _vision_of(mb, feats, [(p, None) for p in order])
-        p_mask = mb.attention_mask[rows, :P]
-        p_pos = rope_position_ids(model, mb.input_ids[rows, :P], p_mask, vision_ids, vision)
-        last = p_pos.amax(dim=(0, 2))  # [U]: responses continue from their prompt's highest position
-        offs = (mb.attention_mask[:, P:].long().cumsum(-1) - 1).clamp(min=0)
+        at = mb.input_ids.device
+        p_pos, r_pos = shared_prompt_positions(model, mb.input_ids, mb.attention_mask, P, torch.tensor(rows, device=at),
+                                               torch.tensor(inv, device=at), vision_ids, vision)  # fmt: skip
+        layout = packing.pack_shared(mb.attention_mask, R, rows, inv)
         grid = torch.zeros((3, *mb.input_ids.shape), dtype=p_pos.dtype, device=p_pos.device)
         grid[:, rows, :P] = p_pos
-        grid[:, :, P:] = (last[torch.tensor(inv, device=last.device)][:, None] + 1 + offs).unsqueeze(0)
+        grid[:, :, P:] = r_pos
     positions = grid.flatten(1)[:, layout.tokens.to(grid.device)]
     kwargs: dict[str, Any] = {
         "attention_mask": None,
@@ -341,8 +361,7 @@ def forward_token_counts(mb: ModelInputs, model: torch.nn.Module, packed: bool =
         return real, 0 if packed else B * T - real
     R = mb.responses.shape[1]
     P = T - R
-    prompt_of = mb.prompt_of.tolist()
-    rows = [prompt_of.index(p) for p in sorted(set(prompt_of))]
+    _, rows, _ = distinct_prompts(mb)
     prompt_real = int(mb.attention_mask[rows, :P].sum())
     response_real = int(mb.attention_mask[:, P:].sum())
     run = prompt_real + response_real

@@ -17,6 +17,8 @@ caller reduces it) and a rank that needs fewer splits its largest micro-batches 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def fixed(rows: list[int], size: int) -> list[list[int]]:
     """Consecutive runs of ``size`` rows (the last may be shorter)."""
@@ -37,6 +39,16 @@ def packed_tokens(
     """Tokens a packed forward over ``batch`` computes: each distinct prompt (``prompt_of``) once, every response."""
     prompts = {prompt_of[r]: prompt_len[r] for r in batch}
     return sum(prompts.values()) + sum(response_len[r] for r in batch)
+
+
+def cost_of(
+    prompt_len: dict[int, int], response_len: dict[int, int], prompt_of: dict[int, int] | None = None
+) -> Callable[[list[int]], int]:
+    """A micro-batch's tokens as its forward computes them: :func:`padded_tokens`, or :func:`packed_tokens` with
+    ``prompt_of`` (each row's prompt)."""
+    if prompt_of is None:
+        return lambda b: padded_tokens(b, prompt_len, response_len)
+    return lambda b: packed_tokens(b, prompt_len, response_len, prompt_of)
 
 
 def by_tokens(
@@ -62,18 +74,8 @@ def by_tokens(
             f"{key}={budget} is smaller than one sample of {longest} tokens (prompt with its image tokens + response); "
             "set it to at least max_prompt_length + max_response_length"
         )
-    if prompt_of is not None:
-        q = dict(zip(rows, prompt_of))
-        order = list(rows)
-
-        def cost(b: list[int]) -> int:
-            return packed_tokens(b, p, r, q)
-    else:
-        order = sorted(rows, key=lambda x: (-(p[x] + r[x]), x))
-
-        def cost(b: list[int]) -> int:
-            return padded_tokens(b, p, r)
-
+    cost = cost_of(p, r, None if prompt_of is None else dict(zip(rows, prompt_of)))
+    order = list(rows) if prompt_of is not None else sorted(rows, key=lambda x: (-(p[x] + r[x]), x))
     batches: list[list[int]] = []
     current: list[int] = []
     for row in order:
@@ -97,12 +99,7 @@ def split_to(
     """Split the costliest micro-batches (padded tokens; packed ones with ``prompt_of``) in two (by length: the longer
     half first) until there are ``count``."""
     out = [list(b) for b in batches]
-
-    def cost(b: list[int]) -> int:
-        if prompt_of is None:
-            return padded_tokens(b, prompt_lens, response_lens)
-        return packed_tokens(b, prompt_lens, response_lens, prompt_of)
-
+    cost = cost_of(prompt_lens, response_lens, prompt_of)
     while len(out) < count:
         i = max(range(len(out)), key=lambda k: (cost(out[k]), -k))
         b = out[i]
