@@ -5,7 +5,9 @@
 #   bash examples/quickstart_cpu.sh trainer.total_training_steps=200 actor_rollout_ref.rollout.name=hf
 # OUT (default runs/quickstart) is where data, metrics, checkpoints and plots go. Smoke mode, SMOKE=1: the same
 # pipeline with 64 training records and 2 steps (the test suite runs it; a few seconds of training). CONFIG (default
-# tiny_cpu) names the configs/ preset: examples/ppo_cpu.sh runs this script with CONFIG=ppo_tiny_cpu.
+# tiny_cpu) names the configs/ preset: examples/ppo_cpu.sh runs this script with CONFIG=ppo_tiny_cpu. FAMILY (default
+# qwen2_5_vl) picks the tiny model's family: FAMILY=qwen3_vl trains the tiny Qwen3-VL (16-px patches, DeepStack,
+# interleaved M-RoPE) on the same task.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -16,8 +18,10 @@ export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 OUT=${OUT:-$ROOT/runs/quickstart}
 mkdir -p "$OUT"
 
-MODEL=$("$PY" -c "from vlmrl.testing.tiny import ensure_tiny_model; print(ensure_tiny_model(seed=0))")
-echo "[quickstart] tiny model: $MODEL"
+FAMILY=${FAMILY:-qwen2_5_vl}
+MODEL=$("$PY" -c "import sys; from vlmrl.testing.tiny import FAMILY_SPECS as F, ensure_tiny_model as m
+print(m(seed=0, spec=F[sys.argv[1]]))" "$FAMILY")
+echo "[quickstart] tiny $FAMILY model: $MODEL"
 sizes=(--train-size 4096 --test-size 96)
 smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then

@@ -36,8 +36,12 @@ SCRIPTS: dict[str, str | None] = {
     "run_qwen2_5_vl-7b-sglang.sh": "the SGLang rollout is not implemented in vlmrl",
     "run_qwen2_5_vl-7b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
     "run_qwen3_vl-8b-megatron.sh": "not implemented in vlmrl: the Megatron-LM backend",
+    "run_qwen3_vl-30b-megatron.sh": "not implemented in vlmrl: expert parallelism for mixture-of-experts models",
+    "run_qwen3_vl-235b-megatron.sh": "not implemented in vlmrl: expert parallelism for mixture-of-experts models",
     "run_qwen2.5-3b_geo3k_multiturn.sh": "the SGLang rollout is not implemented in vlmrl",
 }
+QWEN3_VL = ["run_qwen3_vl-8b-megatron.sh", "run_qwen3_vl-30b-megatron.sh", "run_qwen3_vl-235b-megatron.sh"]
+"""verl's Qwen3-VL scripts (all Megatron): refused as they are; their FSDP version (:func:`fsdp_version`) runs."""
 MULTI_TURN = "run_qwen2.5-3b_geo3k_multiturn.sh"
 """verl's multi-turn geo3k script: SGLang as shipped; with ``actor_rollout_ref.rollout.name=vllm`` appended (its
 ``$@``) it runs on vlmrl, its ``--config-name`` file (built on verl's ppo_trainer) read as overrides."""
@@ -91,7 +95,8 @@ def run_script(
     script: str, home: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``python -m vlmrl.run_verl tests/verl_examples/<script> [vllm] *args`` with HOME=home, from a folder laid out
-    like verl's checkout (the multi-turn script reads ``$PWD/examples/sglang_multiturn/config``)."""
+    like verl's checkout (the multi-turn script reads ``$PWD/examples/sglang_multiturn/config``); ``script`` may be
+    a path elsewhere (an FSDP version)."""
     text = (VERL / script).read_text()
     engine = ["vllm"] if "ENGINE=${1:-vllm}" in text else []  # the scripts' own first argument
     with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
@@ -102,6 +107,38 @@ def run_script(
             [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *engine, *args],
             cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
+
+
+def fsdp_version(script: str, folder: Path) -> Path:
+    """verl's Megatron ``script`` as a verl user runs it on FSDP: the same lines with verl's FSDP config
+    (``ppo_trainer.yaml``), ``strategy=fsdp2`` for actor and reference, and the Megatron-only lines (``*.megatron.*``,
+    the Megatron optimizer's offload overrides) left out; written into ``folder``."""
+    lines = (VERL / script).read_text().splitlines()
+    keep = [ln for ln in lines if ".megatron." not in ln and "override_optimizer_config" not in ln]
+    text = "\n".join(keep).replace("'ppo_megatron_trainer.yaml'", "'ppo_trainer.yaml'")
+    text = text.replace("algorithm.adv_estimator=grpo \\",
+                        "algorithm.adv_estimator=grpo \\\n    actor_rollout_ref.actor.strategy=fsdp2 \\\n"
+                        "    actor_rollout_ref.ref.strategy=fsdp2 \\")  # fmt: skip
+    assert "strategy=fsdp2" in text and "megatron" not in text.replace("# For megatron", "")
+    out = folder / script.replace("-megatron", "-fsdp2")
+    out.write_text(text + "\n")
+    return out
+
+
+@pytest.mark.parametrize("script", QWEN3_VL)
+def test_verls_qwen3_vl_scripts_on_fsdp_pass_the_dry_run(script: str, verl_home: Path, tmp_path: Path) -> None:
+    """The same lines with FSDP and the tiny Qwen3-VL (8B dense, 30B-A3B and 235B-A22B MoE scripts): the plan names
+    the family and its 32-px image tokens; the MoE scripts' expert-parallel settings were Megatron lines (gone)."""
+    from vlmrl.testing.tiny import TINY_QWEN3_VL, ensure_tiny_model
+
+    model = ensure_tiny_model(0, TINY_QWEN3_VL)
+    path = fsdp_version(script, tmp_path)
+    proc = run_script(str(path), verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={model}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "OK: the run would start" in proc.stdout and "Traceback" not in out
+    assert "data.train: 1200 rows -> 1200 prompts" in proc.stdout
+    assert "model family: Qwen3-VL" in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))

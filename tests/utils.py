@@ -97,17 +97,17 @@ def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: flo
                         "red", {}, videos=vids)  # fmt: skip
 
 
+def family_of_processor(processor) -> qwen_vl.Family:
+    """The model family a tiny model's processor belongs to (Qwen3-VL's processor class, else Qwen2.5-VL)."""
+    return qwen_vl.family_of("qwen3_vl" if type(processor).__name__.startswith("Qwen3VL") else "qwen2_5_vl")
+
+
 def expanded(processor, p: PromptSample) -> list[int]:
     """A prompt's ids with its image and video pads expanded as the processor does (what an engine returns)."""
-    from vlmrl.models.inputs import process_images
+    from vlmrl.models.inputs import expand_pads, process_images
 
     (v,) = process_images(processor, [p])
-    ids = qwen_vl.vision_token_ids(processor.tokenizer)
-    merge = processor.image_processor.merge_size
-    out = qwen_vl.expand_image_pads(p.prompt_ids, ids.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge)
-                                    if v.num_images else [])  # fmt: skip
-    return qwen_vl.expand_image_pads(out, ids.video_pad, qwen_vl.tokens_per_image(v.video_grid_thw, merge)
-                                     if v.num_videos else [])  # fmt: skip
+    return expand_pads(list(p.prompt_ids), v, processor, family_of_processor(processor))
 
 
 def clip(n: int, size=(84, 56), seed: int = 10) -> list[Image.Image]:

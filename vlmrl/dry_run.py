@@ -37,7 +37,7 @@ from vlmrl.config.plan import (
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
-from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES
+from vlmrl.models.qwen_vl import SUPPORTED_MODEL_TYPES, family_of
 from vlmrl.scoring import RewardManager
 from vlmrl.tools.config import build_tools, config_tool_schemas
 
@@ -90,6 +90,10 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
     rep.plan.append(f"model: {path} ({where}; {mt}, {arch})")
     if mt not in SUPPORTED_MODEL_TYPES:  # a problem of the config gate (checks.check_environment) already; its
         return None  # processor is not checked (a text model has no image processor: that says nothing more)
+    fam = family_of(mt)
+    what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
+    what += ["timestamped video frames"] * fam.video_timestamps + ["mixture of experts"] * fam.moe
+    rep.plan.append(f"model family: {fam.label} ({', '.join(what)})")
     return folder
 
 

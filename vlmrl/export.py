@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from vlmrl.models import qwen_vl
 from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
 from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
@@ -78,7 +79,7 @@ def export_checkpoint(
         model = model.merge_and_unload()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    model.to(_DTYPES[dtype]).save_pretrained(out)
+    qwen_vl.save_pretrained(model.to(_DTYPES[dtype]), out)  # the hub's layout, which vLLM loads
     AutoProcessor.from_pretrained(path, trust_remote_code=trust).save_pretrained(out)
     return out
 

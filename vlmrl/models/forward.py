@@ -38,11 +38,11 @@ class Vision:
     video_grid_thw: torch.Tensor | None = None
     second_per_grid_ts: torch.Tensor | None = None
 
-    def encoder_outputs(self) -> dict[str, Any] | None:
-        """The features as the model's forward takes them (None without any)."""
+    def encoder_outputs(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """The features as ``model``'s forward takes them (None without any; DeepStack levels split out)."""
         if self.image_embeds is None and self.video_embeds is None:
             return None
-        return qwen_vl.encoder_outputs(self.image_embeds, self.video_embeds)
+        return qwen_vl.encoder_outputs(self.image_embeds, self.video_embeds, qwen_vl.vision_levels(model))
 
 
 def forward_logits(
@@ -76,7 +76,7 @@ def forward_logits(
         kwargs["logits_to_keep"] = logits_to_keep
     if pixel_values is not None and vision.image_embeds is None and vision.image_grid_thw is not None:
         kwargs.update(pixel_values=pixel_values, image_grid_thw=vision.image_grid_thw)
-    elif (outputs := vision.encoder_outputs()) is not None:
+    elif (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
     return model(input_ids=input_ids, **kwargs).logits
 
@@ -132,7 +132,7 @@ def shared_prompt_logits(
     inv = sample_prompt.to(input_ids.device)
     p_pos, r_pos = shared_prompt_positions(model, input_ids, attention_mask, P, rows, inv, vision_ids, vision)
     kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
-    if (outputs := vision.encoder_outputs()) is not None:
+    if (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
     out = model(input_ids=p_ids, **kwargs)
     first = out.logits[:, -1][inv]  # predicts each sample's first response token
@@ -328,7 +328,7 @@ def packed_logits(
         "logits_to_keep": layout.predict.to(mb.input_ids.device),
         "vlmrl_segments": layout.segments,  # (no cu_seq_lens: another attention would read them without the prefixes)
     }
-    if (outputs := vision.encoder_outputs()) is not None:
+    if (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
     ids = mb.input_ids.flatten()[layout.tokens.to(mb.input_ids.device)].unsqueeze(0)
     logits = model(input_ids=ids, **kwargs).logits[0]

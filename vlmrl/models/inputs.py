@@ -28,6 +28,8 @@ class PromptImages:
     """(t, h, w) patch grid of each video."""
     second_per_grid_ts: torch.Tensor | None = None
     """Seconds per temporal patch of each video (float32, as the processor gives it)."""
+    video_fps: list[float] | None = None
+    """The rate each video's frames were sampled at (Qwen3-VL writes timestamps from it)."""
 
     @property
     def num_images(self) -> int:
@@ -91,12 +93,19 @@ class ModelInputs:
 
 def process_videos(processor: Any, videos: list[Video]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pixel_values_videos, video_grid_thw, second_per_grid_ts) of videos whose frames are already sampled and
-    resized (the video processor only patchifies; nothing is sampled again), as the engine's processor makes them."""
+    resized (the video processor only patchifies: nothing is sampled or resized again), as the engine's processor
+    makes them."""
     vp = processor.video_processor
-    enc = vp(videos=[v.frames for v in videos], return_tensors="pt", do_sample_frames=False, cap_pixels_per_frame=False)
+    enc = vp(videos=[v.frames for v in videos], return_tensors="pt", **VIDEO_AS_GIVEN)
     tps = int(getattr(vp, "temporal_patch_size", qwen_vl.FRAME_FACTOR))
     seconds = torch.tensor([qwen_vl.second_per_grid_ts(v.sample_fps, tps) for v in videos], dtype=torch.float32)
     return enc["pixel_values_videos"], enc["video_grid_thw"], seconds
+
+
+VIDEO_AS_GIVEN: dict[str, Any] = {"do_sample_frames": False, "do_resize": False, "cap_pixels_per_frame": False}
+"""Video processor arguments for frames vlmrl sampled and resized itself (the dataset's video rules): the trainer's
+processor and the engine's take them as they are (Qwen3-VL's video processor bounds a whole video's pixels, so
+resizing again would shrink frames the rules sized one by one)."""
 
 
 def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
@@ -110,8 +119,24 @@ def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptIm
             item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
         if p.videos:
             item.pixel_values_videos, item.video_grid_thw, item.second_per_grid_ts = process_videos(processor, p.videos)
+            item.video_fps = [float(v.sample_fps) for v in p.videos]
         out.append(item)
     return out
+
+
+def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl.Family) -> list[int]:
+    """A prompt's ids with one pad per image and video, each pad expanded as the processor and the engine expand it
+    (image pads to their token count; videos to the family's layout, Qwen3-VL's timestamps included): what
+    ``build_inputs`` and ``generate`` take."""
+    merge = int(getattr(processor.image_processor, "merge_size", 2))
+    pads = qwen_vl.vision_token_ids(processor.tokenizer)
+    if v.num_images:
+        ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))
+    if v.num_videos:
+        if v.video_fps is None:
+            raise ValueError("expand_pads: the videos' sample rates are missing (process_images sets video_fps)")
+        ids = qwen_vl.expand_video_pads(ids, processor.tokenizer, family, v.video_grid_thw, v.video_fps, merge)
+    return list(ids)
 
 
 def process_response_images(processor: Any, rollout: RolloutBatch) -> list[PromptImages] | None:

@@ -1,4 +1,5 @@
-"""Everything specific to Qwen2-VL / Qwen2.5-VL, in one place.
+"""What the Qwen-VL families share (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE), in one place; where they differ,
+the code here reads the model's :class:`~vlmrl.models.families.Family` (``models.families``).
 
 - special tokens (image/video pads) and the ids a rollout must never sample;
 - image resizing with qwen-vl-utils' rules and the number of image tokens an image becomes;
@@ -21,13 +22,14 @@ from typing import Any
 import torch
 from PIL import Image
 
+from vlmrl.models.families import SUPPORTED_MODEL_TYPES, Family, family_of  # noqa: F401  (callers look them up here)
+
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 VISION_PAD = "<|vision_pad|>"
 
-SUPPORTED_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
 
 # prefixes that wrappers (FSDP1, activation checkpointing, torch.compile, peft) put in front of parameter names
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_model.model.")
@@ -55,26 +57,26 @@ def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
     for tok in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END):
         i = tokenizer.convert_tokens_to_ids(tok)
         if i is None or i == getattr(tokenizer, "unk_token_id", None):
-            raise ValueError(f"tokenizer has no {tok!r}: not a Qwen2-VL/Qwen2.5-VL tokenizer")
+            raise ValueError(f"tokenizer has no {tok!r}: not a Qwen-VL tokenizer (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
         ids[tok] = int(i)
     return VisionTokenIds(ids[IMAGE_PAD], ids[VIDEO_PAD], ids[VISION_START], ids[VISION_END])
 
 
-def check_model_type(config: Any, where: str) -> None:
-    """Reject a checkpoint that is not Qwen2(.5)-VL, naming where it came from."""
-    mt = getattr(config, "model_type", None)
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{where}: model_type {mt!r} is not supported; vlmrl trains Qwen2.5-VL / Qwen2-VL "
-            f"({', '.join(SUPPORTED_MODEL_TYPES)}). Point actor_rollout_ref.model.path at such a checkpoint."
-        )
+def check_model_type(config: Any, where: str) -> Family:
+    """The family of a checkpoint's config; a checkpoint of no supported family is refused, naming where it came
+    from."""
+    try:
+        return family_of(config)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}. Point actor_rollout_ref.model.path at such a checkpoint.") from None
 
 
 # ------------------------------------------------------------------------------------------------------ images
 
 
 def patch_factor(image_processor: Any) -> int:
-    """Pixels per merged image token along one side (patch_size * merge_size; 28 for Qwen2.5-VL)."""
+    """Pixels per merged image token along one side (patch_size * merge_size; 28 for Qwen2.5-VL, 32 for
+    Qwen3-VL)."""
     return int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 2))
 
 
@@ -293,6 +295,38 @@ def expand_image_pads(ids: list[int], pad_id: int, tokens_per_image: list[int]) 
     return out
 
 
+def expand_video_pads(
+    ids: list[int],
+    tokenizer: Any,
+    family: Family,
+    video_grid_thw: torch.Tensor,
+    sample_fps: list[float],
+    merge_size: int,
+) -> list[int]:
+    """Replace the i-th single video pad by its layout (``Family.video_placeholder``: a run of pads, or Qwen3-VL's
+    timestamped frames); ``sample_fps[i]`` is the rate its frames were sampled at."""
+    vision = vision_token_ids(tokenizer)
+    tokens = {"video_pad": vision.video_pad, "vision_start": vision.vision_start, "vision_end": vision.vision_end}
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    grids = [(int(t), int(h) // merge_size, int(w) // merge_size) for t, h, w in video_grid_thw.tolist()]
+    out: list[int] = []
+    k = 0
+    for t in ids:
+        if t == vision.video_pad:
+            if k >= len(grids):
+                raise ValueError(f"more video pads than videos ({len(grids)})")
+            out.extend(family.video_placeholder(grids[k], float(sample_fps[k]), tokens, encode))
+            k += 1
+        else:
+            out.append(t)
+    if k != len(grids):
+        raise ValueError(f"{k} video pads for {len(grids)} videos")
+    return out
+
+
 def tokens_per_image(image_grid_thw: torch.Tensor, merge_size: int) -> list[int]:
     """Image tokens of each image from the processor's ``image_grid_thw``."""
     return [int(t * h * w) // (merge_size**2) for t, h, w in image_grid_thw.tolist()]
@@ -331,22 +365,45 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 def image_embeddings(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
     """Merged vision features, one row per image (or video) token, for all items in order. Images and videos go
     through the same tower the same way (a video's rows are its ``pixel_values_videos`` and ``video_grid_thw``), so
-    one call covers a micro-batch's images and videos together."""
+    one call covers a micro-batch's images and videos together. With DeepStack (Qwen3-VL) each row also carries the
+    early blocks' features, concatenated after the main ones (``[N, hidden x (1 + levels)]``, vLLM's layout), so rows
+    split, gather and concatenate as one tensor; :func:`encoder_outputs` takes them apart."""
     inner = inner_model(model)
     out = inner.get_image_features(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
-    return torch.cat(list(out.pooler_output), dim=0)  # one tensor per image
+    main = torch.cat(list(out.pooler_output), dim=0)  # one tensor per image
+    deep = getattr(out, "deepstack_features", None)
+    if not deep:
+        return main
+    return torch.cat([main, *(torch.cat(list(level), dim=0) for level in deep)], dim=-1)
 
 
-def encoder_outputs(image_embeds: torch.Tensor | None, video_embeds: torch.Tensor | None = None) -> dict[str, Any]:
+def vision_levels(model: torch.nn.Module) -> int:
+    """Feature blocks per vision row: 1, plus one per DeepStack level (Qwen3-VL)."""
+    cfg = inner_model(model).config.vision_config
+    return 1 + len(getattr(cfg, "deepstack_visual_indexes", None) or ())
+
+
+def encoder_outputs(
+    image_embeds: torch.Tensor | None, video_embeds: torch.Tensor | None = None, levels: int = 1
+) -> dict[str, Any]:
     """Precomputed image (and video) features in the form the model's forward takes them (``mm_encoder_outputs``), so
-    features computed once per prompt serve all of its samples."""
+    features computed once per prompt serve all of its samples. ``levels`` > 1: each row holds the main features and
+    ``levels - 1`` DeepStack levels side by side (:func:`image_embeddings`)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    def one(x: torch.Tensor) -> BaseModelOutputWithPooling:
+        if levels == 1:
+            return BaseModelOutputWithPooling(pooler_output=(x,))
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        main, *deep = x.chunk(levels, dim=-1)
+        return BaseModelOutputWithDeepstackFeatures(pooler_output=(main,), deepstack_features=[(d,) for d in deep])
 
     out: dict[str, Any] = {}
     if image_embeds is not None:
-        out["image"] = BaseModelOutputWithPooling(pooler_output=(image_embeds,))
+        out["image"] = one(image_embeds)
     if video_embeds is not None:
-        out["video"] = BaseModelOutputWithPooling(pooler_output=(video_embeds,))
+        out["video"] = one(video_embeds)
     return out
 
 
@@ -359,7 +416,7 @@ def rope_index(
     video_grid_thw: torch.Tensor | None = None,
     second_per_grid_ts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """3-D M-RoPE position ids [3, B, T] of a padded batch, as Qwen2.5-VL's reference implementation and vLLM build
+    """3-D M-RoPE position ids [3, B, T] of a padded batch, as the family's reference implementation and vLLM build
     them (padding gets 0).
 
     Text continues one past the largest position of what precedes it, on all three axes; an image or a video takes a
@@ -367,11 +424,17 @@ def rope_index(
     truncated (vLLM's arithmetic: the float32 seconds times the tokens per second, in float64). transformers 5's own
     ``get_rope_index`` starts the text after a video at the largest SPATIAL position only: with a temporal extent
     beyond it the trainer's log-probs drift from the engine's (6e-4 on the tiny model), hence this function.
+    Qwen3-VL (``Family.video_timestamps``) writes each temporal patch of a video as its own item behind a text
+    timestamp: each is positioned like an image (temporal index 0), as its reference and vLLM do.
     ``image_grid_thw`` / ``video_grid_thw`` list each row's items in order, row after row."""
     import numpy as np
 
     merge = int(config.vision_config.spatial_merge_size)
     tps = getattr(config.vision_config, "tokens_per_second", None)
+    if video_grid_thw is not None and family_of(config).video_timestamps:
+        video_grid_thw = video_grid_thw.repeat_interleave(video_grid_thw[:, 0], dim=0)
+        video_grid_thw[:, 0] = 1
+        tps, second_per_grid_ts = None, None
     grids = {
         1: iter((image_grid_thw if image_grid_thw is not None else torch.zeros(0, 3)).tolist()),
         2: iter((video_grid_thw if video_grid_thw is not None else torch.zeros(0, 3)).tolist()),
@@ -480,3 +543,22 @@ def engine_weight_name(name: str) -> str:
 def is_lora_param(name: str) -> bool:
     """True for peft adapter tensors, which the engine never receives (merged weights are pushed instead)."""
     return ".lora_" in name or "lora_embedding" in name
+
+
+def save_pretrained(model: Any, out: Any, **kwargs: Any) -> None:
+    """``model.save_pretrained(out)`` in the checkpoint layout every reader takes: for a family with fused expert
+    weights (Qwen3-VL-MoE) transformers 5.19 writes them as it holds them, transposed from the hub's layout, which
+    vLLM then loads transposed again (silently, when the expert's two sizes are equal); they are written back in the
+    hub's layout here (transformers reads either)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    model.save_pretrained(out, **kwargs)
+    family = family_of(inner_model(model).config)
+    if not family.fused_experts:
+        return
+    for f in sorted(Path(out).glob("*.safetensors")):
+        tensors = load_file(str(f))
+        fixed = {k: family.checkpoint_tensor(k, t).contiguous() for k, t in tensors.items()}
+        save_file(fixed, str(f), metadata={"format": "pt"})

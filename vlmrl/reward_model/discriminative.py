@@ -20,7 +20,14 @@ from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.config.plan import RewardModelPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import last_token_scores
-from vlmrl.models.inputs import ModelInputs, build_inputs, process_images, process_response_images, to_device
+from vlmrl.models.inputs import (
+    ModelInputs,
+    build_inputs,
+    expand_pads,
+    process_images,
+    process_response_images,
+    to_device,
+)
 from vlmrl.models.value_head import add_value_head, saved_value_head
 
 
@@ -100,13 +107,7 @@ class RewardModelWorker:
     def _expanded(self, ids: list[int], v: Any) -> list[int]:
         """Prompt ids with one pad per image and video → each pad expanded to its tokens (the engine's convention,
         which ``build_inputs`` takes)."""
-        merge = int(getattr(self.processor.image_processor, "merge_size", 2))
-        pads = self.vision_ids
-        if v.num_images:
-            ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))
-        if v.num_videos:
-            ids = qwen_vl.expand_image_pads(ids, pads.video_pad, qwen_vl.tokens_per_image(v.video_grid_thw, merge))
-        return ids
+        return expand_pads(ids, v, self.processor, qwen_vl.family_of(qwen_vl.inner_model(self.model).config))
 
     def inputs(self, prompts: list[PromptSample], rollout: RolloutBatch) -> tuple[ModelInputs, int]:
         """The reward model's inputs for every sample and how many responses ``max_length`` cut."""

@@ -16,6 +16,11 @@ uninitialised memory.
 
 Runs inside vLLM's worker through ``LLM.collective_rpc``; used only where :func:`unsupported_reason` returns None
 (CPU, unquantized, no vLLM LoRA, the vLLM internals it relies on present).
+
+Mixture-of-experts layers (Qwen3-VL-MoE): vLLM's CPU MoE kernel prepacks the expert weights into its grouped-gemm
+layout once, at load; a reload (vLLM's own too, in 0.32) copies the new weights in and skips that step, leaving
+plain weights that the kernel reads as packed ones (wrong outputs, no error). :func:`direct_reload` prepacks them
+again (:func:`_repack_cpu_experts`).
 """
 
 from __future__ import annotations
@@ -92,6 +97,35 @@ def direct_reload(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> i
             f"{sorted(missing)[:4]}; the engine was not updated consistently"
         )
     process_weights_after_loading(model, runner.model_config, torch.device("cpu"))
+    _repack_cpu_experts(model)
     if hasattr(runner, "reset_mm_cache"):
         runner.reset_mm_cache()
     return len(loaded)
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Prepack the expert weights of every MoE layer served by vLLM's CPU grouped-gemm kernel, which a reload left
+    plain (vLLM runs the kernel's own ``process_weights_after_loading`` on the first load only); returns how many
+    layers. Expert widths that vLLM pads (not a multiple of the kernel's alignment) are refused: the loader's rows
+    in a padded weight are not what a fresh load lays out."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    n = 0
+    for name, layer in model.named_modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+            continue
+        width = experts.moe_config.intermediate_size_per_partition
+        if experts._padded_intermediate_size(experts.moe_config) != width:
+            raise RuntimeError(
+                f"{name}: expert width {width} is padded by vLLM's CPU MoE kernel; the weight push cannot refill it "
+                f"(use a width that is a multiple of {experts._intermediate_alignment()})"
+            )
+        with torch.no_grad():
+            for attr in ("w13_weight", "w2_weight"):
+                weight = getattr(layer, attr)
+                weight.copy_(ops.cpu_prepack_moe_weight(weight.contiguous(), experts.isa))
+        n += 1
+    return n

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import token_logprobs
-from vlmrl.models.inputs import PromptImages, process_images
+from vlmrl.models.inputs import PromptImages, expand_pads, process_images
 from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.timing import Timer
@@ -50,14 +50,10 @@ class HFRollout:
     def _batch(self, ids: list[list[int]], vision: list[PromptImages]) -> dict[str, Any]:
         """``generate``'s inputs for token-in prompts (one pad per image and video) and their processed images and
         videos: pads expanded, left padding, vision inputs concatenated in row order, M-RoPE positions."""
-        merge = int(getattr(self.processor.image_processor, "merge_size", 2))
         pads = self.vision_ids
-        rows = []
-        for x, v in zip(ids, vision):
-            counts = qwen_vl.tokens_per_image(v.image_grid_thw, merge) if v.num_images else []
-            row = qwen_vl.expand_image_pads(x, pads.image_pad, counts)
-            vcounts = qwen_vl.tokens_per_image(v.video_grid_thw, merge) if v.num_videos else []
-            rows.append(qwen_vl.expand_image_pads(row, pads.video_pad, vcounts))
+        config = qwen_vl.inner_model(self.model).config
+        family = qwen_vl.family_of(config)
+        rows = [expand_pads(list(x), v, self.processor, family) for x, v in zip(ids, vision)]
         width = max(len(x) for x in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -70,7 +66,6 @@ class HFRollout:
             return torch.cat(parts) if parts else None
 
         grids = {k: cat(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
-        config = qwen_vl.inner_model(self.model).config
         positions = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
         enc: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attn, "position_ids": positions}
         enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)

@@ -22,6 +22,7 @@ import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.config.checks import cache_kept_on
+from vlmrl.models.inputs import VIDEO_AS_GIVEN
 from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.rollout.cpu_reload import direct_reload, unsupported_reason
@@ -113,7 +114,9 @@ class VLLMRollout:
         if limit_videos > 0:
             # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
             # frames with the images' bounds (both seen: 32 video tokens instead of 128, or the images' size lost)
-            mm: dict[str, Any] = {"videos_kwargs": {"cap_pixels_per_frame": False}}  # frames come resized already
+            # frames come sampled and resized already: the engine's video processor takes them as they are, as the
+            # trainer's does (Qwen3-VL's would resize them again: it bounds a whole video's pixels)
+            mm: dict[str, Any] = {"videos_kwargs": {k: v for k, v in VIDEO_AS_GIVEN.items() if k != "do_sample_frames"}}
             if pixel_bounds is not None:
                 mm["images_kwargs"] = {"size": {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}}
             if video_pixel_bounds is not None:

@@ -1,6 +1,9 @@
-"""Build a tiny random Qwen2.5-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
+"""Build a tiny random Qwen-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
 
-    python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m]
+    python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m] [--family qwen3_vl|qwen3_vl_moe]
+
+Families (``models.families``): Qwen2.5-VL (the default), Qwen3-VL (16-px patches, DeepStack, interleaved M-RoPE,
+its chat template: no default system message) and Qwen3-VL-MoE (Qwen3-VL with a mixture-of-experts language model).
 
 The folder is a normal HF checkpoint: ``AutoProcessor`` + ``AutoModelForImageTextToText`` and ``vllm.LLM`` load it.
 It is deterministic for a seed (same bytes of weights), a few MB, and built in seconds. Its untrained policy explores:
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from vlmrl.models import qwen_vl
 from vlmrl.tools import hermes
 from vlmrl.tools.builtin import BUILTIN
 
@@ -58,6 +62,26 @@ CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# the chat template of Qwen/Qwen3-VL-*-Instruct for plain and vision content (no default system message; vlmrl writes
+# the hermes tools block into the system message itself)
+CHAT_TEMPLATE_QWEN3_VL = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
     "{% else %}{% for content in message['content'] %}"
@@ -111,6 +135,12 @@ class TinySpec:
     """Vision blocks with full attention (others are windowed); empty = the last block."""
     tie_word_embeddings: bool = False
     """Share the input embedding and the LM head (Qwen2.5-VL-3B does)."""
+    family: str = "qwen2_5_vl"
+    """Model family (``models.families.FAMILIES``): ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe``."""
+    deepstack_layers: int = 2
+    """Qwen3-VL: vision blocks whose features DeepStack adds to the first decoder layers (the first blocks)."""
+    num_experts: int = 4
+    """Qwen3-VL-MoE: experts per MoE layer (2 routed per token)."""
     tool_tokens: bool = False
     """Qwen2.5's ``<tool_call>`` / ``</tool_call>`` tokens, and tool-call JSON in the tokenizer's training text (so
     ``"name"``, ``"arguments"``, ``image_zoom``, ``bbox_2d`` are a few tokens each, as in a real vocabulary): for
@@ -147,6 +177,19 @@ language model)."""
 
 PRESET_100M = TinySpec(hidden=1024, layers=10, heads=16, kv_heads=4, vision_hidden=384, vision_depth=6, vision_heads=6)
 """~103 M parameters (language model 90.2 M, vision tower 13.3 M), the tiny tokenizer; head_dim 64 in both towers."""
+
+TINY_QWEN3_VL = TinySpec(family="qwen3_vl", min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 16)
+"""The tiny Qwen3-VL: the tiny shape, 32-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
+
+TINY_QWEN3_VL_MOE = replace(TINY_QWEN3_VL, family="qwen3_vl_moe")
+"""The tiny Qwen3-VL-MoE: Qwen3-VL's tiny shape with 4 experts (2 per token) in every decoder layer."""
+
+FAMILY_SPECS: dict[str, TinySpec] = {
+    "qwen2_5_vl": TinySpec(),
+    "qwen3_vl": TINY_QWEN3_VL,
+    "qwen3_vl_moe": TINY_QWEN3_VL_MOE,
+}
+"""The tiny model of each family (``--family``)."""
 
 SIZES: dict[str, TinySpec] = {"tiny": TinySpec(), "20m": PRESET_20M, "100m": PRESET_100M}
 """Model-size presets by name (``--size``; benchmarks' ``--model-size``): language model and vision tower grow
@@ -211,33 +254,54 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         additional_special_tokens=SPECIAL_TOKENS[1:],
         model_max_length=32768,
         padding_side="left",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=_template(spec),
         errors="replace",
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
 
 
+def _template(spec: TinySpec) -> str:
+    return CHAT_TEMPLATE if spec.family == "qwen2_5_vl" else CHAT_TEMPLATE_QWEN3_VL
+
+
 def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
-    """The real ``Qwen2_5_VLProcessor`` with small min/max pixels (few image tokens per image)."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    """The family's real processor (``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor``) with small min/max pixels (few
+    image tokens per image)."""
+    from transformers import Qwen2VLImageProcessor
 
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-    common = dict(size=size, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=14)
-    ip = Qwen2VLImageProcessor(temporal_patch_size=2, merge_size=2, **common)
-    vp = Qwen2VLVideoProcessor(temporal_patch_size=2, merge_size=2, **common)
-    return Qwen2_5_VLProcessor(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+    if spec.family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLProcessor
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+        common = dict(size=size, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=14)
+        ip = Qwen2VLImageProcessor(temporal_patch_size=2, merge_size=2, **common)
+        vp = Qwen2VLVideoProcessor(temporal_patch_size=2, merge_size=2, **common)
+        return Qwen2_5_VLProcessor(
+            image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+        )
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    # Qwen3-VL's processors: 16-px patches; the image processor's size bounds one image, the video processor's a
+    # whole video (vlmrl resizes frames itself and passes them with do_resize=False)
+    ip = Qwen2VLImageProcessor(size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
+                               image_mean=[0.5] * 3, image_std=[0.5] * 3)  # fmt: skip
+    vp = Qwen3VLVideoProcessor(size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
+                               image_mean=[0.5] * 3, image_std=[0.5] * 3)  # fmt: skip
+    return Qwen3VLProcessor(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=_template(spec))
 
 
 def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
-    """The ``Qwen2_5_VLConfig`` of a spec (token ids from ``tokenizer``)."""
+    """The model config of a spec (``Qwen2_5_VLConfig`` / ``Qwen3VLConfig`` / ``Qwen3VLMoeConfig``; token ids from
+    ``tokenizer``)."""
+    if spec.family != "qwen2_5_vl":
+        return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = spec.hidden // spec.heads
-    half = head_dim // 2  # mrope_section (t, h, w) sums to head_dim / 2
-    mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
+    mrope = _mrope_section(spec)
     text = dict(
         vocab_size=spec.model_vocab_size or len(tokenizer),
         hidden_size=spec.hidden,
@@ -281,6 +345,80 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     return config
 
 
+def _mrope_section(spec: TinySpec) -> list[int]:
+    half = (spec.hidden // spec.heads) // 2  # mrope_section (t, h, w) sums to head_dim / 2
+    return [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
+
+
+def _qwen3_vl_config(tokenizer, spec: TinySpec):
+    """Qwen3-VL's (or Qwen3-VL-MoE's) config of a spec: Qwen3 text model (q/k norms, explicit head_dim), interleaved
+    M-RoPE, a vision tower of 16-px patches with DeepStack mergers after its first ``deepstack_layers`` blocks."""
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(
+        vocab_size=spec.model_vocab_size or len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate or 2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.hidden // spec.heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 5e6,
+            "mrope_section": _mrope_section(spec),
+            "mrope_interleaved": True,
+        },  # fmt: skip
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
+    if spec.family == "qwen3_vl_moe":
+        # expert width != hidden: transformers tells its two layouts of a fused expert weight apart by shape only
+        # (a square down_proj would load as saved, transposed)
+        text.update(num_experts=spec.num_experts, num_experts_per_tok=2, moe_intermediate_size=spec.hidden * 3 // 2,
+                    decoder_sparse_step=1)  # fmt: skip
+    vision = dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=list(range(min(spec.deepstack_layers, spec.vision_depth))),
+    )
+    cls = Qwen3VLMoeConfig if spec.family == "qwen3_vl_moe" else Qwen3VLConfig
+    config = cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # older readers look at the top level
+        setattr(config, k, text[k])
+    if spec.family == "qwen3_vl_moe":  # as the hub's config.json has it (vLLM reads it; transformers always does so)
+        config.text_config.norm_topk_prob = True
+    return config
+
+
+def _model_class(spec: TinySpec):
+    import transformers
+
+    name = {"qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe"}[spec.family]
+    return getattr(transformers, f"{name}ForConditionalGeneration")
+
+
 def generation_config(tokenizer):
     """Qwen's generation defaults (both end tokens stop; plain sampling)."""
     from transformers import GenerationConfig
@@ -298,12 +436,11 @@ def generation_config(tokenizer):
 
 
 def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
-    """A randomly initialised ``Qwen2_5_VLForConditionalGeneration`` (vision tower, patch merger, M-RoPE)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
+    """A randomly initialised ``...ForConditionalGeneration`` of the spec's family (vision tower, patch merger,
+    M-RoPE; DeepStack for Qwen3-VL)."""
     config = model_config(tokenizer, spec)
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).float()
+    model = _model_class(spec)(config).float()
     with torch.no_grad():  # small head: a near-uniform first policy that explores
         model.lm_head.weight.normal_(0.0, spec.head_init_std)
     model.generation_config = generation_config(tokenizer)
@@ -320,11 +457,9 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
     """Parameters of a spec's model, counted on the meta device (no memory, no weights; ~0.1 s): ``total``,
     ``vision_tower`` (patch embedding, blocks, patch merger), ``language_model`` (everything else: embeddings,
     decoder layers, final norm, LM head) and ``embedding`` (the input embedding; the LM head too when tied)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
     config = model_config(build_tokenizer(spec), spec)
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = _model_class(spec)(config)
     total = sum(p.numel() for p in model.parameters())  # tied weights are one parameter, counted once
     vision = sum(p.numel() for p in model.model.visual.parameters())
     embedding = model.model.language_model.embed_tokens.weight.numel()
@@ -338,7 +473,7 @@ def build_tiny_model(output: str | os.PathLike, seed: int = 0, spec: TinySpec = 
     proc = build_processor(tok, spec)
     model = build_model(tok, spec, seed)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    qwen_vl.save_pretrained(model, out)  # the hub's layout (Qwen3-VL-MoE's fused experts)
     proc.save_pretrained(out)
     tok.save_pretrained(out)
     meta = {"builder_version": BUILDER_VERSION, "seed": seed, "spec": asdict(spec)}
@@ -358,7 +493,8 @@ def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # no
         if spec == TinySpec()
         else "-" + hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
     )
-    final = cache_root() / f"tiny-qwen25vl-v{BUILDER_VERSION}-seed{seed}{tag}"
+    name = "qwen25vl" if spec.family == "qwen2_5_vl" else spec.family.replace("_", "")
+    final = cache_root() / f"tiny-{name}-v{BUILDER_VERSION}-seed{seed}{tag}"
     if (final / "vlmrl_tiny.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -376,12 +512,14 @@ def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # no
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m]``; the shape flags
-    override the preset's fields."""
+    """CLI: ``python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m] [--family NAME]``; the
+    shape flags override the preset's fields."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", required=True, help="folder to write the HF checkpoint to")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", choices=list(SIZES), default="tiny", help="model-size preset (default: tiny)")
+    ap.add_argument("--family", choices=list(FAMILY_SPECS), default="qwen2_5_vl",
+                    help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens")  # fmt: skip
     ap.add_argument("--hidden", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's decoder layers")
     ap.add_argument("--vision-hidden", type=int, help="override the preset's vision hidden size")
@@ -392,10 +530,14 @@ def main(argv: list[str] | None = None) -> None:
     fields = ("hidden", "layers", "vision_hidden", "vision_depth", "vocab_size")
     given = {f: getattr(a, f) for f in fields if getattr(a, f) is not None}
     spec = replace(SIZES[a.size], **given, **({"tool_tokens": True} if a.tool_tokens else {}))
+    if a.family != "qwen2_5_vl":
+        fam = FAMILY_SPECS[a.family]
+        spec = replace(spec, family=fam.family, min_pixels=fam.min_pixels, max_pixels=fam.max_pixels)
     out = build_tiny_model(a.output, a.seed, spec)
     size = sum(f.stat().st_size for f in out.iterdir())
     files = sorted(p.name for p in out.iterdir())
-    print(json.dumps({"output": str(out), "seed": a.seed, "size": a.size, "bytes": size, "files": files}))
+    print(json.dumps({"output": str(out), "seed": a.seed, "size": a.size, "family": spec.family, "bytes": size,
+                      "files": files}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -411,9 +411,10 @@ class HybridWorker:
         received = self.sync.receive()
         if self.plan.arr.rollout.name == "hf":
             params = {qwen_vl.engine_weight_name(n): p for n, p in self.hf_model.named_parameters()}
+            family = qwen_vl.family_of(qwen_vl.inner_model(self.hf_model).config)
             with torch.no_grad():
-                for name, t in received:
-                    params[name].copy_(t)
+                for name, t in received:  # sent in the checkpoint's layout: back to the model's
+                    params[name].copy_(family.checkpoint_tensor(name, t))
         else:
             self.engine.update_weights(received)
         return sw.elapsed

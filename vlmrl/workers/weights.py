@@ -32,7 +32,7 @@ def _fsdp_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module | None, l
 
 def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(engine name, full tensor) for every parameter, LoRA adapters merged into their base weights, one FSDP unit
-    materialised at a time.
+    materialised at a time, in the checkpoint's layout (``Family.checkpoint_tensor``).
 
     Under FSDP2 each unit (a decoder layer, a vision block, the tower, the root) is all-gathered once with
     ``unshard()`` and freed again with ``reshard()`` after its tensors were consumed: a single collective per unit
@@ -50,6 +50,7 @@ def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Itera
     for mname, module in model.named_modules():
         if hasattr(module, "lora_A") and hasattr(module, "base_layer") and len(getattr(module, "lora_A", {})) > 0:
             lora_modules[mname] = module
+    family = qwen_vl.family_of(qwen_vl.inner_model(model).config)
     groups = _fsdp_groups(model)
     # kept gathered anyway: every unit's gather starts at once (their latencies overlap), each waited for in turn
     pending = {id(u): u.unshard(async_op=True) for u, _ in groups if u is not None} if keep_gathered else {}
@@ -70,9 +71,12 @@ def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Itera
                         a = _full(m.lora_A[adapter].weight).to(full.dtype)
                         b = _full(m.lora_B[adapter].weight).to(full.dtype)
                         full = full + m.scaling[adapter] * (b @ a)
+                engine_name = qwen_vl.engine_weight_name(name)
                 yield (
-                    qwen_vl.engine_weight_name(name),
-                    (full.clone() if unit is not None and not keep_gathered else full),
+                    engine_name,
+                    family.checkpoint_tensor(
+                        engine_name, full.clone() if unit is not None and not keep_gathered else full
+                    ),  # the layout the engine's loader takes (Qwen3-VL-MoE's fused experts transposed)
                 )
         finally:
             if unit is not None and not keep_gathered:

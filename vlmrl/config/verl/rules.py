@@ -11,6 +11,11 @@ DROP = object()
 """An alias value map entry meaning: the override has no effect (vlmrl already behaves so), drop it."""
 
 _MEGATRON = "the Megatron-LM backend (vlmrl trains with PyTorch FSDP2)"
+_EXPERT_PARALLEL = (
+    "expert parallelism for mixture-of-experts models (vlmrl's FSDP2 shards experts like any weight: "
+    "Qwen3-VL-MoE trains with every expert on every rank)"
+)
+_ROUTING_REPLAY = "MoE routing replay (the trainer's forward routes tokens itself)"
 _CRITIC_LORA = "LoRA on the critic (it trains fully; actor LoRA: actor_rollout_ref.model.lora_rank)"
 _PROFILER = "verl's profiler (nsys / torch / NPU profiling); vlmrl logs per-stage timings in metrics.jsonl"
 _FUNCTION_TOOLS = "tools from plain Python functions (declare tool classes in multi_turn.tool_config_path)"
@@ -353,7 +358,7 @@ RULES: tuple[Rule, ...] = (
     accept("actor_rollout_ref.rollout.expert_parallel_size", (1,), "expert parallelism (MoE)"),
     accept("actor_rollout_ref.rollout.pipeline_model_parallel_size", (1,), "pipeline-parallel rollout"),
     accept("actor_rollout_ref.rollout.full_determinism", (False,), "deterministic rollout kernels"),
-    accept("actor_rollout_ref.rollout.enable_rollout_routing_replay", (False,), "MoE routing replay"),
+    accept("actor_rollout_ref.rollout.enable_rollout_routing_replay", (False,), _ROUTING_REPLAY),
     accept("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", (0,), "MoE load-balance metrics"),
     accept("actor_rollout_ref.rollout.multi_stage_wake_up", (False,), "multi-stage wake-up (an SGLang feature)"),
     accept("actor_rollout_ref.rollout.quantization", (None,), "quantized (fp8) rollout"),
@@ -437,6 +442,10 @@ RULES: tuple[Rule, ...] = (
         "processor keyword arguments (set data.min_pixels / data.max_pixels, and data.video_* for videos)",
     ),
     # ------------------------------------------------------------------------------------------ features (refused)
+    # MoE training options of verl's Megatron scripts: named on their own, beside the Megatron refusal
+    accept("*.megatron.expert_model_parallel_size", (1, None), _EXPERT_PARALLEL),
+    accept("*.megatron.expert_tensor_parallel_size", (1, None), _EXPERT_PARALLEL),
+    accept("*.megatron.router_replay.mode", ("disabled", None), _ROUTING_REPLAY),
     feature("*.megatron.*", _MEGATRON),
     feature("*.megatron", _MEGATRON),
     accept(

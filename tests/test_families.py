@@ -1,0 +1,251 @@
+"""Every model family through the same checks (``models.families``): the tiny model of each family is its real
+architecture and processor; the engine (vLLM on CPU) and the HF rollout give the trainer's log-probs on image,
+two-image, video, image+video and text prompts (padded, shared-prompt and packed forwards), the engine expands the
+prompts as the processor does (Qwen3-VL's video timestamps included), a weight push equals the pushed weights; LoRA,
+gradient checkpointing, packing and token-budget micro-batches give the same log-probs and gradients.
+
+Qwen2.5-VL's own tests (test_models, test_rollout, test_video, test_packing, ...) stay as they were. The tiny
+Qwen3-VL-MoE (4 experts, 2 per token) runs on vLLM's CPU MoE kernel, so it takes every check too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from utils import clip, expanded, noise, solid, video_prompt
+
+from vlmrl.batch import PromptSample, RolloutBatch
+from vlmrl.models import forward, packing, qwen_vl
+from vlmrl.models.families import FAMILIES
+from vlmrl.models.inputs import VIDEO_AS_GIVEN, ModelInputs, build_inputs, process_images
+from vlmrl.rollout.base import SamplingSpec
+from vlmrl.rollout.hf import HFRollout
+from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
+
+FAMILY_NAMES = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
+
+
+@dataclass
+class Tiny:
+    """A family's tiny model, processor and family record."""
+
+    name: str
+    path: str
+    processor: Any
+    family: qwen_vl.Family
+
+    def model(self, **kw: Any) -> torch.nn.Module:
+        """A fresh fp32 copy with vlmrl's varlen attention (what the workers load)."""
+        return AutoModelForImageTextToText.from_pretrained(
+            self.path, dtype=torch.float32, attn_implementation=packing.VARLEN, **kw
+        )
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def tiny(request) -> Tiny:
+    path = str(ensure_tiny_model(0, FAMILY_SPECS[request.param]))
+    proc = AutoProcessor.from_pretrained(path)
+    return Tiny(request.param, path, proc, FAMILIES[request.param])
+
+
+def prompts_of(proc: Any) -> list[PromptSample]:
+    """Image, two-image (one tall), video, image + video (odd frame count) and text-only prompts."""
+    return [
+        video_prompt(proc, "Two pictures.", [], 2.0, images=[noise(1), noise(2, (56, 112))], index=0),
+        video_prompt(proc, "What happens?", [clip(6)], fps=1.5, index=1),
+        video_prompt(proc, "Picture and clip.", [clip(5, (56, 56), 30)], 3.0, images=[noise(3)], index=2),
+        video_prompt(proc, "What colour is the shape?", [], 2.0, images=[solid((0, 200, 0))], index=3),
+        video_prompt(proc, "Just text.", [], 2.0, index=4),
+    ]
+
+
+def processor_ids(proc: Any, p: PromptSample) -> list[int]:
+    """The processor's own expansion of a prompt (its images, its videos with vlmrl's metadata)."""
+    meta = [
+        {k: x for k, x in qwen_vl.video_metadata(len(v.frames), v.sample_fps).items() if k != "do_sample_frames"}
+        for v in p.videos
+    ]
+    enc = proc(
+        text=[p.prompt_text], images=p.images or None, videos=[v.frames for v in p.videos] or None,
+        videos_kwargs={"video_metadata": meta, **VIDEO_AS_GIVEN} if p.videos else {}, return_tensors="pt",
+    )  # fmt: skip
+    return enc["input_ids"][0].tolist()
+
+
+def inputs(tiny: Tiny, prompts: list[PromptSample], rb: RolloutBatch) -> ModelInputs:
+    return build_inputs(prompts, rb, process_images(tiny.processor, prompts), tiny.processor.tokenizer.pad_token_id)
+
+
+def gap(lp: torch.Tensor, rb: RolloutBatch) -> float:
+    """Largest |trainer - sampler| log-prob over the sampled tokens."""
+    return max(float((lp[i, : len(r)] - torch.tensor(r)).abs().max()) for i, r in enumerate(rb.logprobs) if r)
+
+
+def trainer_gaps(model: torch.nn.Module, tiny: Tiny, prompts: list[PromptSample], rb: RolloutBatch) -> dict:
+    """The sampler-vs-trainer gap of each forward the trainer has."""
+    ids = qwen_vl.vision_token_ids(tiny.processor.tokenizer)
+    x = inputs(tiny, prompts, rb)
+    out = {}
+    for fn in (forward.shared_sample_logits, forward.full_sequence_logits, forward.packed_logits):
+        with torch.no_grad():
+            logits, extra = fn(model, x, ids)
+        assert float(extra) == 0.0
+        out[fn.__name__] = gap(forward.token_logprobs(logits, x.responses), rb)
+    return out
+
+
+def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_path) -> None:
+    """The builder's CLI writes the family's real model and processor; vlmrl reads the family off the checkpoint."""
+    from vlmrl.testing.tiny import main
+
+    main(["--output", str(tmp_path / "m"), "--family", tiny.name])
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "m")
+    proc = AutoProcessor.from_pretrained(tmp_path / "m")
+    assert qwen_vl.check_model_type(model.config, "test") is tiny.family
+    assert proc.image_processor.patch_size == tiny.family.patch_size
+    assert qwen_vl.patch_factor(proc.image_processor) == 2 * tiny.family.patch_size
+    vision = model.config.vision_config
+    assert bool(getattr(vision, "deepstack_visual_indexes", None)) is tiny.family.deepstack
+    assert qwen_vl.vision_levels(model) == 1 + len(getattr(vision, "deepstack_visual_indexes", None) or ())
+    if tiny.name != "qwen2_5_vl":
+        moe = tiny.name == "qwen3_vl_moe"
+        assert type(model).__name__ == (
+            "Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"
+        )
+        assert tiny.family.moe is moe and bool(tiny.family.fused_experts) is moe
+        assert model.config.text_config.rope_parameters["mrope_interleaved"] is True
+        assert type(proc).__name__ == "Qwen3VLProcessor"
+        text = proc.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # Qwen3-VL: no default system
+    with pytest.raises(ValueError, match="not supported.*Qwen3-VL"):
+        qwen_vl.check_model_type(type("C", (), {"model_type": "llava"})(), "actor_rollout_ref.model.path=x")
+
+
+def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:
+    """One pad per image and video expands as the processor expands it: Qwen3-VL's videos become a timestamp and
+    their own vision start / end per temporal patch (``<0.2 seconds>`` for frames 0 and 1 at 3 fps)."""
+    for p in prompts_of(tiny.processor):
+        assert expanded(tiny.processor, p) == processor_ids(tiny.processor, p), p.prompt_text
+    p = prompts_of(tiny.processor)[2]
+    text = tiny.processor.tokenizer.decode(expanded(tiny.processor, p))
+    stamps = "<0.2 seconds>" in text and "<0.8 seconds>" in text and "<1.5 seconds>" in text
+    assert stamps is tiny.family.video_timestamps, text
+
+
+@pytest.mark.vllm
+def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tiny: Tiny) -> None:
+    """vLLM's samples on every prompt kind: its expanded prompt ids are the processor's, and its log-probs equal the
+    trainer's shared-prompt, full-sequence and packed forwards (<= 1e-4); the HF rollout's too. Then pushes (language
+    model, then vision tower only) make the running engine sample what the pushed weights give (greedy equal to HF
+    generate, log-probs equal to their forward): no stale weight, prefix cache or vision feature survives."""
+    from vlmrl.config import RolloutConfig
+    from vlmrl.rollout.vllm import VLLMRollout
+    from vlmrl.workers.weights import engine_weights
+
+    proc = tiny.processor
+    model = tiny.model().eval()
+    engine = VLLMRollout(tiny.path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=2, limit_videos=1,
+                         pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
+                         video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor))  # fmt: skip
+    try:
+        prompts = prompts_of(proc)
+        rb = engine.generate(prompts, SamplingSpec(n=3, max_tokens=10, temperature=1.0))
+        assert len({tuple(r) for r in rb.response_ids}) > 5
+        for k, p in enumerate(prompts):
+            assert rb.prompt_ids[3 * k] == processor_ids(proc, p) == expanded(proc, p)
+        gaps = trainer_gaps(model, tiny, prompts, rb)
+        print(f"{tiny.name} vLLM vs trainer: {gaps}")
+        assert max(gaps.values()) <= 1e-4, gaps
+
+        torch.manual_seed(0)
+        hf_rb = HFRollout(model, proc).generate(prompts, SamplingSpec(n=2, max_tokens=8))
+        hf_gaps = trainer_gaps(model, tiny, prompts, hf_rb)
+        assert max(hf_gaps.values()) <= 1e-4, hf_gaps
+
+        greedy = SamplingSpec(n=1, max_tokens=8, temperature=0.0)
+        probe = [prompts[2], prompts[3]]
+        before = engine.generate(probe, greedy)
+        original = tiny.model()
+        pushed = []
+        g = torch.Generator().manual_seed(7)
+        try:
+            for part, scale in ((lambda n: "visual" not in n, 0.5), (lambda n: "visual" in n, 2.0)):
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        if part(n):
+                            p.add_(torch.randn(p.shape, generator=g) * scale * (p.std() if p.numel() > 1 else 1.0))
+                sent = engine.update_weights(engine_weights(model))  # the trainer's push
+                assert sent > 0
+                got = engine.generate(probe, greedy)
+                assert got.response_ids == HFRollout(model, proc).generate(probe, greedy).response_ids
+                sampled = engine.generate(probe, SamplingSpec(n=3, max_tokens=10))
+                assert max(trainer_gaps(model, tiny, probe, sampled).values()) <= 1e-4
+                pushed.append(got.logprobs)
+        finally:
+            engine.update_weights(engine_weights(original))
+        assert pushed[0] != before.logprobs and pushed[1] != pushed[0], "a push changed nothing"
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(tiny: Tiny, lora: bool) -> None:
+    """The trainer's forwards on every prompt kind give the same log-probs and PPO-loss gradients (fp32, <= 1e-5):
+    shared-prompt (plain), full-sequence (gradient checkpointing), packed (both), and the batch split into
+    token-budget micro-batches with their losses summed; with LoRA adapters too."""
+    from vlmrl.algos.losses import LossConfig, get_policy_loss
+    from vlmrl.workers.policy import token_micro_batches
+
+    proc = tiny.processor
+    prompts = prompts_of(proc)
+    torch.manual_seed(3)
+    rb = HFRollout(tiny.model().eval(), proc).generate(prompts, SamplingSpec(n=2, max_tokens=7))
+    x = inputs(tiny, prompts, rb)
+    ids = qwen_vl.vision_token_ids(proc.tokenizer)
+    adv = torch.linspace(-1.0, 1.0, x.batch_size)
+    loss_fn = get_policy_loss("vanilla")
+
+    def make(ckpt: bool) -> torch.nn.Module:
+        m = tiny.model()
+        if lora:
+            from vlmrl.config import ModelConfig
+            from vlmrl.workers.lora import apply_lora
+
+            torch.manual_seed(5)
+            m = apply_lora(m, ModelConfig(path="tiny", lora_rank=4, lora_alpha=8))
+            for name, p in m.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.02)
+        if ckpt:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return m.train()
+
+    def loss_and_grads(model: torch.nn.Module, packed: bool, batches: list[list[int]]) -> tuple:
+        model.zero_grad()
+        lps = torch.zeros_like(x.response_mask, dtype=torch.float32)
+        total = x.response_mask.sum()
+        for rows in batches:
+            mb = x.select(rows)
+            lp, _, extra = forward.response_logprobs(model, mb, ids, packed=packed)
+            old = lp.detach() - 0.05 * mb.response_mask
+            pg, _ = loss_fn(old, lp, adv[rows][:, None].expand_as(lp), mb.response_mask, "token-sum", LossConfig())
+            (pg / total + extra).backward()
+            lps[rows, : lp.shape[1]] = lp.detach() * mb.response_mask
+        return lps, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    everything = [list(range(x.batch_size))]
+    ref_lp, ref_g = loss_and_grads(make(False), False, everything)
+    assert any(float(g.abs().max()) > 1e-4 for g in ref_g.values())
+    budget = token_micro_batches(x, everything[0], 160, "ppo_max_token_len_per_gpu", "cpu", 1, packed=True)
+    assert len(budget) > 2
+    for ckpt, packed, batches in ((True, False, everything), (False, True, everything), (True, True, everything),
+                                  (False, True, budget)):  # fmt: skip
+        lp, grads = loss_and_grads(make(ckpt), packed, batches)
+        what = f"checkpointing={ckpt} packed={packed} micro-batches={len(batches)}"
+        assert float((lp - ref_lp).abs().max()) <= 1e-5, what
+        assert grads.keys() == ref_g.keys(), what
+        worst = max(float((grads[k] - ref_g[k]).abs().max()) for k in ref_g)
+        assert worst <= 1e-5, (what, worst)

@@ -1,0 +1,48 @@
+"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE, chosen from the
+checkpoint's ``model_type``.
+
+The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
+(``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
+
+- ``patch_size``: pixels of a vision patch (14 / 16; merged 2 x 2 into one token: 28 / 32 px);
+- ``video_timestamps``: Qwen3-VL writes each temporal patch of a video as ``<t seconds>`` text followed by its own
+  ``<|vision_start|>`` + pads + ``<|vision_end|>``, and positions each one like an image; Qwen2(.5)-VL gives the
+  video one run of pads and spaces its temporal positions by ``tokens_per_second`` x ``second_per_grid_ts``;
+- ``deepstack``: the vision tower also returns features of early blocks that the decoder adds to the vision tokens'
+  hidden states in its first layers (vlmrl carries them concatenated after the main features, as vLLM does);
+- ``video_resize_by_total``: the video processor bounds a whole video's pixels (Qwen3-VL), not a frame's, so frames
+  vlmrl already resized go in with ``do_resize=False``;
+- ``moe`` and ``moe_not_implemented``: what a mixture-of-experts checkpoint trains with and what vlmrl leaves out.
+
+The M-RoPE flavour (Qwen3-VL's interleaved sections) lives in the model's own rotary embedding and config
+(``rope_parameters.mrope_interleaved``) and in vLLM's; both read it from the checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vlmrl.models.families.base import Family
+from vlmrl.models.families.qwen2_vl import QWEN2_VL
+from vlmrl.models.families.qwen3_vl import QWEN3_VL
+from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE)}
+"""Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES.values() for t in f.model_types)
+
+
+def family_of(config_or_type: Any) -> Family:
+    """The family of a model config (or of a ``model_type`` string); ValueError naming the supported types."""
+    mt = config_or_type if isinstance(config_or_type, str) else getattr(config_or_type, "model_type", None)
+    for f in FAMILIES.values():
+        if mt in f.model_types:
+            return f
+    raise ValueError(
+        f"model_type {mt!r} is not supported; vlmrl trains "
+        + "; ".join(f"{f.label} ({', '.join(f.model_types)})" for f in FAMILIES.values())
+    )
+
+
+__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of"]
