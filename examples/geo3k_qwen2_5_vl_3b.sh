@@ -18,14 +18,15 @@
 # Environment: DATA (parquet folder, default ~/data/geo3k; filled by preprocess/geo3k.py unless train.parquet and
 # test.parquet are there), GEO3K (hub id or local copy for preprocess/geo3k.py, default hiyouga/geometry3k), MODEL,
 # GPUS (per node, default 8), NNODES (default 1), RAY_ADDRESS (join this cluster), LOGGER (default
-# [console,jsonl,wandb]; use [console,jsonl] without wandb), PROJECT, EXPERIMENT, PYTHON (default python).
+# [console,jsonl,wandb]; use [console,jsonl] without wandb), PROJECT, EXPERIMENT, PYTHON (default python), FAMILY
+# (smoke mode: the tiny model's family, default qwen2_5_vl; examples/geo3k_qwen3_vl_8b.sh sets qwen3_vl).
 # VLMRL_DRY_RUN=1 prints the commands instead of running them.
 #
 # Smoke mode, SMOKE=1: the whole pipeline at tiny scale on any machine (the test suite runs it). It swaps only what a
-# laptop cannot hold: the model (the tiny random Qwen2.5-VL), the data (a stand-in in Geometry3K's own hub layout,
-# made by python -m vlmrl.testing.smoke geo3k, then preprocessed by preprocess/geo3k.py as the real data is), the device and
-# workers (2 CPU workers), wandb's network (WANDB_MODE=offline) and the scale (python -m vlmrl.testing.smoke overrides: 2
-# steps of 4 prompts, 48-token responses). Every other flag below runs as set: gradient checkpointing, the KL loss
+# laptop cannot hold: the model (the tiny random Qwen2.5-VL, or FAMILY's), the data (a stand-in in Geometry3K's own
+# hub layout, made by python -m vlmrl.testing.smoke geo3k, then preprocessed by preprocess/geo3k.py as the real data
+# is), the device and workers (2 CPU workers), wandb's network (WANDB_MODE=offline) and the scale (python -m
+# vlmrl.testing.smoke overrides: 2 steps of 4 prompts, 48-token responses). Every other flag below runs as set: gradient checkpointing, the KL loss
 # with its reference and the reference's parameter offload, validation before and after training, the checkpoint,
 # the cache flag, CUDA graphs off/on as set (enforce_eager=False).
 #   SMOKE=1 DATA=/tmp/geo3k-smoke bash examples/geo3k_qwen2_5_vl_3b.sh trainer.default_local_dir=/tmp/geo3k-run
@@ -51,7 +52,7 @@ run() {  # run a command, or print it (shell-quoted, one line) with VLMRL_DRY_RU
 smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then
   GEO3K=$("$PYTHON" -m vlmrl.testing.smoke geo3k --output "$DATA/source")
-  MODEL=$("$PYTHON" -m vlmrl.testing.smoke model)
+  MODEL=$("$PYTHON" -m vlmrl.testing.smoke model --family "${FAMILY:-qwen2_5_vl}")
   scale=$("$PYTHON" -m vlmrl.testing.smoke overrides)
   mapfile -t smoke <<< "$scale"
   export WANDB_MODE=offline

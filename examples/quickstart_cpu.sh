@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 FAMILY=${FAMILY:-qwen2_5_vl}
 MODEL=$("$PY" -c "import sys; from vlmrl.testing.tiny import FAMILY_SPECS as F, ensure_tiny_model as m
 print(m(seed=0, spec=F[sys.argv[1]]))" "$FAMILY")
-echo "[quickstart] tiny $FAMILY model: $MODEL"
+echo "[quickstart] tiny model: $MODEL ($FAMILY)"
 sizes=(--train-size 4096 --test-size 96)
 smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then

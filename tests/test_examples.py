@@ -33,6 +33,12 @@ EXAMPLES = REPO / "examples"
 ALL_SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
 GPU_SCRIPTS = [p for p in ALL_SCRIPTS if not p.name.endswith("_cpu.sh")]
 GEO3K_SCRIPTS = [p for p in GPU_SCRIPTS if p.name.startswith("geo3k_")]
+GEO3K_MODELS = {
+    "geo3k_qwen2_5_vl_3b.sh": ("Qwen/Qwen2.5-VL-3B-Instruct", "qwen2_5_vl_3b_function_rm"),
+    "geo3k_qwen2_5_vl_7b.sh": ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_5_vl_7b_function_rm"),
+    "geo3k_qwen3_vl_8b.sh": ("Qwen/Qwen3-VL-8B-Instruct", "qwen3_vl_8b_function_rm"),
+}
+"""Each geo3k pipeline's model and run name (everything else is verl's line, the same for all)."""
 
 # environment variables the example scripts read: cleared so the caller's shell cannot change what the tests see
 SCRIPT_VARS = (
@@ -146,7 +152,7 @@ def jsonl_env(tmp_path: Path) -> dict[str, str]:
 
 def test_there_are_gpu_examples() -> None:
     names = {p.name for p in GPU_SCRIPTS}
-    assert {"geo3k_qwen2_5_vl_3b.sh", "geo3k_qwen2_5_vl_7b.sh", "grounding.sh"} <= names, names
+    assert {"geo3k_qwen2_5_vl_3b.sh", "geo3k_qwen2_5_vl_7b.sh", "geo3k_qwen3_vl_8b.sh", "grounding.sh"} <= names, names
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: p.name)
@@ -187,13 +193,11 @@ def test_launch_line_is_accepted_by_the_config_and_check_config(
 @pytest.mark.parametrize("script", GEO3K_SCRIPTS, ids=lambda p: p.name)
 def test_geo3k_script_mirrors_verls_launch_line(script: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    size = "3b" if "_3b" in script.name else "7b"
     overrides, _ = split_commands(dry_run(script, home))
     ours = as_dict(overrides)
     verl = verl_geo3k_line(home)
     expected = {**verl, **GEO3K_DIFFERENCES}
-    expected["actor_rollout_ref.model.path"] = f"Qwen/Qwen2.5-VL-{size.upper()}-Instruct"
-    expected["trainer.experiment_name"] = f"qwen2_5_vl_{size}_function_rm"
+    expected["actor_rollout_ref.model.path"], expected["trainer.experiment_name"] = GEO3K_MODELS[script.name]
     expected = {k: v for k, v in expected.items() if v is not None}
     assert ours == expected
     # verl's cache flag is written with the + of older verl scripts (both forms load)
@@ -209,7 +213,7 @@ def test_geo3k_values_round_trip(script: Path, launches: Callable[[Path], Launch
     assert (data.train_files, data.val_files) == (f"{home}/data/geo3k/train.parquet", f"{home}/data/geo3k/test.parquet")
     assert (data.train_batch_size, data.max_prompt_length, data.max_response_length) == (512, 1024, 2048)
     assert data.filter_overlong_prompts is True and data.image_key == "images" and data.truncation == "error"
-    assert arr.model.path == ("Qwen/Qwen2.5-VL-3B-Instruct" if "_3b" in script.name else "Qwen/Qwen2.5-VL-7B-Instruct")
+    assert arr.model.path == GEO3K_MODELS[script.name][0]
     assert arr.model.enable_gradient_checkpointing is True
     assert arr.actor.optim.lr == pytest.approx(1e-6)
     assert (arr.actor.ppo_mini_batch_size, arr.actor.ppo_micro_batch_size_per_gpu) == (128, 10)

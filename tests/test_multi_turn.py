@@ -258,6 +258,33 @@ def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_p
         engine.close()
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_tool_images_in_every_family_match_vllm(family, runner):
+    """The same check on the Qwen3-VL families (32-px image tokens, DeepStack): a zoom's image inside the response,
+    then the engine's samples; the trainer's padded and packed forwards give the engine's log-probs (<= 1e-4) and
+    the same gradients."""
+    from transformers import AutoProcessor
+
+    from vlmrl.config import RolloutConfig
+    from vlmrl.models.packing import VARLEN
+    from vlmrl.rollout.vllm import VLLMRollout
+    from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
+
+    path = str(ensure_tiny_model(0, FAMILY_SPECS[family]))
+    proc = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation=VARLEN).eval()
+    engine = VLLMRollout(path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=4)
+    try:
+        prompts = [make_prompt(proc, "What is here?", [noise(1, (112, 84))], index=0),
+                   make_prompt(proc, "And here?", [noise(2, (64, 64)), solid((0, 200, 0))], index=1)]  # fmt: skip
+        wrapped = FirstTurnScripted(engine, proc.tokenizer)
+        rb = make_agent(proc, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=400))
+        assert _trainer_gap(model, proc, prompts, rb) <= 1e-4
+    finally:
+        engine.close()
+
+
 def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor, hf_model, runner):
     from vlmrl.rollout.hf import HFRollout
 

@@ -60,6 +60,29 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
+def test_the_quick_start_learns_with_qwen3_vl(tmp_path):
+    """README, model families: ``FAMILY=qwen3_vl bash examples/quickstart_cpu.sh`` trains the tiny Qwen3-VL (16-px
+    patches, DeepStack, interleaved M-RoPE) on the same task, and it learns: greedy validation at most 0.1 before
+    training, at least 0.9 at steps 40 and 80 (the issue's bar; measured 1.00 at both, benchmarks/bench_families.py),
+    the engine's log-probs equal to the trainer's after every push."""
+    import json
+
+    out = tmp_path / "quickstart"
+    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "OUT", "VLMRL_DRY_RUN", "RAY_ADDRESS")}
+    env.update(OUT=str(out), VLMRL_VENV=str(Path(sys.executable).parents[1]), FAMILY="qwen3_vl")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(repo / "examples" / "quickstart_cpu.sh"), "trainer.total_training_steps=80",
+                           "trainer.test_freq=40"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1200)  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    assert "[quickstart] tiny model: " in log and "tiny-qwen3vl-" in log and "(qwen3_vl)" in log
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    assert sorted(val) == [0, 40, 80] and val[0] <= 0.1 and val[40] >= 0.9 and val[80] >= 0.9, val
+    assert max(r["rollout/logprob_diff"] for r in rows if r["step"] > 0) < 1e-3
+
+
 def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
     assert [r["step"] for r in a] == [r["step"] for r in b], ([r["step"] for r in a], [r["step"] for r in b])
     for ra, rb in zip(a, b):

@@ -120,8 +120,8 @@ def _config_files(cmd: Command) -> tuple[list[str], list[str]]:
     folders = [_folder(cmd.config_path)] if cmd.config_path else []
     folders += [_folder(d) for d in cmd.config_dirs]
     name, stem = cmd.config_name, cmd.config_name.removesuffix(".yaml")
-    if stem in VERL_CONFIGS:
-        cmd.config_name = "grpo"
+    if stem in VERL_CONFIGS:  # verl's own config (its --config-path=config is verl's package folder, not ours)
+        cmd.config_name, cmd.config_path = "grpo", None
         return [], ([f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {VERL_CONFIGS[stem]}."]
                     if VERL_CONFIGS[stem] else [])  # fmt: skip
     if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from vlmrl.testing.tiny import ensure_tiny_model
+from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
 OVERRIDES = (
     "trainer.device=cpu",
@@ -121,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(prog="python -m vlmrl.testing.smoke", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    sub.add_parser("model", help="print the tiny model's folder (built on first use)")
+    m = sub.add_parser("model", help="print the tiny model's folder (built on first use)")
+    m.add_argument("--family", choices=list(FAMILY_SPECS), default="qwen2_5_vl", help="its model family")
     sub.add_parser("overrides", help="print the scale-down overrides, one per line")
     g = sub.add_parser("geo3k", help="write a Geometry3K stand-in in its hub layout")
     g.add_argument("--output", required=True)
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--val", type=int, default=4)
     a = ap.parse_args(argv)
     if a.what == "model":
-        print(ensure_tiny_model(seed=0))
+        print(ensure_tiny_model(seed=0, spec=FAMILY_SPECS[a.family]))
     elif a.what == "overrides":
         print("\n".join(OVERRIDES))
     elif a.what == "geo3k":
