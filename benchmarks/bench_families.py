@@ -134,14 +134,38 @@ def markdown(res: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+README_LABELS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
+
+
+def readme_table(res: dict[str, Any]) -> str:
+    """The README's model-families table (``--readme-table`` prints it; tests/test_readme_figures.py ties each
+    figure of it to this file)."""
+    c = res["config"]
+    rows = []
+    for name, f in res["families"].items():
+        ex, img, vid = f["exactness"], f["image"], f["video"]
+        rows.append([
+            README_LABELS[name], f"{ex['params']['total'] / 1e6:.2f} M", f"{max(ex['fresh_gap'].values()) * 1e6:.1f}",
+            f"{max(ex['pushed_gap'].values()) * 1e6:.1f}", " / ".join(f"{v:.2f}" for v in img["val"].values()),
+            f"{img['step_s']:.2f} s", " / ".join(f"{v:.2f}" for v in vid["val"].values()), f"{vid['step_s']:.2f} s",
+        ])  # fmt: skip
+    return table(["tiny model", "parameters", "engine gap (1e-6)", "after a push (1e-6)",
+                  f"colour: validation at steps {c['image_val_steps']}", "s/step",
+                  f"video colour: validation at steps {c['video_val_steps']}", "s/step"], rows)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--video-steps", type=int, default=70)
+    ap.add_argument("--readme-table", action="store_true", help="print the README's table from the results file")
     ap.add_argument("--exactness", help=argparse.SUPPRESS)  # worker mode: one family's exactness, JSON to --out
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.readme_table:
+        print(readme_table(json.loads((ROOT / "benchmarks" / "results" / "families.json").read_text())))
+        return 0
     if a.exactness:
         Path(a.out).write_text(json.dumps(exactness(a.exactness)))
         return 0

@@ -302,7 +302,7 @@ def test_missing_mandatory_keys_say_how_to_set_them() -> None:
     with pytest.raises(ConfigError) as e:
         load(["data.val_files=x"])
     msg = str(e.value)
-    assert "actor_rollout_ref.model.path: point it at a Qwen2.5-VL folder or hub id" in msg
+    assert "actor_rollout_ref.model.path: point it at a Qwen-VL folder or hub id" in msg
     assert "data.train_files: give a parquet file" in msg
 
 

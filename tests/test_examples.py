@@ -395,6 +395,24 @@ def test_the_7b_smoke_run_is_the_3b_pipeline(tmp_path: Path) -> None:
     assert seven == [[a.replace("qwen2_5_vl_3b_", "qwen2_5_vl_7b_") for a in cmd] for cmd in three]
 
 
+def test_the_qwen3_vl_pipeline_is_the_3b_one_with_qwen3_vl(tmp_path: Path) -> None:
+    """examples/geo3k_qwen3_vl_8b.sh: the 3B pipeline with Qwen3-VL-8B and its run name; in smoke mode it trains the
+    tiny Qwen3-VL (FAMILY=qwen3_vl) where the 3B one trains the tiny Qwen2.5-VL."""
+    import sys
+
+    env = dict(SMOKE="1", DATA=str(tmp_path / "data"), OUT=str(tmp_path / "run"), PYTHON=sys.executable)
+    three = dry_run(EXAMPLES / "geo3k_qwen2_5_vl_3b.sh", tmp_path / "home", **env)
+    eight = dry_run(EXAMPLES / "geo3k_qwen3_vl_8b.sh", tmp_path / "home", **env)
+    path = [a for a in eight[-1] if a.startswith("actor_rollout_ref.model.path=")]
+    assert len(path) == 1 and "/tiny-qwen3vl-" in path[0], path
+    assert (
+        [a for a in three[-1] if a.startswith("actor_rollout_ref.model.path=")][0]
+        .split("/")[-1]
+        .startswith("tiny-qwen25vl-")
+    )
+    assert "trainer.experiment_name=qwen3_vl_8b_function_rm" in eight[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SMOKE_SCRIPTS, ids=lambda p: p.name)
 def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) -> None:

@@ -249,3 +249,29 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
         assert grads.keys() == ref_g.keys(), what
         worst = max(float((grads[k] - ref_g[k]).abs().max()) for k in ref_g)
         assert worst <= 1e-5, (what, worst)
+
+
+def test_moe_checkpoints_are_written_in_the_hubs_layout(tmp_path) -> None:
+    """transformers 5.19 would save Qwen3-VL-MoE's fused expert weights as it holds them ([E, 2I, H] / [E, H, I]),
+    which vLLM reads as the hub's [E, H, 2I] / [E, I, H] and transposes again: ``qwen_vl.save_pretrained`` (the tiny
+    builder's and ``vlmrl.export``'s) writes the hub's layout, which transformers loads back to the same weights, and
+    the weight push sends that layout too."""
+    from safetensors import safe_open
+
+    from vlmrl.workers.weights import engine_weights
+
+    path = str(ensure_tiny_model(0, FAMILY_SPECS["qwen3_vl_moe"]))
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    qwen_vl.save_pretrained(model, tmp_path / "out")
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        held = dict(model.named_parameters())
+        for name in f.keys():  # noqa: SIM118 (a safetensors handle)
+            if name.endswith(FAMILIES["qwen3_vl_moe"].fused_experts):
+                assert f.get_slice(name).get_shape() == list(held[name].transpose(-1, -2).shape), name
+    again = AutoModelForImageTextToText.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    for (n, a), (_, b) in zip(model.named_parameters(), again.named_parameters(), strict=True):
+        assert torch.equal(a, b), n
+    pushed = dict(engine_weights(model))
+    experts = [n for n in pushed if n.endswith(FAMILIES["qwen3_vl_moe"].fused_experts)]
+    assert len(experts) == 2 * model.config.text_config.num_hidden_layers
+    assert all(pushed[n].shape == held[n].transpose(-1, -2).shape for n in experts)

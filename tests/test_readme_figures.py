@@ -49,6 +49,7 @@ COMMANDS = {
     "gpu.json": "bash benchmarks/gpu_check.sh",
     "trl_sizes.json": "python benchmarks/bench_trl.py --model-size tiny,20m,100m",
     "packing.json": "python benchmarks/bench_packing.py",
+    "families.json": "python benchmarks/bench_families.py",
 }
 """The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
 MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
@@ -486,10 +487,65 @@ FIGURES: list[Figure] = [
 ]
 # fmt: on
 
+FA = "families.json"
+FAMILY_ROWS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
+"""The README's model-families table: its row label for each family of benchmarks/results/families.json."""
+
+
+FAMILY_VAL_STEPS = {"image": ("0", "20", "40", "60", "80"), "video": ("0", "35", "70")}
+"""The validation steps the table shows (bench_families.py's defaults: every quarter of 80 steps, every half of 70)."""
+
+
+def _family_figures() -> list[Figure]:
+    """The figures of each row of the README's model-families table: family | parameters | engine gap | gap after
+    a push | colour validation at each step | s/step | video validation at each step | video s/step."""
+
+    def gap(name: str, which: str) -> Field:
+        return computed(f"max over forwards of families/{name}/exactness/{which}",
+                        lambda d: max(d["families"][name]["exactness"][which].values()))  # fmt: skip
+
+    def vals(task: str, at_step: str | None) -> str:  # one validation cell, {v} at ``at_step``
+        return " / ".join("{v}" if s == at_step else "{*}" for s in FAMILY_VAL_STEPS[task]) + " | "
+
+    out = []
+    for name, label in FAMILY_ROWS.items():
+        fam, row = ("families", name), f"| {label} | "
+        colour = row + "{*} | {*} | {*} | "  # parameters, gap, gap after a push
+        video = colour + vals("image", None) + "{*} | "  # ... colour validation, s/step
+        out += [
+            F(FA, at(*fam, "exactness", "params", "total"), row + "{v} |", ".2f", " M", scale=1e-6),
+            F(FA, gap(name, "fresh_gap"), row + "{*} | {v} |", ".1f", scale=1e6),
+            F(FA, gap(name, "pushed_gap"), row + "{*} | {*} | {v} |", ".1f", scale=1e6),
+            F(FA, at(*fam, "image", "step_s"), colour + vals("image", None) + "{v} |", ".2f", " s"),
+            F(FA, at(*fam, "video", "step_s"), video + vals("video", None) + "{v} |", ".2f", " s"),
+        ]
+        out += [
+            F(FA, at(*fam, "image", "val", s), colour + vals("image", s).rstrip()) for s in FAMILY_VAL_STEPS["image"]
+        ]
+        out += [
+            F(FA, at(*fam, "video", "val", s), video + vals("video", s).rstrip()) for s in FAMILY_VAL_STEPS["video"]
+        ]
+    return out
+
+
+FIGURES += _family_figures()
+FIGURES += [
+    F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one reaches {v} in 70 steps"),
+    F(FA, at("families", "qwen3_vl_moe", "video", "val", "70"), "steps and the MoE one {v} (its router"),
+]
+
 
 # --------------------------------------------------------------------------- numbers that are not measurements
 
 ALLOWED: list[tuple[str, str]] = [
+    # model families (README, "Model families")
+    ("a token per merged 2 x 2)", "Qwen-VL's spatial merge, an architecture setting"),
+    ("at least 0.9 at steps 40 and 80)", "the bound and steps tests/test_train_e2e.py asserts"),
+    ("colour task for 80 steps and the video colour task for 70", "bench_families.py's defaults, settings"),
+    ("engine gap (1e-6) | after a push (1e-6)", "the table's unit"),
+    ("validation at steps 0 / 20 / 40 / 60 / 80 |", "bench_families.py's validation steps, settings"),
+    ("validation at steps 0 / 35 / 70 |", "bench_families.py's validation steps, settings"),
+    ("in 70 steps and the MoE", "the video run's length, a setting"),
     # speed at size (README, "Speed at size")
     ("TRL 1.16 in the same run", "the TRL version bench_trl.py installs, a setting"),
     ("(6 x parameters x tokens", "the FLOP count's definition (benchmarks/compute_efficiency.py)"),

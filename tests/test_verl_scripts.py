@@ -131,11 +131,13 @@ def fsdp_version(script: str, folder: Path) -> Path:
 
 @pytest.mark.parametrize("script", QWEN3_VL)
 def test_verls_qwen3_vl_scripts_on_fsdp_pass_the_dry_run(script: str, verl_home: Path, tmp_path: Path) -> None:
-    """The same lines with FSDP and the tiny Qwen3-VL (8B dense, 30B-A3B and 235B-A22B MoE scripts): the plan names
-    the family and its 32-px image tokens; the MoE scripts' expert-parallel settings were Megatron lines (gone)."""
-    from vlmrl.testing.tiny import TINY_QWEN3_VL, ensure_tiny_model
+    """The same lines with FSDP and the tiny Qwen3-VL (the 8B script) or Qwen3-VL-MoE (the 30B-A3B and 235B-A22B
+    ones): the plan names the family, its 32-px image tokens and, for the MoE, what it trains without; the MoE
+    scripts' expert-parallel settings were Megatron lines (gone)."""
+    from vlmrl.testing.tiny import TINY_QWEN3_VL, TINY_QWEN3_VL_MOE, ensure_tiny_model
 
-    model = ensure_tiny_model(0, TINY_QWEN3_VL)
+    moe = "8b" not in script
+    model = ensure_tiny_model(0, TINY_QWEN3_VL_MOE if moe else TINY_QWEN3_VL)
     path = fsdp_version(script, tmp_path)
     args = ("trainer.dry_run=True", f"actor_rollout_ref.model.path={model}")
     if script == "run_qwen3_vl-235b-megatron.sh":
@@ -150,7 +152,12 @@ def test_verls_qwen3_vl_scripts_on_fsdp_pass_the_dry_run(script: str, verl_home:
     assert proc.returncode == 0, out[-4000:]
     assert "OK: the run would start" in proc.stdout and "Traceback" not in out
     assert "data.train: 1200 rows -> 1200 prompts" in proc.stdout
-    assert "model family: Qwen3-VL" in proc.stdout, proc.stdout[-3000:]
+    family = "Qwen3-VL (32-px image tokens, DeepStack, timestamped video frames)"
+    if moe:
+        family = family.replace("Qwen3-VL", "Qwen3-VL-MoE").replace(
+            ")", ", mixture of experts, trained without expert parallelism or routing replay)"
+        )
+    assert f"model family: {family}" in proc.stdout, proc.stdout[-3000:]
 
 
 @pytest.mark.slow

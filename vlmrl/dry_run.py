@@ -7,7 +7,7 @@ model or an engine:
 * the data files: readable parquet with the configured columns; with the model's processor at hand (a local folder or
   a cached hub id) every record is built as training would build it, so bad rows and the prompts the overlong filter
   drops are counted;
-* the model: a local folder's config (a Qwen2-VL / Qwen2.5-VL), or whether a hub id is in the local cache;
+* the model: a local folder's config (a supported Qwen-VL family), or whether a hub id is in the local cache;
 * the reward: the function resolved and its calling form, and a reward for every ``data_source`` in the data;
 * the engine arguments as the installed vLLM will get them.
 
@@ -92,7 +92,8 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
         return None  # processor is not checked (a text model has no image processor: that says nothing more)
     fam = family_of(mt)
     what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
-    what += ["timestamped video frames"] * fam.video_timestamps + ["mixture of experts"] * fam.moe
+    what += ["timestamped video frames"] * fam.video_timestamps
+    what += [f"mixture of experts, trained without {' or '.join(fam.moe_not_implemented)}"] * fam.moe
     rep.plan.append(f"model family: {fam.label} ({', '.join(what)})")
     return folder
 

@@ -491,7 +491,7 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
     path = arr.model.path
     if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or os.sep in path and path.count("/") != 1):
         p.append(
-            f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen2.5-VL folder "
+            f"actor_rollout_ref.model.path={path!r} does not exist: give a local Qwen-VL folder "
             "(python -m vlmrl.testing.tiny --output DIR builds a tiny one) or a hub id such as "
             "Qwen/Qwen2.5-VL-3B-Instruct."
         )

@@ -223,7 +223,7 @@ def register() -> None:
 
 # mandatory keys (MISSING in the schema) and how to set them
 _REQUIRED_HINTS: dict[str, str] = {
-    "actor_rollout_ref.model.path": "point it at a Qwen2.5-VL folder or hub id, "
+    "actor_rollout_ref.model.path": "point it at a Qwen-VL folder or hub id, "
     "e.g. actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-3B-Instruct",
     "data.train_files": "give a parquet file or a list of them (preprocess/ writes them), "
     "e.g. data.train_files=$HOME/data/geo3k/train.parquet",

@@ -107,7 +107,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = MISSING
-    """HF folder or hub id of a Qwen2.5-VL checkpoint."""
+    """HF folder or hub id of a Qwen-VL checkpoint (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE: models.families)."""
     trust_remote_code: bool = False
     """Passed to transformers' and vLLM's loaders. Only ever from the launch command: never read from a checkpoint."""
     enable_gradient_checkpointing: bool = True

@@ -135,7 +135,7 @@ class HybridWorker:
             load_plugins(plan.plugins)
         self.policy: Any = None
         with stage(f"{who} could not load the model from {path}",
-                   "check actor_rollout_ref.model.path (a complete Qwen2.5-VL folder or hub id: config.json and every "
+                   "check actor_rollout_ref.model.path (a complete Qwen-VL folder or hub id: config.json and every "
                    "*.safetensors file it lists)"):  # fmt: skip
             if policy:
                 self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,

@@ -10,9 +10,11 @@ The rest of vlmrl runs one code path for every family; where the families differ
   video one run of pads and spaces its temporal positions by ``tokens_per_second`` x ``second_per_grid_ts``;
 - ``deepstack``: the vision tower also returns features of early blocks that the decoder adds to the vision tokens'
   hidden states in its first layers (vlmrl carries them concatenated after the main features, as vLLM does);
-- ``video_resize_by_total``: the video processor bounds a whole video's pixels (Qwen3-VL), not a frame's, so frames
-  vlmrl already resized go in with ``do_resize=False``;
-- ``moe`` and ``moe_not_implemented``: what a mixture-of-experts checkpoint trains with and what vlmrl leaves out.
+- ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
+  for it, and the expert weights transformers holds transposed from the checkpoint's layout.
+
+Videos go in as vlmrl sampled and resized them in every family (``models.inputs.VIDEO_AS_GIVEN``: Qwen3-VL's video
+processor bounds a whole video's pixels, so it would shrink frames the dataset sized one by one).
 
 The M-RoPE flavour (Qwen3-VL's interleaved sections) lives in the model's own rotary embedding and config
 (``rope_parameters.mrope_interleaved``) and in vLLM's; both read it from the checkpoint.

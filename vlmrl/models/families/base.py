@@ -25,8 +25,6 @@ class Family:
     an image (Qwen3-VL); else one run of pads with temporal positions scaled by ``tokens_per_second``."""
     deepstack: bool = False
     """The vision tower's early-block features are added to the decoder's first layers (Qwen3-VL)."""
-    video_resize_by_total: bool = False
-    """The video processor bounds a whole video's pixels: already-resized frames go in with ``do_resize=False``."""
     moe: bool = False
     """The language model is a mixture of experts."""
     moe_not_implemented: tuple[str, ...] = ()

@@ -10,5 +10,4 @@ QWEN3_VL = Family(
     patch_size=16,
     video_timestamps=True,
     deepstack=True,
-    video_resize_by_total=True,
 )
