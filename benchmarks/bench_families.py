@@ -51,8 +51,7 @@ def exactness(family: str) -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_families import FAMILIES as RECORDS  # noqa: F401  (the tests' prompts and gap, measured the same way)
-    from test_families import Tiny, prompts_of, trainer_gaps
+    from test_families import Tiny, prompts_of, trainer_gaps  # the tests' prompts and gap, measured the same way
     from transformers import AutoProcessor
 
     from vlmrl.config import RolloutConfig

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from utils import clip, expanded, noise, solid, video_prompt
 
 from vlmrl.batch import PromptSample, RolloutBatch
@@ -25,7 +25,8 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
+FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe"]
+"""The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family, checked all the same."""
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Tiny:
 def tiny(request) -> Tiny:
     path = str(ensure_tiny_model(0, FAMILY_SPECS[request.param]))
     proc = AutoProcessor.from_pretrained(path)
-    return Tiny(request.param, path, proc, FAMILIES[request.param])
+    return Tiny(request.param, path, proc, qwen_vl.family_of(AutoConfig.from_pretrained(path)))
 
 
 def prompts_of(proc: Any) -> list[PromptSample]:
@@ -110,16 +111,24 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
     vision = model.config.vision_config
     assert bool(getattr(vision, "deepstack_visual_indexes", None)) is tiny.family.deepstack
     assert qwen_vl.vision_levels(model) == 1 + len(getattr(vision, "deepstack_visual_indexes", None) or ())
-    if tiny.name != "qwen2_5_vl":
+    assert model.config.model_type == tiny.name
+    if tiny.name == "qwen2_vl":
+        assert type(model).__name__ == "Qwen2VLForConditionalGeneration" and type(proc).__name__ == "Qwen2VLProcessor"
+        assert getattr(model.config.vision_config, "tokens_per_second", None) is None  # frame-pair temporal positions
+    if tiny.family.video_timestamps:
         moe = tiny.name == "qwen3_vl_moe"
         assert type(model).__name__ == (
             "Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"
         )
         assert tiny.family.moe is moe and bool(tiny.family.fused_experts) is moe
+        if moe:  # README: 4 experts, 2 per token
+            assert (model.config.text_config.num_experts, model.config.text_config.num_experts_per_tok) == (4, 2)
         assert model.config.text_config.rope_parameters["mrope_interleaved"] is True
         assert type(proc).__name__ == "Qwen3VLProcessor"
         text = proc.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
         assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # Qwen3-VL: no default system
+    base = AutoProcessor.from_pretrained(ensure_tiny_model(0)).tokenizer  # the tiny Qwen2.5-VL's
+    assert proc.tokenizer.get_vocab() == base.get_vocab()  # README: the same tokenizer in every family
     with pytest.raises(ValueError, match="not supported.*Qwen3-VL"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "llava"})(), "actor_rollout_ref.model.path=x")
 
@@ -187,6 +196,12 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
         finally:
             engine.update_weights(engine_weights(original))
         assert pushed[0] != before.logprobs and pushed[1] != pushed[0], "a push changed nothing"
+        # vLLM's own reload (the CPU push's fallback): the perturbed weights again, then the original ones
+        engine.direct_push_unsupported = "test: vLLM's reload_weights"
+        for weights in (model, original):
+            engine.update_weights(engine_weights(weights))
+            again = engine.generate(probe, SamplingSpec(n=3, max_tokens=10))
+            assert max(trainer_gaps(weights.eval(), tiny, probe, again).values()) <= 1e-4
     finally:
         engine.close()
 
@@ -260,13 +275,15 @@ def test_moe_checkpoints_are_written_in_the_hubs_layout(tmp_path) -> None:
 
     from vlmrl.workers.weights import engine_weights
 
-    path = str(ensure_tiny_model(0, FAMILY_SPECS["qwen3_vl_moe"]))
+    path = ensure_tiny_model(0, FAMILY_SPECS["qwen3_vl_moe"])
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    held = dict(model.named_parameters())
     qwen_vl.save_pretrained(model, tmp_path / "out")
-    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
-        held = dict(model.named_parameters())
-        for name in f.keys():  # noqa: SIM118 (a safetensors handle)
-            if name.endswith(FAMILIES["qwen3_vl_moe"].fused_experts):
+    for folder in (path, tmp_path / "out"):  # the tiny builder's checkpoint and a save of it
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            names = [n for n in f.keys() if n.endswith(FAMILIES["qwen3_vl_moe"].fused_experts)]  # noqa: SIM118
+            assert len(names) == 2 * model.config.text_config.num_hidden_layers, names
+            for name in names:
                 assert f.get_slice(name).get_shape() == list(held[name].transpose(-1, -2).shape), name
     again = AutoModelForImageTextToText.from_pretrained(tmp_path / "out", dtype=torch.float32)
     for (n, a), (_, b) in zip(model.named_parameters(), again.named_parameters(), strict=True):
@@ -275,3 +292,35 @@ def test_moe_checkpoints_are_written_in_the_hubs_layout(tmp_path) -> None:
     experts = [n for n in pushed if n.endswith(FAMILIES["qwen3_vl_moe"].fused_experts)]
     assert len(experts) == 2 * model.config.text_config.num_hidden_layers
     assert all(pushed[n].shape == held[n].transpose(-1, -2).shape for n in experts)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_dataset_counts_a_video_prompt_as_the_engine_expands_it(name: str, tmp_path) -> None:
+    """A video prompt's length as the dataset counts it (``max_prompt_length``, the overlong filter) is the length
+    of the ids the trainer and the engine run: Qwen3-VL's timestamps and per-patch vision start / end included."""
+    from utils import synthetic_data
+
+    from vlmrl.config import DataConfig
+    from vlmrl.data import RLDataset
+
+    path = str(ensure_tiny_model(0, FAMILY_SPECS[name]))
+    proc = AutoProcessor.from_pretrained(path)
+    data = synthetic_data(tmp_path, "video_colour", train=6, test=2, size=112)
+    files = str(data / "train.parquet")
+    ds = RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=512), verbose=False)
+    for i in range(len(ds)):
+        p = ds[i]
+        assert p.videos and ds.prompt_lengths[i] == len(expanded(proc, p)), (i, name)
+
+
+def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
+    """verl's ``data.image_patch_size`` (14 for Qwen2.5-VL, 16 for Qwen3-VL) is accepted with either (vlmrl reads the
+    patch size from the model's processor); another value is refused naming the key."""
+    from vlmrl.config import load
+    from vlmrl.config.errors import ConfigError
+
+    base = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
+    for size in (14, 16):
+        load([*base, f"data.image_patch_size={size}"])
+    with pytest.raises(ConfigError, match="data.image_patch_size=15"):
+        load([*base, "data.image_patch_size=15"])

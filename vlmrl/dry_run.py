@@ -93,7 +93,9 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
     fam = family_of(mt)
     what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
     what += ["timestamped video frames"] * fam.video_timestamps
-    what += [f"mixture of experts, trained without {' or '.join(fam.moe_not_implemented)}"] * fam.moe
+    if fam.moe:
+        left = fam.moe_not_implemented
+        what.append(f"mixture of experts, trained without {', '.join(left[:-1])} or {left[-1]}")
     rep.plan.append(f"model family: {fam.label} ({', '.join(what)})")
     return folder
 

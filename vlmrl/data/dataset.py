@@ -13,6 +13,7 @@ video columns are read one row group at a time through a small LRU, and nothing 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -34,8 +35,9 @@ from vlmrl.data.records import (
     where,
 )
 from vlmrl.data.template import ChatRenderer
-from vlmrl.data.video import VideoEntry, VideoRules, build_video, video_tokens
+from vlmrl.data.video import VideoEntry, VideoRules, build_video, timestamp_tokens, video_tokens
 from vlmrl.models import qwen_vl
+from vlmrl.models.families import family_of_processor
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
 
@@ -98,11 +100,14 @@ class RLDataset:
         self.video_key = data_cfg.video_key
         self.video_pad_id = qwen_vl.vision_token_ids(self.tokenizer).video_pad
         vp = getattr(processor, "video_processor", None) or ip
+        family = family_of_processor(processor)
         self.video_rules = VideoRules(
             qwen_vl.patch_factor(vp),
             *qwen_vl.pixel_bounds(vp, data_cfg.video_min_pixels, data_cfg.video_max_pixels),
             data_cfg.video_total_pixels,
             qwen_vl.FrameSampling(data_cfg.video_fps, data_cfg.video_min_frames, data_cfg.video_max_frames),
+            # Qwen3-VL's timestamps count towards the prompt's length (max_prompt_length, the overlong filter)
+            functools.partial(timestamp_tokens, self.tokenizer, family) if family.video_timestamps else None,
         )
 
         self._pool: Any = None

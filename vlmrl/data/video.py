@@ -32,7 +32,15 @@ from PIL import Image
 
 from vlmrl.batch import Video
 from vlmrl.data.records import DataError, confined_path, decode_image, image_size
-from vlmrl.models.qwen_vl import FrameSampling, num_video_tokens, resize_frames, sample_frame_indices, video_frame_size
+from vlmrl.models import qwen_vl
+from vlmrl.models.qwen_vl import (
+    FRAME_FACTOR,
+    FrameSampling,
+    num_video_tokens,
+    resize_frames,
+    sample_frame_indices,
+    video_frame_size,
+)
 
 MAX_VIDEO_FILE_BYTES = 2 * 2**30
 """A video file larger than this is refused (2 GiB)."""
@@ -341,11 +349,11 @@ def _file_plan(entry: VideoEntry, info: VideoInfo, sampling: FrameSampling) -> t
     return idx, fps, len(idx) / info.total_frames * fps
 
 
-def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> tuple[int, int, int]:
-    """(frames, width, height) of the video the model will see, from headers only (the first frame's, or the
-    container's): what its token count is computed from. Every frame of a list of frames is checked here (its path
-    confined, its header read), so a missing, outside or unreadable frame is a ``DataError`` naming it when the
-    dataset is built (and in the dry run), not when the record is first drawn."""
+def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameSampling) -> tuple[int, int, int, float]:
+    """(frames, width, height, sampled fps) of the video the model will see, from headers only (the first frame's, or
+    the container's): what its token count is computed from (the fps: Qwen3-VL's timestamps). Every frame of a list
+    of frames is checked here (its path confined, its header read), so a missing, outside or unreadable frame is a
+    ``DataError`` naming it when the dataset is built (and in the dry run), not when the record is first drawn."""
     if entry.frames:
         sizes = []
         for j, f in enumerate(entry.frames):
@@ -354,11 +362,11 @@ def video_shape(entry: VideoEntry, base_dir: str | os.PathLike, sampling: FrameS
             except DataError as e:
                 raise DataError(f"frame {j}: {e}") from None
         w, h = sizes[0]
-        return len(entry.frames), w, h
+        return len(entry.frames), w, h, float(entry.sample_fps or DEFAULT_FRAME_LIST_FPS)
     full = _file(entry, base_dir)
     info = probe_video(full)
-    idx, _, _ = _file_plan(entry, info, sampling)
-    return len(idx), info.width, info.height
+    idx, _, sample_fps = _file_plan(entry, info, sampling)
+    return len(idx), info.width, info.height, float(sample_fps)
 
 
 def load_video(
@@ -427,7 +435,7 @@ class VideoRules:
     """How a dataset turns video entries into what the model sees (picklable)."""
 
     factor: int
-    """Pixels per merged token along a side (28)."""
+    """Pixels per merged token along a side (28 for Qwen2.5-VL, 32 for Qwen3-VL)."""
     min_pixels: int
     """Smallest frame area (``data.video_min_pixels`` or the video processor's)."""
     max_pixels: int
@@ -436,14 +444,31 @@ class VideoRules:
     """A video's pixel budget shared by its frames (``data.video_total_pixels``; None: qwen-vl-utils' default)."""
     sampling: FrameSampling
     """Frame sampling of files no preprocessing sampled (``data.video_fps`` ...)."""
+    timestamp_tokens: Callable[[int, float], int] | None = None
+    """Prompt tokens a video adds besides its pads, given its frames and sampled fps (Qwen3-VL's timestamp and
+    vision start / end per temporal patch: :func:`timestamp_tokens`); None: none (Qwen2-VL, Qwen2.5-VL)."""
+
+
+def timestamp_tokens(tokenizer: Any, family: Any, frames: int, fps: float) -> int:
+    """The tokens a family's video layout adds besides its pads for ``frames`` frames (padded to pairs, as the model
+    sees them) sampled at ``fps``: ``Family.video_placeholder`` of a 1 x 1 grid, less its pads."""
+    ids = qwen_vl.vision_token_ids(tokenizer)
+    tokens = {"video_pad": ids.video_pad, "vision_start": ids.vision_start, "vision_end": ids.vision_end}
+    pairs = -(-frames // FRAME_FACTOR)
+    out = family.video_placeholder(
+        (pairs, 1, 1), fps, tokens, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]
+    )
+    return len(out) - pairs
 
 
 def video_tokens(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> int:
-    """``<|video_pad|>`` tokens of a video entry, from headers only; ``ValueError`` (from ``resized_size``) when its
-    frames cannot be resized within the bounds."""
-    n, w, h = video_shape(entry, base_dir, rules.sampling)
+    """Prompt tokens of a video entry beyond its one pad's place: its ``<|video_pad|>`` tokens, plus Qwen3-VL's
+    timestamps (``rules.timestamp_tokens``), from headers only; ``ValueError`` (from ``resized_size``) when its frames
+    cannot be resized within the bounds."""
+    n, w, h, fps = video_shape(entry, base_dir, rules.sampling)
     lo, hi, total = frame_bounds(entry, (rules.min_pixels, rules.max_pixels, rules.total_pixels))
-    return num_video_tokens(n, w, h, rules.factor, lo, hi, total)
+    pads = num_video_tokens(n, w, h, rules.factor, lo, hi, total)
+    return pads + (rules.timestamp_tokens(n, fps) if rules.timestamp_tokens is not None else 0)
 
 
 def build_video(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> Any:

@@ -344,7 +344,8 @@ def mm_token_type_ids(input_ids: torch.Tensor, ids: VisionTokenIds) -> torch.Ten
 
 
 def inner_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The ``Qwen2_5_VLModel`` inside a ``...ForConditionalGeneration`` (through a peft wrapper too)."""
+    """The family's inner model (``Qwen2_5_VLModel``, ``Qwen3VLModel``...) inside a ``...ForConditionalGeneration``
+    (through a peft wrapper too)."""
     m = model
     for attr in ("base_model", "model"):
         if hasattr(m, "get_base_model"):
@@ -531,9 +532,10 @@ def _dtype_of(m: torch.nn.Module) -> torch.dtype:
 def engine_weight_name(name: str) -> str:
     """Map a trainer parameter name to the name the rollout engine's loader takes.
 
-    vLLM's Qwen2.5-VL loader accepts transformers' checkpoint names in both layouts (``model.language_model.*`` /
-    ``model.visual.*`` of transformers >= 4.52 and the older ``model.*`` / ``visual.*``), so only wrapper prefixes and
-    peft's LoRA base-layer infix are removed here.
+    vLLM's Qwen-VL loaders (Qwen2.5-VL's, Qwen3-VL's) accept transformers' checkpoint names in both layouts
+    (``model.language_model.*`` / ``model.visual.*`` of transformers >= 4.52 and the older ``model.*`` /
+    ``visual.*``), so only wrapper prefixes and peft's LoRA base-layer infix are removed here (the tensors' layout:
+    ``Family.checkpoint_tensor``).
     """
     for p in _WRAPPER_PREFIXES:
         name = name.replace(p, "")

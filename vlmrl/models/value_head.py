@@ -1,5 +1,5 @@
-"""The critic's model: a Qwen2.5-VL backbone whose language-model head is replaced by a one-output linear layer (a
-value per token), the token-classification convention verl uses for critics (one label).
+"""The critic's model: a Qwen-VL backbone (any family) whose language-model head is replaced by a one-output linear
+layer (a value per token), the token-classification convention verl uses for critics (one label).
 
 Every forward of the policy (vision features once per prompt, M-RoPE positions, shared prompt KV cache, the dummy
 vision pass) runs the critic unchanged: its "logits" are [B, T, 1], the value of each position. A saved head is read

@@ -41,8 +41,9 @@ from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.config.schema import DataConfig
 from vlmrl.data.dataset import RLDataset
 from vlmrl.models import qwen_vl
+from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import last_token_scores
-from vlmrl.models.inputs import build_inputs, process_images, to_device
+from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
 from vlmrl.models.value_head import add_value_head, export_names
 from vlmrl.timing import Timer
 from vlmrl.workers.policy import load_model
@@ -175,15 +176,12 @@ def load_pairs(path: str, processor: Any, label: str = "synthetic") -> Pairs:
 def pair_inputs(prompts: list[PromptSample], pairs: list[Any], processor: Any, eos: int, pad: int) -> Any:
     """Model inputs of 2 samples per prompt: its chosen then its rejected response (``(ids, ends)``: ending with
     ``eos`` when ``ends``)."""
-    tok = processor.tokenizer
     responses = [list(ids) + [eos] * ends for pair in pairs for ids, ends in pair]
     images = process_images(processor, prompts)
-    merge = int(getattr(processor.image_processor, "merge_size", 2))
-    vision = qwen_vl.vision_token_ids(tok)
+    family = family_of_processor(processor)
     prompt_ids = []
     for p, v in zip(prompts, images):
-        counts = qwen_vl.tokens_per_image(v.image_grid_thw, merge) if v.num_images else []
-        ids = qwen_vl.expand_image_pads(list(p.prompt_ids), vision.image_pad, counts)
+        ids = expand_pads(list(p.prompt_ids), v, processor, family)  # images and videos, as the engine expands them
         prompt_ids += [ids, ids]
     rb = RolloutBatch(prompt_ids, responses, [[] for _ in responses], ["stop"] * len(responses), n=2)
     return build_inputs(prompts, rb, images, pad)

@@ -28,8 +28,9 @@ import torch
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.config.reward_model import DEFAULT_JUDGE_TEMPLATE
 from vlmrl.models import qwen_vl
+from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import response_logprobs
-from vlmrl.models.inputs import build_inputs, process_images, to_device
+from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
 from vlmrl.reward_model.judge import judge_prompt
 from vlmrl.reward_model.train import Pairs, load_pairs, optimise
 from vlmrl.workers.policy import load_model
@@ -46,8 +47,6 @@ def verdict_inputs(prompts: list[PromptSample], pairs: Pairs, processor: Any, te
     tok = processor.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    vid = qwen_vl.vision_token_ids(tok)
-    merge = int(getattr(processor.image_processor, "merge_size", 2))
     asks: list[PromptSample] = []
     truth: list[int] = []
     for p in prompts:
@@ -57,9 +56,9 @@ def verdict_inputs(prompts: list[PromptSample], pairs: Pairs, processor: Any, te
             truth.append(label)
     images = process_images(processor, asks)
     prompt_ids, responses = [], []
+    family = family_of_processor(processor)
     for a, v in zip(asks, images):
-        counts = qwen_vl.tokens_per_image(v.image_grid_thw, merge) if v.num_images else []
-        ids = qwen_vl.expand_image_pads(list(a.prompt_ids), vid.image_pad, counts)
+        ids = expand_pads(list(a.prompt_ids), v, processor, family)  # images and videos, as the engine expands them
         for verdict in verdicts:
             prompt_ids.append(ids)
             responses.append(tok(verdict, add_special_tokens=False)["input_ids"] + [eos])
@@ -113,7 +112,7 @@ def train_judge(
         print(f"[judge] held-out verdict accuracy {out['heldout_verdict_accuracy']:.3f}", flush=True)
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
-    model.eval().to("cpu").save_pretrained(folder)
+    qwen_vl.save_pretrained(model.eval().to("cpu"), folder)  # the hub's layout: vLLM serves the judge
     processor.save_pretrained(folder)
     info = {"base": model_path, "data": data, "val_data": val_data, "label": label, "template": template, **out}
     (folder / "vlmrl_judge.json").write_text(json.dumps(info, indent=2))

@@ -20,7 +20,7 @@ Runs inside vLLM's worker through ``LLM.collective_rpc``; used only where :func:
 Mixture-of-experts layers (Qwen3-VL-MoE): vLLM's CPU MoE kernel prepacks the expert weights into its grouped-gemm
 layout once, at load; a reload (vLLM's own too, in 0.32) copies the new weights in and skips that step, leaving
 plain weights that the kernel reads as packed ones (wrong outputs, no error). :func:`direct_reload` prepacks them
-again (:func:`_repack_cpu_experts`).
+again (:func:`_repack_cpu_experts`), and after vLLM's own reload the engine runs :func:`repack_cpu_experts`.
 """
 
 from __future__ import annotations
@@ -101,6 +101,12 @@ def direct_reload(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> i
     if hasattr(runner, "reset_mm_cache"):
         runner.reset_mm_cache()
     return len(loaded)
+
+
+def repack_cpu_experts(worker: Any) -> int:
+    """After vLLM's ``reload_weights`` on CPU: prepack the MoE experts it left plain (:func:`_repack_cpu_experts`);
+    runs inside vLLM's worker through ``LLM.collective_rpc``."""
+    return _repack_cpu_experts(worker.model_runner.get_model())
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> int:

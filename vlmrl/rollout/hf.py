@@ -192,11 +192,13 @@ class HFRollout:
         """Copy weights into the generating model, unless it is the trainer's own module (then nothing to do)."""
         sw = Timer.start()
         params = dict(self.model.named_parameters())
+        family = qwen_vl.family_of(qwen_vl.inner_model(self.model).config)
         with torch.no_grad():
             for name, tensor in named_tensors:
                 p = params.get(name)
                 if p is None:
                     raise KeyError(f"HF rollout model has no parameter {name!r}")
+                tensor = family.checkpoint_tensor(name, tensor)  # pushes come in the checkpoint's layout
                 if p.data_ptr() != tensor.data_ptr():
                     p.copy_(tensor.to(p.dtype))
         return sw.elapsed

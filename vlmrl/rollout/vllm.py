@@ -25,7 +25,7 @@ from vlmrl.config.checks import cache_kept_on
 from vlmrl.models.inputs import VIDEO_AS_GIVEN
 from vlmrl.models.qwen_vl import video_metadata, vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
-from vlmrl.rollout.cpu_reload import direct_reload, unsupported_reason
+from vlmrl.rollout.cpu_reload import direct_reload, repack_cpu_experts, unsupported_reason
 from vlmrl.timing import Timer
 
 # a bias no real logit survives; the engine applies it to raw logits before sampling
@@ -238,6 +238,8 @@ class VLLMRollout:
             self.llm.collective_rpc(direct_reload, args=(iter(named_tensors),))
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+            if self.device == "cpu":  # vLLM's reload leaves its CPU MoE kernel's experts unpacked
+                self.llm.collective_rpc(repack_cpu_experts)
         self.reset_caches()
         return sw.elapsed
 

@@ -184,12 +184,17 @@ TINY_QWEN3_VL = TinySpec(family="qwen3_vl", min_pixels=32 * 32 * 4, max_pixels=3
 TINY_QWEN3_VL_MOE = replace(TINY_QWEN3_VL, family="qwen3_vl_moe")
 """The tiny Qwen3-VL-MoE: Qwen3-VL's tiny shape with 4 experts (2 per token) in every decoder layer."""
 
+TINY_QWEN2_VL = TinySpec(family="qwen2_vl")
+"""The tiny Qwen2-VL: the tiny shape, Qwen2-VL's vision tower (full attention in every block, no window) and
+``Qwen2VLProcessor``; its videos' temporal positions are frame-pair indices (no ``tokens_per_second``)."""
+
 FAMILY_SPECS: dict[str, TinySpec] = {
     "qwen2_5_vl": TinySpec(),
+    "qwen2_vl": TINY_QWEN2_VL,
     "qwen3_vl": TINY_QWEN3_VL,
     "qwen3_vl_moe": TINY_QWEN3_VL_MOE,
 }
-"""The tiny model of each family (``--family``)."""
+"""The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
 SIZES: dict[str, TinySpec] = {"tiny": TinySpec(), "20m": PRESET_20M, "100m": PRESET_100M}
 """Model-size presets by name (``--size``; benchmarks' ``--model-size``): language model and vision tower grow
@@ -262,7 +267,7 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
 
 
 def _template(spec: TinySpec) -> str:
-    return CHAT_TEMPLATE if spec.family == "qwen2_5_vl" else CHAT_TEMPLATE_QWEN3_VL
+    return CHAT_TEMPLATE if spec.family in ("qwen2_5_vl", "qwen2_vl") else CHAT_TEMPLATE_QWEN3_VL
 
 
 def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
@@ -271,16 +276,15 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     from transformers import Qwen2VLImageProcessor
 
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-    if spec.family == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLProcessor
+    if spec.family in ("qwen2_5_vl", "qwen2_vl"):
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
         common = dict(size=size, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels, patch_size=14)
         ip = Qwen2VLImageProcessor(temporal_patch_size=2, merge_size=2, **common)
         vp = Qwen2VLVideoProcessor(temporal_patch_size=2, merge_size=2, **common)
-        return Qwen2_5_VLProcessor(
-            image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
-        )
+        cls = Qwen2_5_VLProcessor if spec.family == "qwen2_5_vl" else Qwen2VLProcessor
+        return cls(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     from transformers import Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -296,9 +300,9 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
 def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     """The model config of a spec (``Qwen2_5_VLConfig`` / ``Qwen3VLConfig`` / ``Qwen3VLMoeConfig``; token ids from
     ``tokenizer``)."""
-    if spec.family != "qwen2_5_vl":
+    if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
-    from transformers import Qwen2_5_VLConfig
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     mrope = _mrope_section(spec)
@@ -331,7 +335,11 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         fullatt_block_indexes=list(spec.fullatt_blocks) or [spec.vision_depth - 1],
         tokens_per_second=2,
     )
-    config = Qwen2_5_VLConfig(
+    if spec.family == "qwen2_vl":  # Qwen2-VL's tower: full attention, fixed-width MLP, no time scaling of videos
+        vision = dict(depth=spec.vision_depth, embed_dim=spec.vision_hidden, hidden_size=spec.hidden, mlp_ratio=2,
+                      num_heads=spec.vision_heads, in_channels=3, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2)  # fmt: skip
+    config = (Qwen2VLConfig if spec.family == "qwen2_vl" else Qwen2_5_VLConfig)(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -415,7 +423,8 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
 def _model_class(spec: TinySpec):
     import transformers
 
-    name = {"qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe"}[spec.family]
+    names = {"qwen2_5_vl": "Qwen2_5_VL", "qwen2_vl": "Qwen2VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe"}
+    name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
 
 

@@ -144,7 +144,7 @@ def warm_start(
         tools.close()  # its worker processes, also when a step fails
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    model.eval().to("cpu").save_pretrained(out)
+    qwen_vl.save_pretrained(model.eval().to("cpu"), out)  # the hub's layout, which vLLM loads
     processor.save_pretrained(out)
     (out / "vlmrl_warm_start.json").write_text(json.dumps({"base": model_path, "data": data, **last}, indent=2))
     return last

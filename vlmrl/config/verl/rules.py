@@ -431,7 +431,12 @@ RULES: tuple[Rule, ...] = (
         ("data_source",),
         "routing rewards by another column (reward.dispatch routes by data_source)",
     ),
-    accept("data.image_patch_size", (14,), "another vision patch size (vlmrl reads it from the model's processor)"),
+    accept(
+        "data.image_patch_size",
+        (14, 16),
+        "another vision patch size (vlmrl reads it from the model's processor: 14 for Qwen2-VL / Qwen2.5-VL, "
+        "16 for Qwen3-VL)",
+    ),
     accept("data.audio_key", ("audios",), "audio inputs"),
     accept("data.validation_shuffle", (False,), "shuffling the validation set"),
     accept("data.custom_cls.*", (None,), "a custom dataset class"),

@@ -47,4 +47,11 @@ def family_of(config_or_type: Any) -> Family:
     )
 
 
-__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of"]
+def family_of_processor(processor: Any) -> Family:
+    """The family whose prompt layout a processor makes (by its class; Qwen3-VL-MoE shares Qwen3-VL's processor and
+    layout); Qwen2.5-VL's for a processor of another class (vlmrl's checks refuse its model where the model is read)."""
+    name = type(processor).__name__
+    return next((f for f in FAMILIES.values() if name in f.processor_classes), QWEN2_VL)
+
+
+__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of", "family_of_processor"]

@@ -20,6 +20,9 @@ class Family:
     """The checkpoint ``model_type`` values it covers."""
     patch_size: int
     """Pixels per vision patch side; a token is ``merge_size`` x ``merge_size`` patches."""
+    processor_classes: tuple[str, ...] = ()
+    """Its processors' class names (the dataset, which has the processor and no model, reads the prompt layout from
+    them: ``families.family_of_processor``)."""
     video_timestamps: bool = False
     """Each temporal patch of a video is ``<t seconds>`` text + its own vision start / pads / end, positioned like
     an image (Qwen3-VL); else one run of pads with temporal positions scaled by ``tokens_per_second``."""
@@ -28,7 +31,8 @@ class Family:
     moe: bool = False
     """The language model is a mixture of experts."""
     moe_not_implemented: tuple[str, ...] = ()
-    """MoE training features vlmrl does not implement (named where a script asks for them)."""
+    """MoE training features vlmrl does not implement (the dry run's plan names them; verl's keys for them are
+    refused by ``config.verl.rules``)."""
     fused_experts: tuple[str, ...] = ()
     """Name endings of fused expert weights that transformers holds transposed from the checkpoint's layout (and
     vLLM's loader's): Qwen3-VL-MoE's ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I] in

@@ -7,4 +7,5 @@ QWEN2_VL = Family(
     label="Qwen2.5-VL / Qwen2-VL",
     model_types=("qwen2_5_vl", "qwen2_vl"),
     patch_size=14,
+    processor_classes=("Qwen2_5_VLProcessor", "Qwen2VLProcessor"),
 )

@@ -8,6 +8,7 @@ QWEN3_VL = Family(
     label="Qwen3-VL",
     model_types=("qwen3_vl",),
     patch_size=16,
+    processor_classes=("Qwen3VLProcessor",),
     video_timestamps=True,
     deepstack=True,
 )
