@@ -451,14 +451,9 @@ class VideoRules:
 
 def timestamp_tokens(tokenizer: Any, family: Any, frames: int, fps: float) -> int:
     """The tokens a family's video layout adds besides its pads for ``frames`` frames (padded to pairs, as the model
-    sees them) sampled at ``fps``: ``Family.video_placeholder`` of a 1 x 1 grid, less its pads."""
-    ids = qwen_vl.vision_token_ids(tokenizer)
-    tokens = {"video_pad": ids.video_pad, "vision_start": ids.vision_start, "vision_end": ids.vision_end}
+    sees them) sampled at ``fps``: ``qwen_vl.video_layout`` of a 1 x 1 grid, less its pads."""
     pairs = -(-frames // FRAME_FACTOR)
-    out = family.video_placeholder(
-        (pairs, 1, 1), fps, tokens, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]
-    )
-    return len(out) - pairs
+    return len(qwen_vl.video_layout(tokenizer, family, (pairs, 1, 1), fps)) - pairs
 
 
 def video_tokens(entry: VideoEntry, base_dir: str | os.PathLike, rules: VideoRules) -> int:

@@ -278,21 +278,37 @@ def engine_prompt_ids(tokenizer: Any, prompt_text: str, num_images: int, num_vid
     return list(ids)
 
 
-def expand_image_pads(ids: list[int], pad_id: int, tokens_per_image: list[int]) -> list[int]:
-    """Replace the i-th single image pad by ``tokens_per_image[i]`` pads (the processor's layout)."""
+def _replace_pads(ids: list[int], pad_id: int, layouts: list[list[int]], what: str) -> list[int]:
+    """Replace the i-th ``pad_id`` in ``ids`` by ``layouts[i]``; a ValueError when pads and items (``what``: image or
+    video) do not pair up."""
     out: list[int] = []
     k = 0
     for t in ids:
         if t == pad_id:
-            if k >= len(tokens_per_image):
-                raise ValueError(f"more image pads than images ({len(tokens_per_image)})")
-            out.extend([pad_id] * tokens_per_image[k])
+            if k >= len(layouts):
+                raise ValueError(f"more {what} pads than {what}s ({len(layouts)})")
+            out.extend(layouts[k])
             k += 1
         else:
             out.append(t)
-    if k != len(tokens_per_image):
-        raise ValueError(f"{k} image pads for {len(tokens_per_image)} images")
+    if k != len(layouts):
+        raise ValueError(f"{k} {what} pads for {len(layouts)} {what}s")
     return out
+
+
+def expand_image_pads(ids: list[int], pad_id: int, tokens_per_image: list[int]) -> list[int]:
+    """Replace the i-th single image pad by ``tokens_per_image[i]`` pads (the processor's layout)."""
+    return _replace_pads(ids, pad_id, [[pad_id] * n for n in tokens_per_image], "image")
+
+
+def video_layout(tokenizer: Any, family: Family, grid: tuple[int, int, int], sample_fps: float) -> list[int]:
+    """The ids one video's single pad becomes (``Family.video_placeholder``) for its merged (t, h, w) token grid and
+    the rate its frames were sampled at, with this tokenizer's vision ids and text."""
+    vision = vision_token_ids(tokenizer)
+    tokens = {"video_pad": vision.video_pad, "vision_start": vision.vision_start, "vision_end": vision.vision_end}
+    return family.video_placeholder(
+        grid, float(sample_fps), tokens, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
 
 
 def expand_video_pads(
@@ -305,26 +321,9 @@ def expand_video_pads(
 ) -> list[int]:
     """Replace the i-th single video pad by its layout (``Family.video_placeholder``: a run of pads, or Qwen3-VL's
     timestamped frames); ``sample_fps[i]`` is the rate its frames were sampled at."""
-    vision = vision_token_ids(tokenizer)
-    tokens = {"video_pad": vision.video_pad, "vision_start": vision.vision_start, "vision_end": vision.vision_end}
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
     grids = [(int(t), int(h) // merge_size, int(w) // merge_size) for t, h, w in video_grid_thw.tolist()]
-    out: list[int] = []
-    k = 0
-    for t in ids:
-        if t == vision.video_pad:
-            if k >= len(grids):
-                raise ValueError(f"more video pads than videos ({len(grids)})")
-            out.extend(family.video_placeholder(grids[k], float(sample_fps[k]), tokens, encode))
-            k += 1
-        else:
-            out.append(t)
-    if k != len(grids):
-        raise ValueError(f"{k} video pads for {len(grids)} videos")
-    return out
+    layouts = [video_layout(tokenizer, family, g, fps) for g, fps in zip(grids, sample_fps, strict=True)]
+    return _replace_pads(ids, vision_token_ids(tokenizer).video_pad, layouts, "video")
 
 
 def tokens_per_image(image_grid_thw: torch.Tensor, merge_size: int) -> list[int]:

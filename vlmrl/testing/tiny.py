@@ -77,25 +77,14 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# the chat template of Qwen/Qwen3-VL-*-Instruct for plain and vision content (no default system message; vlmrl writes
-# the hermes tools block into the system message itself)
-CHAT_TEMPLATE_QWEN3_VL = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# the chat template of Qwen/Qwen3-VL-*-Instruct for plain and vision content: Qwen2.5-VL's without its default system
+# message (vlmrl writes the hermes tools block into the system message itself)
+_DEFAULT_SYSTEM = (
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
 )
+assert _DEFAULT_SYSTEM in CHAT_TEMPLATE
+CHAT_TEMPLATE_QWEN3_VL = CHAT_TEMPLATE.replace(_DEFAULT_SYSTEM, "")
 
 # Qwen2's pre-tokenizer split pattern
 QWEN_PRETOKENIZE_REGEX = (
