@@ -1,9 +1,14 @@
-"""Shared fixtures: one cached tiny Qwen2.5-VL per seed, thread pinning, Ray/vLLM environment for tests."""
+"""Shared fixtures: one cached tiny Qwen2.5-VL per seed, thread pinning, Ray/vLLM environment for tests, and the turn
+that lets a test marked ``serial`` run alone when the suite runs in parallel."""
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
 import tempfile
+import time
+from contextlib import contextmanager
 
 # set before torch / vLLM / Ray are imported by any test module
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -49,6 +54,56 @@ def tiny_processor(tiny_model_dir):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(tiny_model_dir)
+
+
+# ------------------------------------------------------------------------------------------ parallel runs, serial tests
+# ``bash scripts/test.sh`` runs the suite in 2 processes (pytest-xdist). A test marked ``serial`` (a bound on elapsed
+# time, a whole-machine process check, a multi-node cluster) runs alone: it holds a lock file exclusively while every
+# other test holds it shared, and while it waits its flag file (naming its pid) keeps new tests from starting.
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+_LOCK = os.path.join(tempfile.gettempdir(), f"vlmrl-tests-{_RUN_ID}.lock")
+
+
+def _serial_waiting() -> bool:
+    """Whether a live process of this run waits for (or holds) the exclusive lock."""
+    for flag in glob.glob(f"{_LOCK}.serial-*"):
+        try:
+            os.kill(int(flag.rsplit("-", 1)[1]), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            pass
+        except PermissionError:
+            return True
+    return False
+
+
+@contextmanager
+def _turn(serial: bool):
+    """Hold this test's turn: exclusive for a ``serial`` test, shared otherwise (a no-op outside pytest-xdist)."""
+    if not _RUN_ID:
+        yield
+        return
+    flag = f"{_LOCK}.serial-{os.getpid()}"
+    if serial:
+        open(flag, "w").close()
+    else:
+        while _serial_waiting():
+            time.sleep(0.1)
+    fd = os.open(_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+        if serial:
+            os.remove(flag)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of each test (its module fixtures' too) within its turn."""
+    with _turn(item.get_closest_marker("serial") is not None):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,14 +14,39 @@ from pathlib import Path
 
 import psutil
 
+COLOUR_ARGS = ["--families", "colour", "--image-size", "112", "--train-size", "4096", "--test-size", "96", "--seed",
+               "0", "--no-progress"]  # fmt: skip
+"""The quick start's data (examples/quickstart_cpu.sh)."""
+
 
 def make_colour_data(out: Path) -> Path:
-    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it, in ``out``."""
-    subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(out), "--families", "colour",
-         "--image-size", "112", "--train-size", "4096", "--test-size", "96", "--seed", "0", "--no-progress"],
-        check=True, capture_output=True, cwd=Path(__file__).parents[1],
-    )  # fmt: skip
+    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it (``preprocess/synthetic.py``), copied
+    into ``out``: made once per version of the code that writes it (in $VLMRL_CACHE, atomically, so parallel test
+    processes share it), not once per test module (~15 s each)."""
+    import hashlib
+    import shutil
+
+    from vlmrl.testing.tiny import cache_root
+
+    repo = Path(__file__).parents[1]
+    code = [repo / "preprocess" / "synthetic.py", *sorted((repo / "vlmrl" / "preprocess").glob("*.py")),
+            *sorted((repo / "vlmrl" / "data").glob("*.py"))]  # fmt: skip
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + " ".join(COLOUR_ARGS).encode()).hexdigest()[:12]
+    cached = cache_root() / f"colour-data-{key}"
+    if not (cached / "train.parquet").exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
+        try:
+            subprocess.run([sys.executable, "preprocess/synthetic.py", "--output-dir", str(tmp), *COLOUR_ARGS],
+                           check=True, capture_output=True, cwd=repo)  # fmt: skip
+            try:
+                os.rename(tmp, cached)
+            except OSError:  # another process won the race
+                if not (cached / "train.parquet").exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(cached, out, dirs_exist_ok=True)
     return out
 
 
@@ -91,6 +116,33 @@ def run_to_end(args: list[str], timeout: float = 600, env: dict[str, str] | None
         run.cleanup()
     assert rc == 0, run.output()[-4000:]
     return run
+
+
+def train_here(args: list[str]) -> tuple[int, str]:
+    """The launch command's code path (``vlmrl.train.main``: compose, check, train, the exit status and the last lines)
+    run in this process, for runs with ``trainer.launcher=inline`` (one worker, here): a new interpreter's imports
+    (~15 s on 2 cores) are the most of a 2-step run. Returns the exit status and what the run printed."""
+    import contextlib
+    import io
+
+    from vlmrl.train import main
+
+    assert "trainer.launcher=inline" in args, "a run that starts worker processes runs as a subprocess (run_to_end)"
+    out = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(args)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return code, out.getvalue()
+
+
+def train_here_to_end(args: list[str]) -> str:
+    """``train_here`` that asserts a zero exit status (showing the output's tail); returns the output."""
+    code, text = train_here(args)
+    assert code == 0, text[-4000:]
+    return text
 
 
 def metrics(run_dir: Path) -> list[dict]:

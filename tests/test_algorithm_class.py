@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from runs import Run, base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, run_to_end, train_here, train_here_to_end
 
 from vlmrl.config import ConfigError, load
 
@@ -138,12 +138,11 @@ def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colo
 def test_a_failing_class_stops_the_run_naming_it(tiny_model_dir, colour_data, tmp_path, where, message) -> None:
     spy = _spy(tmp_path)
     out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=4", "data.val_files=null",
-                        "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", f"algorithm.name={spy}:Spy",
-                        f"+algorithm.{where}=2", "trainer.save_freq=1"), {"OMP_NUM_THREADS": "1"})  # fmt: skip
-    code = run.proc.wait(timeout=300)
-    log = run.output()
-    assert code != 0 and message in log, log[-3000:]
+    code, log = train_here(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=4",
+                                     "data.val_files=null", "trainer.launcher=inline",
+                                     "actor_rollout_ref.rollout.name=hf", f"algorithm.name={spy}:Spy",
+                                     f"+algorithm.{where}=2", "trainer.save_freq=1"))  # fmt: skip
+    assert code == 1 and message in log, log[-3000:]
     assert "last complete checkpoint:" in log and (out / "global_step_1" / "trainer_state.json").is_file()
 
 
@@ -154,10 +153,10 @@ def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colo
     fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
             "trainer.total_training_steps=50")  # fmt: skip
     plain, shaped = tmp_path / "plain", tmp_path / "shaped"
-    run_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
-    run_to_end(base_args(tiny_model_dir, colour_data, shaped, *fast, f"algorithm.name={EXAMPLE}:LengthAware",
-                         "+algorithm.min_length=1", "+algorithm.max_length=5", "+algorithm.penalty=1.0",
-                         "+algorithm.patience=1000"))  # fmt: skip
+    train_here_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, shaped, *fast, f"algorithm.name={EXAMPLE}:LengthAware",
+                                "+algorithm.min_length=1", "+algorithm.max_length=5", "+algorithm.penalty=1.0",
+                                "+algorithm.patience=1000"))  # fmt: skip
     tail = lambda rows, key: sum(r[key] for r in rows[-5:]) / 5  # noqa: E731
     plain_len, shaped_rows = tail(metrics(plain), "response_length/mean"), metrics(shaped)
     assert plain_len > 6.5, plain_len  # free length: near the 8-token cap
@@ -190,8 +189,8 @@ def test_the_class_state_resumes_from_the_checkpoint(tiny_model_dir, colour_data
     out = tmp_path / "run"
     fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
             f"algorithm.name={spy}:Spy", "trainer.save_freq=2")  # fmt: skip
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2", *fast))
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2", *fast))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
     step3 = [r for r in metrics(out) if r["step"] == 3]
     assert step3 and step3[-1]["algorithm/after_calls"] == 3 and step3[-1]["algorithm/marker"] == 3, step3
 

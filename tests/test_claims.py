@@ -331,6 +331,7 @@ def _rank_in_a_collective(rank: int, rendezvous: str, model: str, data: str, res
     del worker
 
 
+@pytest.mark.serial  # a bound on elapsed time
 def test_a_collective_a_worker_never_joins_fails_after_nccl_timeout(tiny_model_dir: str, synth, tmp_path) -> None:
     """README, Reliability: a worker stuck in a collective is reported after ``actor_rollout_ref.nccl_timeout``. Two
     HybridWorkers (the process group they create themselves, gloo on CPU) with ``nccl_timeout=3``: rank 0's

@@ -175,6 +175,7 @@ def test_unknown_key_names_the_nearest_key(override: str, nearest: str) -> None:
     assert f"Did you mean '{nearest}'?" in str(e.value)
 
 
+@pytest.mark.serial  # a bound on elapsed time
 def test_unknown_key_through_the_cli_exits_2_before_start_up(tmp_path: Path) -> None:
     proc, took = run_cli(
         "data.train_files=x", "actor_rollout_ref.model.path=m", "actor_rollout_ref.rollout.temprature=1", cwd=tmp_path
@@ -290,6 +291,7 @@ def test_dynamic_batch_sizes_follow_verls_defaults_and_budgets_must_hold_a_sampl
         )
 
 
+@pytest.mark.serial  # a bound on elapsed time
 def test_unsupported_value_through_the_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     proc, took = run_cli(*geo3k_launch_line(tmp_path), "actor_rollout_ref.actor.strategy=megatron", cwd=tmp_path)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
@@ -494,6 +496,7 @@ def test_every_bad_value_is_listed_at_once() -> None:
         assert part in msg, msg
 
 
+@pytest.mark.serial  # a bound on elapsed time
 def test_bad_values_through_the_cli_exit_2_before_anything_starts(tmp_path: Path) -> None:
     proc, took = run_cli(*BASE, "actor_rollout_ref.actor.optim.lr=0", "trainer.total_training_steps=0", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -1,6 +1,7 @@
-"""Each advantage estimator trains 2 steps through the launch command (tiny model, one in-process worker, HF
-rollout): verl's estimators vlmrl added, GDPO over the components of a reward function's dict, and a user's
-estimator written for verl's ``@register_adv_est`` signature (run per token, after the workers' forward)."""
+"""Each advantage estimator trains 2 steps through the launch command's code path (``vlmrl.train.main`` in the test's
+process: tiny model, one in-process worker, HF rollout): verl's estimators vlmrl added, GDPO over the components of a
+reward function's dict, and a user's estimator written for verl's ``@register_adv_est`` signature (run per token,
+after the workers' forward)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, train_here_to_end
 
 FAST = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=2",
         "data.val_files=null")  # fmt: skip
@@ -66,7 +67,7 @@ def test_each_estimator_trains_two_steps(tiny_model_dir, colour_data, tmp_path, 
     if name == "gdpo":
         extra += ["algorithm.gdpo_reward_keys=[right,short]", "algorithm.gdpo_reward_weights=[1.0,0.5]"]
     out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, *FAST, f"algorithm.adv_estimator={name}", *extra))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, out, *FAST, f"algorithm.adv_estimator={name}", *extra))
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -81,9 +82,10 @@ def test_a_users_estimator_in_verls_signature_runs_per_token(tiny_model_dir, col
     user = tmp_path / "my_est.py"
     user.write_text(USER)
     out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, *FAST, f"algorithm.adv_estimator={user}:length_scaled",
-                         "algorithm.gamma=0.97", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-                         "actor_rollout_ref.actor.ppo_mini_batch_size=4"))  # fmt: skip
+    est = f"algorithm.adv_estimator={user}:length_scaled"
+    train_here_to_end(base_args(tiny_model_dir, colour_data, out, *FAST, est, "algorithm.gamma=0.97",
+                                "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=4"))  # fmt: skip
     calls = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2 and all(c["shape"][0] == 16 and c["groups"] == 4 and c["gamma"] == 0.97 for c in calls)
     assert [r["step"] for r in metrics(out)] == [1, 2]

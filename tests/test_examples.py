@@ -77,8 +77,10 @@ def script_env(home: Path, **env: str) -> dict[str, str]:
 
 
 def run_script(script: Path, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``script`` run in dry-run mode (a hang bound, not a speed one: smoke mode's model lookup starts Python, ~15 s
+    on a busy machine)."""
     return subprocess.run(
-        ["bash", str(script), *args], env=script_env(home, **env), capture_output=True, text=True, timeout=30
+        ["bash", str(script), *args], env=script_env(home, **env), capture_output=True, text=True, timeout=180
     )
 
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, train_here_to_end
 
 from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings
 
@@ -89,14 +89,14 @@ def test_verls_loss_keys_reach_a_users_loss_through_the_launch_command(tiny_mode
     spy.write_text(SPY)
     a = "actor_rollout_ref.actor"
     out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2", "data.val_files=null",
-                         "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-                         f"{a}.policy_loss.loss_mode={spy}:spy", f"{a}.loss_agg_mode=seq-mean-token-mean",
-                         f"{a}.clip_ratio_low=0.0003", f"{a}.clip_ratio_high=0.0004", f"{a}.clip_ratio_c=10.0",
-                         f"{a}.tau_pos=1.5", f"{a}.tau_neg=2.5", f"{a}.policy_loss.clip_cov_ratio=0.001",
-                         f"{a}.policy_loss.clip_cov_lb=2.0", f"{a}.policy_loss.clip_cov_ub=6.0",
-                         f"{a}.policy_loss.kl_cov_ratio=0.003", f"{a}.policy_loss.ppo_kl_coef=0.7",
-                         f"{a}.policy_loss.dro_beta=0.05"))  # fmt: skip
+    train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2",
+                                "data.val_files=null", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+                                f"{a}.policy_loss.loss_mode={spy}:spy", f"{a}.loss_agg_mode=seq-mean-token-mean",
+                                f"{a}.clip_ratio_low=0.0003", f"{a}.clip_ratio_high=0.0004", f"{a}.clip_ratio_c=10.0",
+                                f"{a}.tau_pos=1.5", f"{a}.tau_neg=2.5", f"{a}.policy_loss.clip_cov_ratio=0.001",
+                                f"{a}.policy_loss.clip_cov_lb=2.0", f"{a}.policy_loss.clip_cov_ub=6.0",
+                                f"{a}.policy_loss.kl_cov_ratio=0.003", f"{a}.policy_loss.ppo_kl_coef=0.7",
+                                f"{a}.policy_loss.dro_beta=0.05"))  # fmt: skip
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen == dict(loss_agg_mode="seq-mean-token-mean", clip=[0.0003, 0.0004, 10.0], tau=[1.5, 2.5],
                         cov=[0.001, 2.0, 6.0, 0.003, 0.7], dro_beta=0.05,

@@ -632,6 +632,8 @@ ALLOWED: list[tuple[str, str]] = [
     ("first 2 x `tool_workers` calls", "the rule the code applies"),
     ("the test sets 15 and requires the report between 15 and 60 s after the freeze", "a tested bound (CLAIMS)"),
     ("(default 1800;", "trainer.worker_timeout_s's default"),
+    ("`trainer.worker_startup_timeout_s` (default 3600)", "trainer.worker_startup_timeout_s's default"),
+    ("runs the tests in 2\nprocesses", "scripts/test.sh's -n default"),
     ("a joined cluster gets 120 s", "the code's wait"),
     ("within 240 s of killing its raylet", "a tested bound (CLAIMS)"),
     ("(preprocessing: 11 reasons and 8 more for videos", "counts of the reject reasons in the code"),
@@ -744,6 +746,16 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
         "(default 1800;",
         "vlmrl's trainer.worker_timeout_s default",
         lambda: _default("vlmrl.config.schema:TrainerConfig", "worker_timeout_s") == 1800,
+    ),
+    (
+        "`trainer.worker_startup_timeout_s` (default 3600)",
+        "vlmrl's trainer.worker_startup_timeout_s default",
+        lambda: _default("vlmrl.config.schema:TrainerConfig", "worker_startup_timeout_s") == 3600,
+    ),
+    (
+        "runs the tests in 2\nprocesses",
+        "scripts/test.sh: -n ${VLMRL_TEST_PROCS:-2}",
+        lambda: '-n "${VLMRL_TEST_PROCS:-2}"' in _source("scripts/test.sh"),
     ),
     (
         "(preprocessing: 11 reasons and 8 more for videos",

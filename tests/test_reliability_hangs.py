@@ -19,6 +19,8 @@ from vlmrl.scoring import RewardError, RewardManager
 from vlmrl.supervise import SHORT_TIMEOUT_FACTOR, SHORT_TIMEOUT_FLOOR_S, TIMEOUT, CallResult, HangError, HangWatch
 from vlmrl.tools.runner import ToolRunner
 
+pytestmark = pytest.mark.serial  # runs alone in a parallel suite: timeouts of 0.5-5 s and bounds on elapsed time
+
 REPO = Path(__file__).resolve().parents[1]
 
 REWARDS = """

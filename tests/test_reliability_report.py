@@ -24,6 +24,8 @@ import pytest
 from vlmrl.report import build_report, check_health, load_run
 from vlmrl.trainer.prometheus import PrometheusExporter
 
+pytestmark = pytest.mark.serial  # runs alone in a parallel suite: the exporter's 1 s request timeout
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "t0ken-" + "x" * 26  # 32 characters
 

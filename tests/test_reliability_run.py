@@ -1,6 +1,7 @@
 """During a run: non-finite numbers stop it (naming the step and the checkpoint to resume from), a step that teaches
-nothing is counted and warned about, a frozen worker is reported within ``trainer.worker_timeout_s``, and a disk that
-fills up while a checkpoint is written says so and leaves the previous checkpoint in place."""
+nothing is counted and warned about, a frozen worker is reported within ``trainer.worker_timeout_s`` (start-up has a
+bound of its own), and a disk that fills up while a checkpoint is written says so and leaves the previous checkpoint
+in place."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from utils import inline_cfg, synthetic_data
+
+pytestmark = pytest.mark.serial  # runs alone in a parallel suite: a frozen worker reported within a bound
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,9 +130,9 @@ def test_a_frozen_worker_is_reported_within_the_worker_timeout(tiny_model_dir: s
         while not (out / "global_step_2").is_dir() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert (out / "global_step_2").is_dir(), Path(log.name).read_text()[-3000:]
-        workers = [
-            p for p in psutil.Process(proc.pid).children(recursive=True) if "vlmrl-worker-1" in " ".join(p.cmdline())
-        ]
+        started = psutil.Process(proc.pid).children(recursive=True)  # every process of the run
+        names = [" ".join(p.cmdline()) for p in started]
+        workers = [p for p, name in zip(started, names) if "vlmrl-worker-1" in name]
         assert len(workers) == 1
         workers[0].send_signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
@@ -146,7 +149,42 @@ def test_a_frozen_worker_is_reported_within_the_worker_timeout(tiny_model_dir: s
     assert 15 <= took < 60, f"reported {took:.0f} s after the freeze"
     print(f"frozen worker reported after {took:.1f} s (worker_timeout_s=15)")
     time.sleep(1)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "vlmrl-worker-" in " ".join(p.info["cmdline"] or [])]
+    assert sum("vlmrl-worker-" in name for name in names) == 2, names
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert not [p for p in started if alive(p)], started
+
+
+def test_start_up_has_its_own_bound_apart_from_the_calls_one(tiny_model_dir: str, data: Path, tmp_path: Path):
+    """``trainer.worker_startup_timeout_s`` bounds the workers' start-up, ``trainer.worker_timeout_s`` each call
+    after it: a call bound far shorter than a start-up (1 s here, a start-up takes several) lets the workers start
+    and stops the first call a frozen worker does not answer; a start-up bound that is too short is named as such
+    (before: one bound for both, so the frozen-worker test's 15 s stopped start-ups on a busy machine)."""
+    from vlmrl.config.plan import worker_plan
+    from vlmrl.workers.group import WorkerError
+    from vlmrl.workers.launch_local import ProcessWorkerGroup
+
+    cfg = inline_cfg(tiny_model_dir, data, tmp_path / "run", "trainer.launcher=local", "trainer.cpu_workers=1",
+                     "trainer.worker_timeout_s=1")  # fmt: skip
+    group = ProcessWorkerGroup(cfg, worker_plan(cfg, 2, 1, 0, cuda_available=False))
+    try:
+        assert group.startup_s > 1.0 and group.infos[0]["rank"] == 0, (group.startup_s, group.infos)
+        assert group.call("a call", "rss_bytes", [()])[0] > 0
+        os.kill(group.procs[0].pid, signal.SIGSTOP)
+        with pytest.raises(WorkerError, match=r"within 1 s during a call \(trainer\.worker_timeout_s\)"):
+            group.call("a call", "rss_bytes", [()])
+        os.kill(group.procs[0].pid, signal.SIGCONT)
+    finally:
+        group.shutdown(grace_s=1.0)
+    cfg = inline_cfg(tiny_model_dir, data, tmp_path / "run2", "trainer.launcher=local", "trainer.cpu_workers=1",
+                     "trainer.worker_startup_timeout_s=0.5")  # fmt: skip
+    with pytest.raises(WorkerError, match=r"within 0 s during startup \(trainer\.worker_startup_timeout_s\)"):
+        ProcessWorkerGroup(cfg, worker_plan(cfg, 2, 1, 0, cuda_available=False))
 
 
 def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_the_previous_one(

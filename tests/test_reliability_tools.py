@@ -15,6 +15,8 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.tools import hermes
 from vlmrl.tools.runner import ToolRunner
 
+pytestmark = pytest.mark.serial  # runs alone in a parallel suite: tool timeouts
+
 TOOLS = """
 from PIL import Image
 from vlmrl.tools.base import BaseTool, ToolResponse

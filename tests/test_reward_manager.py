@@ -15,6 +15,8 @@ from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 from vlmrl.scoring import RewardConfigError, RewardError, RewardManager, make_reward_fn, registered_names
 
+pytestmark = pytest.mark.serial  # runs alone in a parallel suite: reward timeouts of 0.5-1 s and bounds on elapsed time
+
 REPO = Path(__file__).resolve().parents[1]
 
 ZOO = '''

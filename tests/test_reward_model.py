@@ -278,6 +278,7 @@ def test_the_judges_prompt_holds_the_images_question_and_answer(tiny_model_dir, 
     assert ask.images == prompts[0].images
 
 
+@pytest.mark.serial  # a bound on elapsed time
 def test_a_hanging_parse_function_ends_in_bounded_time(tiny_model_dir, tiny_processor, tmp_path):
     """A user's parse function runs where reward functions run (worker processes, ``reward.timeout_s``): one that
     hangs is ended after its timeout and, hanging on every call, stops the batch naming the function and the

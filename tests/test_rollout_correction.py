@@ -158,15 +158,15 @@ def test_config_refusals(tmp_path) -> None:
 def test_verls_bypass_mode_trains_through_the_launch_command(tiny_model_dir, tmp_path) -> None:
     """``bypass_mode=True`` with REINFORCE and truncated weights (one in-process worker, the HF rollout's log-probs as
     the old ones): 2 steps, the loss's ratio metrics logged."""
-    from runs import base_args, make_colour_data, metrics, run_to_end
+    from runs import base_args, make_colour_data, metrics, train_here_to_end
 
     data = make_colour_data(tmp_path / "data")
     out = tmp_path / "run"
     k = "algorithm.rollout_correction"
-    run_to_end(base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.val_files=null",
-                         "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", f"{k}.bypass_mode=true",
-                         f"{k}.loss_type=reinforce", f"{k}.rollout_is=token",
-                         f"{k}.rollout_is_threshold=2.0"))  # fmt: skip
+    train_here_to_end(base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.val_files=null",
+                                "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
+                                f"{k}.bypass_mode=true", f"{k}.loss_type=reinforce", f"{k}.rollout_is=token",
+                                f"{k}.rollout_is_threshold=2.0"))  # fmt: skip
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.5 < r["rollout_corr/rollout_is_mean"] < 1.5 and r["actor/grad_norm"] > 0 for r in rows), rows

@@ -20,6 +20,9 @@ import psutil
 import pytest
 from runs import ENV, Run, base_args, make_colour_data, metrics, run_to_end, wait_for_step
 
+# runs alone in a parallel suite: a Ray cluster of its own and a whole-machine process check
+pytestmark = pytest.mark.serial
+
 # ----------------------------------------------------------------------------------- tensor-parallel engines
 
 

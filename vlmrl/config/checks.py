@@ -82,8 +82,9 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
                      " must be >= 0 (0: every decoder layer and vision block is an FSDP unit).")  # fmt: skip
     _positive(p, "actor_rollout_ref.rollout.tensor_model_parallel_size", ro.tensor_model_parallel_size)
     _positive(p, "actor_rollout_ref.nccl_timeout", arr.nccl_timeout, " (seconds)")
-    if not (math.isfinite(tr.worker_timeout_s) and tr.worker_timeout_s > 0):
-        p.append(f"trainer.worker_timeout_s={tr.worker_timeout_s}: must be a finite number of seconds > 0.")
+    for key in ("worker_timeout_s", "worker_startup_timeout_s"):
+        if not (math.isfinite(getattr(tr, key)) and getattr(tr, key) > 0):
+            p.append(f"trainer.{key}={getattr(tr, key)}: must be a finite number of seconds > 0.")
     if not (math.isfinite(ro.temperature) and ro.temperature >= 0):
         p.append(f"actor_rollout_ref.rollout.temperature={ro.temperature}: must be >= 0.")
     elif ro.temperature == 0 and ro.n > 1:

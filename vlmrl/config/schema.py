@@ -530,8 +530,11 @@ class TrainerConfig:
     (Ray actors: clusters; token authentication on) | inline (one worker in the driver's process: debugging) | auto
     (ray when trainer.ray_address or RAY_ADDRESS is set, else local)."""
     worker_timeout_s: float = 1800.0
-    """A worker call (start-up, rollout, update, checkpoint) not answered within this many seconds stops the run,
-    naming the worker and the stage (a frozen process, a collective that waits forever)."""
+    """A worker call (rollout, update, checkpoint, ...) not answered within this many seconds stops the run, naming
+    the worker and the stage (a frozen process, a collective that waits forever)."""
+    worker_startup_timeout_s: float = 3600.0
+    """The same bound for the workers' start-up (imports, model load, engine start): apart from worker_timeout_s, so
+    a short bound that catches a frozen step does not stop a start-up that is slow (a large model, a busy machine)."""
     dry_run: bool = False
     """Check everything that needs no hardware (keys and values, data files, model folder, reward function), print
     the plan and exit: 0 when the run would start, 2 listing every problem."""

@@ -86,11 +86,12 @@ class ProcessWorkerGroup(WorkerGroup):
     (``trainer.n_gpus_per_node``, ``CUDA_VISIBLE_DEVICES`` set per worker)."""
 
     def __init__(self, cfg: VLMRLConfig, plan: WorkerPlan, first_gpu: int = 0) -> None:
-        """Start ``plan.world`` worker processes on this machine (``trainer.worker_timeout_s`` bounds each call);
-        on GPU, worker r gets visible GPU ``first_gpu`` + r."""
+        """Start ``plan.world`` worker processes on this machine (``trainer.worker_startup_timeout_s`` bounds their
+        start-up, ``trainer.worker_timeout_s`` each call); on GPU, worker r gets visible GPU ``first_gpu`` + r."""
         self.device, self.world = plan.device, plan.world
         self.role = plan.role
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
+        startup_timeout_s = float(cfg.trainer.worker_startup_timeout_s)
         if self.device == "cuda":
             import torch
 
@@ -123,7 +124,7 @@ class ProcessWorkerGroup(WorkerGroup):
             self.conns.append(parent)
             self.procs.append(proc)
         try:
-            self.infos = self._collect("startup", self.timeout_s)
+            self.infos = self._collect("startup", startup_timeout_s)
         except BaseException:
             self.shutdown(grace_s=1.0)
             raise
@@ -174,9 +175,10 @@ class ProcessWorkerGroup(WorkerGroup):
             left = deadline - time.monotonic()
             if left <= 0:
                 ranks = sorted(pending)
+                key = "worker_startup_timeout_s" if stage == "startup" else "worker_timeout_s"
                 raise WorkerError(
                     f"{self._who(ranks)} did not answer within {timeout_s:.0f} s during {stage} "
-                    "(trainer.worker_timeout_s): frozen, or waiting in a collective for a worker that is"
+                    f"(trainer.{key}): frozen, or waiting in a collective for a worker that is"
                 )
             waitables = {self.conns[r]: r for r in pending} | {self.procs[r].sentinel: r for r in pending}
             for obj in wait(list(waitables), timeout=min(left, 5.0)):

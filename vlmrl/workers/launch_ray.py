@@ -165,6 +165,7 @@ class RayWorkerGroup(WorkerGroup):
         self.world = self.nnodes * (rollout_per_node(cfg, cuda) if plan.role == "rollout" else per_node(cfg, cuda))
         plan = dataclasses.replace(plan, device=self.device, world=self.world)
         self.timeout_s = float(cfg.trainer.worker_timeout_s)
+        self.startup_timeout_s = float(cfg.trainer.worker_startup_timeout_s)
         self.workers: list[Any] = []
         self.pgs: list[Any] = []
         self._pending: Pending | None = None
@@ -220,7 +221,8 @@ class RayWorkerGroup(WorkerGroup):
             )
             for i in range(self.world)
         ]
-        self.infos = self.call("startup", "info", [()] * self.world)
+        futures = [w.info.remote() for w in self.workers]
+        self.infos = self._collect("startup", futures, time.monotonic() + self.startup_timeout_s)
         ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for info, node in zip(self.infos, self.node_ids):
             info["node"] = f"{ip.get(node, '?')}/{node[:8]}"  # Ray's node: machines may share a host name
@@ -272,9 +274,12 @@ class RayWorkerGroup(WorkerGroup):
                     raise self._explain(rank_of[f], stage, e) from e
             if pending and time.monotonic() > deadline:
                 ranks = sorted(rank_of[f] for f in pending)
+                startup = stage == "startup"
                 raise WorkerError(
-                    f"{self.who}(s) {ranks} did not answer within {self.timeout_s:.0f} s during {stage} "
-                    "(trainer.worker_timeout_s): frozen, or waiting in a collective for a worker that is"
+                    f"{self.who}(s) {ranks} did not answer within "
+                    f"{self.startup_timeout_s if startup else self.timeout_s:.0f} s during {stage} (trainer."
+                    f"{'worker_startup_timeout_s' if startup else 'worker_timeout_s'}): frozen, or waiting in a "
+                    "collective for a worker that is"
                 )
         return ray.get(futures)
 
