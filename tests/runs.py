@@ -26,26 +26,15 @@ def make_colour_data(out: Path) -> Path:
     import hashlib
     import shutil
 
-    from vlmrl.testing.tiny import cache_root
+    from vlmrl.testing.tiny import cache_root, cached_build
 
     repo = Path(__file__).parents[1]
     code = [repo / "preprocess" / "synthetic.py", *sorted((repo / "vlmrl" / "preprocess").glob("*.py")),
             *sorted((repo / "vlmrl" / "data").glob("*.py"))]  # fmt: skip
     key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + " ".join(COLOUR_ARGS).encode()).hexdigest()[:12]
-    cached = cache_root() / f"colour-data-{key}"
-    if not (cached / "train.parquet").exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
-        try:
-            subprocess.run([sys.executable, "preprocess/synthetic.py", "--output-dir", str(tmp), *COLOUR_ARGS],
-                           check=True, capture_output=True, cwd=repo)  # fmt: skip
-            try:
-                os.rename(tmp, cached)
-            except OSError:  # another process won the race
-                if not (cached / "train.parquet").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    cached = cached_build(cache_root() / f"colour-data-{key}", "train.parquet", lambda tmp: subprocess.run(
+        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(tmp), *COLOUR_ARGS],
+        check=True, capture_output=True, cwd=repo))  # fmt: skip
     shutil.copytree(cached, out, dirs_exist_ok=True)
     return out
 

@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -493,16 +494,23 @@ def ensure_tiny_model(seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # no
     )
     name = "qwen25vl" if spec.family == "qwen2_5_vl" else spec.family.replace("_", "")
     final = cache_root() / f"tiny-{name}-v{BUILDER_VERSION}-seed{seed}{tag}"
-    if (final / "vlmrl_tiny.json").exists():
+    return cached_build(final, "vlmrl_tiny.json", lambda tmp: build_tiny_model(tmp, seed, spec))
+
+
+def cached_build(final: Path, marker: str, build: Callable[[Path], object]) -> Path:
+    """``final``, built once by ``build(folder)`` into a temporary folder beside it and renamed into place (so
+    parallel processes share it; the one that loses the race keeps the winner's); ``marker`` is the file whose
+    presence means it is complete."""
+    if (final / marker).exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
-        build_tiny_model(tmp, seed, spec)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:  # another process won the race
-            if not (final / "vlmrl_tiny.json").exists():
+            if not (final / marker).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
