@@ -58,6 +58,26 @@ def test_engine_runs_with_preprocessor_cache_off(engine):
     assert cfg.mm_processor_cache_gb == 0
 
 
+def test_the_cpu_engine_counts_token_ranks_without_compiling(engine):
+    """On CPU the sampler's rank count (vLLM compiles it through inductor: seconds of each engine's first generate)
+    runs eagerly: the same counts, ties and -inf included."""
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    from vlmrl.rollout.vllm import _count_at_least
+
+    assert sampler.batched_count_greater_than is _count_at_least is logprobs.batched_count_greater_than
+    x = torch.tensor([[0.0, -1.0, 2.0, float("-inf")], [3.0, 3.0, 3.0, 1.0], [-5.0, -4.0, -3.0, -2.0]])
+    values = torch.tensor([[0.0], [3.0], [float("-inf")]])
+    expected = [sum(int(v >= row_v) for v in row) for row, row_v in zip(x.tolist(), values[:, 0].tolist())]
+    assert _count_at_least(x, values).tolist() == expected == [2, 3, 4]
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=0, seed=0)
+    out = engine.llm.generate(["a red"], params, use_tqdm=False)[0].outputs[0]
+    assert [next(iter(lp.values())).rank for lp in out.logprobs] == [1] * len(out.token_ids)  # greedy: rank 1
+
+
 def test_n_samples_with_one_and_two_images_match_hf_forward(engine, hf, tiny_processor):
     prompts = [
         make_prompt(tiny_processor, "What colour?", [solid((0, 0, 255))], 0),

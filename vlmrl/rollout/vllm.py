@@ -40,6 +40,24 @@ def set_engine_env(on_cpu: bool) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``batched_count_greater_than`` (how many entries of each row of ``x`` are >= that row's value: a token's
+    rank among the log-probs), run eagerly."""
+    return (x >= values).sum(-1)
+
+
+def skip_rank_compile() -> None:
+    """On CPU: vLLM's sampler counts each returned token's rank with a one-line function it compiles through inductor
+    (a C++ build: ~4 s of every engine's first generate on 2 cores, and a recompile when a batch of one comes). The
+    same count eagerly is one comparison and a sum, the same integers. A vLLM without the function is left as it is."""
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    for module in (logprobs, sampler):
+        if hasattr(module, "batched_count_greater_than"):
+            module.batched_count_greater_than = _count_at_least
+
+
 def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
     """Map user engine kwargs (``engine_kwargs.vllm.*``) to what the installed vLLM accepts.
 
@@ -93,6 +111,9 @@ class VLLMRollout:
     ) -> None:
         set_engine_env(on_cpu=device == "cpu")
         from vllm import LLM
+
+        if device == "cpu":
+            skip_rank_compile()
 
         self.device = device
         dtype = rollout_cfg.dtype
