@@ -80,7 +80,34 @@ def _val_responses(folder: Path, step: int) -> list[str]:
 def test_tensor_parallel_engine_samples_and_trains_exactly(tiny_model_dir, colour_data, tmp_path: Path) -> None:
     """2 CPU workers sharing one vLLM engine of tensor-parallel size 2 (each holding half of it): greedy validation
     before training answers exactly as two engines of size 1 do, and after every weight push the engine's log-probs
-    of what it sampled equal the trainer's (drift < 1e-3): the pushed full tensors land as the right shards."""
+    of what it sampled equal the trainer's (drift < 1e-3): the pushed full tensors land as the right shards. The
+    engine's shared-memory segments are the run's own: those a killed run left under vLLM's fixed name do not stop
+    it (they did: "create shm in SHMManager failed. errno: 17"), and it leaves none behind."""
+    shm = Path("/dev/shm")
+    stale = [shm / f"-tp:0-[0-1]-cpushm_{r}" for r in (0, 1)]
+    made = [p for p in stale if not p.exists()]
+    for p in made:
+        p.write_bytes(b"\0" * 4096)
+    before = {p.name for p in shm.glob("vlmrl-*cpushm*")}
+    runs = {}
+    try:
+        runs = _tp_runs(tiny_model_dir, colour_data, tmp_path)
+    finally:
+        for p in made:
+            p.unlink(missing_ok=True)
+    assert {p.name for p in shm.glob("vlmrl-*cpushm*")} == before
+    out2, log2 = runs[2]
+    assert "2 hybrid worker(s) on cpu" in log2 and "1 vLLM engine(s) of tensor-parallel size 2" in log2, log2[-3000:]
+    assert "2 vLLM engine(s) of tensor-parallel size 1" in runs[1][1]
+    before = _val_responses(runs[1][0] / "val", 0)
+    assert _val_responses(out2 / "val", 0) == before and len(set(before)) > 5
+    rows = [r for r in metrics(out2) if "rollout/logprob_diff" in r]
+    assert len(rows) == 3 and all(r["rollout/logprob_diff"] < 1e-3 for r in rows), rows
+    assert all(r["actor/grad_norm"] > 0 for r in rows)
+
+
+def _tp_runs(tiny_model_dir: str, colour_data: Path, tmp_path: Path) -> dict[int, tuple[Path, str]]:
+    """3 steps with engines of tensor-parallel size 1, then 2: each run's folder and output."""
     runs = {}
     for tp in (1, 2):
         out = tmp_path / f"tp{tp}"
@@ -93,14 +120,7 @@ def test_tensor_parallel_engine_samples_and_trains_exactly(tiny_model_dir, colou
             timeout=600,
         )  # fmt: skip
         runs[tp] = (out, run.output())
-    out2, log2 = runs[2]
-    assert "2 hybrid worker(s) on cpu" in log2 and "1 vLLM engine(s) of tensor-parallel size 2" in log2, log2[-3000:]
-    assert "2 vLLM engine(s) of tensor-parallel size 1" in runs[1][1]
-    before = _val_responses(runs[1][0] / "val", 0)
-    assert _val_responses(out2 / "val", 0) == before and len(set(before)) > 5
-    rows = [r for r in metrics(out2) if "rollout/logprob_diff" in r]
-    assert len(rows) == 3 and all(r["rollout/logprob_diff"] < 1e-3 for r in rows), rows
-    assert all(r["actor/grad_norm"] > 0 for r in rows)
+    return runs
 
 
 # ------------------------------------------------------------------------------------------- a Ray cluster

@@ -58,6 +58,37 @@ def skip_rank_compile() -> None:
             module.batched_count_greater_than = _count_at_least
 
 
+_SHM_RUN = ""
+"""This run's part of the names of the CPU engines' shared-memory segments (:func:`per_run_shm_names`)."""
+
+
+def _shm_group_name(communicator: Any) -> str:
+    """vLLM's name for a CPU engine group's shared memory (the group's name and ranks), with this run's token."""
+    ranks = "-".join(str(r) for r in communicator.ranks)
+    return f"vlmrl-{_SHM_RUN}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+
+def per_run_shm_names() -> None:
+    """On CPU the ranks of a tensor-parallel engine meet in shared memory (/dev/shm) under a name vLLM builds from
+    the distributed init method, which inside the trainer's process group (``env://``) is the same for every run:
+    two runs on one machine would share the segments, and those a killed run leaves behind stop every later
+    tensor-parallel engine on the machine from starting ("create shm in SHMManager failed. errno: 17"). The names get
+    a token rank 0 draws and broadcasts over the trainer's process group: the same on every rank, new each run.
+    Called by every rank (a collective)."""
+    global _SHM_RUN
+    import secrets
+
+    import torch.distributed as dist
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    token = torch.tensor([secrets.randbits(40) if dist.get_rank() == 0 else 0], dtype=torch.int64)
+    dist.broadcast(token, src=0)
+    _SHM_RUN = f"{int(token):010x}"
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    if shm is not None and hasattr(shm, "make_group_name"):
+        shm.make_group_name = staticmethod(_shm_group_name)
+
+
 def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
     """Map user engine kwargs (``engine_kwargs.vllm.*``) to what the installed vLLM accepts.
 
@@ -114,6 +145,8 @@ class VLLMRollout:
 
         if device == "cpu":
             skip_rank_compile()
+            if distributed:
+                per_run_shm_names()
 
         self.device = device
         dtype = rollout_cfg.dtype
