@@ -81,13 +81,14 @@ def venv_sizes(venv: Path) -> dict[str, Any]:
 
 
 def junit(path: Path) -> dict[str, Any]:
-    """Counts from pytest's JUnit XML: tests, passed, failed, errors, skipped (and the skips naming CUDA or a GPU,
-    with every skip's test and reason), pytest's time."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    """Counts from pytest's JUnit XML, the parallel run's (``path``) and the serial run's (``NAME.serial.xml`` beside
+    it, scripts/test.sh): tests, passed, failed, errors, skipped (and the skips naming CUDA or a GPU, with every
+    skip's test and reason), pytest's time (both runs')."""
+    roots = [ET.parse(p).getroot() for p in (path, path.with_suffix(".serial.xml")) if p.exists()]
+    suites = [s for root in roots for s in ([root] if root.tag == "testsuite" else list(root.iter("testsuite")))]
     total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     skips, failed = [], []
-    for case in root.iter("testcase"):
+    for case in (c for root in roots for c in root.iter("testcase")):
         name = f"{case.get('classname')}::{case.get('name')}"
         for sk in case.findall("skipped"):
             skips.append({"test": name, "reason": sk.get("message", "")})
@@ -148,7 +149,7 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
         "parts_s": parts,
         "install_reported_s": int(m.group(1)) if m else None,
         **junit(xml),
-        "pytest_summary": summary[-1] if summary else None,
+        "pytest_summary": " + ".join(summary[-2:]) if summary else None,  # the parallel run's, the serial run's
         "browser_before": browser_before,
         "browser_after": next((b for b in BROWSERS if shutil.which(b)), None),
         **venv_sizes(clone / ".venv" if not a.quick else common.ROOT / ".venv"),

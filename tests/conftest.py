@@ -57,9 +57,11 @@ def tiny_processor(tiny_model_dir):
 
 
 # ------------------------------------------------------------------------------------------ parallel runs, serial tests
-# ``bash scripts/test.sh`` runs the suite in 2 processes (pytest-xdist). A test marked ``serial`` (a bound on elapsed
-# time, a whole-machine process check, a multi-node cluster) runs alone: it holds a lock file exclusively while every
-# other test holds it shared, and while it waits its flag file (naming its pid) keeps new tests from starting.
+# ``bash scripts/test.sh`` runs the tests not marked ``serial`` in 2 processes (pytest-xdist), then the serial ones
+# (a bound on elapsed time, a whole-machine process check, a multi-node cluster) in one (VLMRL_TEST_PHASE). Where a
+# parallel run has both (``pytest -n 2`` by hand), a serial test still runs alone: it holds a lock file exclusively
+# while every other test holds it shared, and while it waits its flag file (naming its pid) keeps new tests from
+# starting.
 _RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
 _LOCK = os.path.join(tempfile.gettempdir(), f"vlmrl-tests-{_RUN_ID}.lock")
 
@@ -107,7 +109,15 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests skip themselves where CUDA is absent (CI has none); everything else always runs."""
+    """``VLMRL_TEST_PHASE`` (scripts/test.sh) keeps the tests not marked ``serial`` (``parallel``) or only those
+    (``serial``); ``gpu`` tests skip themselves where CUDA is absent (CI has none); everything else always runs."""
+    phase = os.environ.get("VLMRL_TEST_PHASE", "")
+    if phase:
+        if phase not in ("parallel", "serial"):
+            raise pytest.UsageError(f"VLMRL_TEST_PHASE={phase!r}: use parallel or serial (or leave it unset)")
+        keep = [i for i in items if (i.get_closest_marker("serial") is not None) == (phase == "serial")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (runs on a GPU machine: pytest -m gpu)")

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from runs import base_args, make_colour_data, metrics, run_to_end, train_here, train_here_to_end
+from runs import base_args, make_colour_data, metrics, run_example, run_to_end, train_here, train_here_to_end
 
 from vlmrl.config import ConfigError, load
 
@@ -149,19 +149,24 @@ def test_a_failing_class_stops_the_run_naming_it(tiny_model_dir, colour_data, tm
 @pytest.mark.slow
 def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colour_data: Path, tmp_path) -> None:
     """The quick start's task, where a response's length does not change its reward: without the class responses
-    stay near the length cap (8 tokens); with it (window 1-5 tokens) most land inside within 50 steps."""
+    stay near the length cap (8 tokens); with it (``bash examples/length_aware_cpu.sh``: window 1-5 tokens) most land
+    inside within 50 steps. Both runs: one worker in one process with the HF rollout, no validation."""
     fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
             "trainer.total_training_steps=50")  # fmt: skip
     plain, shaped = tmp_path / "plain", tmp_path / "shaped"
     train_here_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
-    train_here_to_end(base_args(tiny_model_dir, colour_data, shaped, *fast, f"algorithm.name={EXAMPLE}:LengthAware",
-                                "+algorithm.min_length=1", "+algorithm.max_length=5", "+algorithm.penalty=1.0",
-                                "+algorithm.patience=1000"))  # fmt: skip
+    log = run_example("length_aware_cpu.sh", shaped, *fast)
     tail = lambda rows, key: sum(r[key] for r in rows[-5:]) / 5  # noqa: E731
     plain_len, shaped_rows = tail(metrics(plain), "response_length/mean"), metrics(shaped)
     assert plain_len > 6.5, plain_len  # free length: near the 8-token cap
     assert shaped_rows[0]["algorithm/in_window"] < 0.2 and tail(shaped_rows, "algorithm/in_window") >= 0.8
     assert tail(shaped_rows, "response_length/mean") < 5.0
+    # the script's parameters reach the class (and its metrics the actor's lines), the quick start's pipeline ends
+    # with the reward curve and the report
+    assert all(0.0 <= r["algorithm/in_window"] <= 1.0 and r["algorithm/max_length"] == 5.0 and
+               r["actor/max_length"] == 5.0 for r in shaped_rows)  # fmt: skip
+    assert "[quickstart] tiny model:" in log and (shaped / "report.html").is_file()
+    assert (shaped / "reward_curve.png").is_file()
 
 
 def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, colour_data: Path) -> None:

@@ -1,5 +1,6 @@
 """Actor-critic PPO end to end on CPU: the critic's value head (load, save names, the shared-prompt forward equal to
-the full one), PPO learning the quick start's task from overrides only, and a resume that continues the critic, both
+the full one), PPO learning the quick start's task (examples/ppo_cpu.sh, whose preset is the quick start's config
+with PPO overrides), and a resume that continues the critic, both
 optimizers and the adaptive KL controller exactly."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, run_example, train_here_to_end
 
 
 def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_model_dir: str, tmp_path: Path) -> None:
@@ -123,22 +124,55 @@ def colour_data(tmp_path_factory) -> Path:
     return make_colour_data(tmp_path_factory.mktemp("colour"))
 
 
+PPO_OVERRIDES = ("algorithm.adv_estimator=gae", "critic.optim.lr=2e-3", "critic.optim.weight_decay=0",
+                 "critic.model.enable_gradient_checkpointing=False")  # fmt: skip
+"""PPO with a critic on the quick start as a verl user writes it: overrides on the quick start's config."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_the_ppo_preset_is_the_quick_start_with_ppo_overrides() -> None:
+    """``configs/ppo_tiny_cpu.yaml`` (the PPO example's preset) resolves to the quick start's config with the overrides
+    PPO_OVERRIDES but for the critic's FSDP units (a speed setting, as the actor's) and the run's names: what the
+    example learns (the next test), the overrides learn."""
+    import dataclasses
+
+    from vlmrl.config import load
+
+    given = ["data.train_files=train.parquet", "actor_rollout_ref.model.path=model"]
+    preset = _flat(dataclasses.asdict(load(given, "ppo_tiny_cpu")))
+    overrides = _flat(dataclasses.asdict(load([*given, *PPO_OVERRIDES], "tiny_cpu")))
+    differ = {k for k in preset.keys() | overrides.keys() if preset.get(k, "-") != overrides.get(k, "-")}
+    assert differ == {
+        "critic.fsdp.reshard_after_forward",
+        "critic.fsdp.wrap_policy.min_num_params",
+        "trainer.project_name",
+        "trainer.experiment_name",
+        "trainer.default_local_dir",
+    }, differ
+
+
 @pytest.mark.slow
-def test_ppo_with_a_critic_learns_the_quick_start_task_from_overrides(tiny_model_dir, colour_data, tmp_path) -> None:
-    """The quick start's config with ``algorithm.adv_estimator=gae`` and the critic's learning rate on the command
-    line (the critic built from the actor's checkpoint): greedy validation 0 before training, >= 0.9 after 120
-    steps; the critic's metrics in every step's line."""
+def test_the_ppo_example_learns_the_quick_start_task(tmp_path) -> None:
+    """``bash examples/ppo_cpu.sh`` (the quick start's pipeline with ``CONFIG=ppo_tiny_cpu``: GAE and a critic built
+    from the actor's checkpoint): greedy validation 0 before training, >= 0.9 after 120 steps; the critic's metrics
+    in every step's line; the critic's panel in the report."""
     out = tmp_path / "ppo"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "algorithm.adv_estimator=gae", "critic.optim.lr=2e-3",
-                         "critic.optim.weight_decay=0", "critic.model.enable_gradient_checkpointing=False"),
-               timeout=900)  # fmt: skip
+    log = run_example("ppo_cpu.sh", out, timeout=1200)
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert val[0] <= 0.05 and val[120] >= 0.9, val
     for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/vf_explained_var",
-                "critic/grad_norm", "critic/lr", "timing/critic_update_s"):  # fmt: skip
+                "critic/grad_norm", "critic/lr", "timing/critic_update_s", "timing/values_s"):  # fmt: skip
         assert all(key in r for r in rows[1:]), key
     assert max(r["critic/vf_explained_var"] for r in rows[1:]) > 0.2  # the critic learns to predict the returns
+    assert "id='panel-critic'" in (out / "report.html").read_text() and (out / "reward_curve.png").is_file()
+    assert "[quickstart] tiny model:" in log and "ppo_tiny_cpu" not in log.split("[quickstart] tiny model:")[0]
 
 
 CURVE = ("reward/mean", "critic/vf_loss", "critic/vpred_mean", "reward/kl_penalty", "reward/kl_coef", "actor/pg_loss",
@@ -149,19 +183,19 @@ CURVE = ("reward/mean", "critic/vf_loss", "critic/vpred_mean", "reward/kl_penalt
 def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model_dir, colour_data, tmp_path) -> None:
     """GAE with the adaptive in-reward KL and trainer.critic_warmup=2 (verl's rule: the actor updates from step 2):
     a run stopped after its step-2 checkpoint and resumed equals an uninterrupted one step for step; the checkpoint
-    holds the critic's shards and the controller's coefficient. (The HF rollout: what is resumed is the trainer's
-    state, and a run without vLLM engines starts in half the time.)"""
+    holds the critic's shards and the controller's coefficient. (One worker in this process with the HF rollout: what
+    is resumed is the trainer's state; tests/test_train_e2e.py resumes runs of worker processes.)"""
     extra = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
              "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=64", "algorithm.kl_ctrl.kl_coef=0.05",
              "trainer.critic_warmup=2", "critic.optim.lr=1e-3", "trainer.save_freq=2",
-             "data.val_files=null", "actor_rollout_ref.rollout.name=hf")  # fmt: skip
+             "data.val_files=null", "actor_rollout_ref.rollout.name=hf", "trainer.launcher=inline")  # fmt: skip
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_to_end(base_args(tiny_model_dir, colour_data, whole, *extra, "trainer.total_training_steps=4"))
-    run_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=2"))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, whole, *extra, "trainer.total_training_steps=4"))
+    train_here_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=2"))
     state = json.loads((cut / "global_step_2" / "trainer_state.json").read_text())
     assert (cut / "global_step_2" / "critic" / ".metadata").is_file() and state["kl_ctrl"]["value"] != 0.05
-    again = run_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=4"))
-    assert "resumed from" in again.output()
+    again = train_here_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=4"))
+    assert "resumed from" in again
     a, b = metrics(whole), metrics(cut)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):

@@ -558,6 +558,7 @@ ALLOWED: list[tuple[str, str]] = [
     ("weight: 0.2}]'", "an example setting"),
     ("weight-0 rule component", "a setting"),
     ("asserts at least 0.9", "the bound tests/test_reward_model_train.py asserts"),
+    ("at least 0.6 at step 160", "the bound tests/test_reward_model_train.py asserts (a claim below checks it)"),
     ("is {*} at step 160, against", "bench_reward_model's last step, a setting"),
     ("The runs below 1.00 (two", "the best value of the rule check, a bound"),
     ("(two of three with the reward model, one with the rule)", "counted from the spreads tied above"),
@@ -753,9 +754,24 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
         lambda: _default("vlmrl.config.schema:TrainerConfig", "worker_startup_timeout_s") == 3600,
     ),
     (
+        "validations and at least 0.6 at step 160",
+        "the bounds tests/test_reward_model_train.py asserts",
+        lambda: (
+            "max(rule[s] for s in (40, 80, 120, 160)) >= 0.9 and rule[160] >= 0.6"
+            in _source("tests/test_reward_model_train.py")
+        ),
+    ),
+    (
+        "then those marked `serial` (a bound on elapsed\ntime, a whole-machine check) one at a time",
+        "scripts/test.sh: a second pytest, VLMRL_TEST_PHASE=serial, no -n (tests/test_suite_phases.py)",
+        lambda: 'VLMRL_TEST_PHASE=serial "${pytest[@]}" "$@"' in _source("scripts/test.sh"),
+    ),
+    (
         "runs the tests in 2\nprocesses",
         "scripts/test.sh: -n ${VLMRL_TEST_PROCS:-2}",
-        lambda: '-n "${VLMRL_TEST_PROCS:-2}"' in _source("scripts/test.sh"),
+        lambda: (
+            "procs=${VLMRL_TEST_PROCS:-2}" in _source("scripts/test.sh") and '-n "$procs"' in _source("scripts/test.sh")
+        ),
     ),
     (
         "(preprocessing: 11 reasons and 8 more for videos",
@@ -979,9 +995,10 @@ def test_readme_bounds_and_settings_match_where_they_live(phrase: str, where: st
 
 def test_end_to_end_runs_are_marked_slow() -> None:
     """README: ``-m "not slow"`` leaves the end-to-end runs out. A test that starts a training run through the
-    launch command (tests/runs.py: ``Run``, ``run_to_end``, ``wait_for_step``) or an example script, itself or through
+    launch command (tests/runs.py: ``Run``, ``run_to_end``, ``wait_for_step``) or an example script (``run_example``
+    or by its name), itself or through
     a fixture of its module, carries the ``slow`` mark."""
-    starts = re.compile(r"\b(?:run_to_end|Run|wait_for_step)\(|_cpu\.sh|examples/\w+\.sh\"")
+    starts = re.compile(r"\b(?:run_to_end|Run|wait_for_step|run_example)\(|_cpu\.sh|examples/\w+\.sh\"")
     unmarked = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         src = path.read_text()

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from PIL import Image
-from runs import ENV, Run, base_args, run_to_end, wait_for_step
+from runs import ENV, Run, base_args, train_here_to_end, wait_for_step
 
 from vlmrl.report import build_report, check_health, load_run
 from vlmrl.report.data import ema
@@ -49,7 +49,7 @@ def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str
 def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two real runs: A (30 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, an algorithm class
     and rollout correction, validation every 10, the Prometheus exporter on a free port, scraped while it trains)
-    and B (3 steps of GRPO, another learning rate)."""
+    and B (3 steps of GRPO, another learning rate; one worker in this process with the HF rollout)."""
     base = tmp_path_factory.mktemp("report")
     data = base / "data"
     subprocess.run(
@@ -81,8 +81,9 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert rc == 0, run.output()[-3000:]
     with pytest.raises(urllib.error.URLError):  # the exporter stopped with the run
         urllib.request.urlopen(url, timeout=5)
-    run_to_end(base_args(tiny_model_dir, data, b, *SMALL, "trainer.total_training_steps=3",
-                         "actor_rollout_ref.actor.optim.lr=1e-4"))  # fmt: skip
+    train_here_to_end(base_args(tiny_model_dir, data, b, *SMALL, "trainer.total_training_steps=3",
+                                "actor_rollout_ref.actor.optim.lr=1e-4", "trainer.launcher=inline",
+                                "actor_rollout_ref.rollout.name=hf"))  # fmt: skip
     return {"a": a, "b": b, "log": run.output(), "scraped": scraped, "sockets": sockets}
 
 

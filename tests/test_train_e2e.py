@@ -55,8 +55,10 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     assert sorted(p.name for p in (out / "val_gallery").glob("*.html")) == [
         "step_000000.html", "step_000060.html", "step_000120.html"
     ]  # fmt: skip
-    assert "id='panel-reward'" in (out / "report.html").read_text() and f"report written to {out}" in log
-    assert not list(out.glob("global_step_*"))
+    report = (out / "report.html").read_text()
+    assert "id='panel-reward'" in report and "data:image/png;base64," in report and f"report written to {out}" in log
+    assert (out / "report_panels" / "reward.png").is_file() and "[vlmrl] health:" in log
+    assert "[quickstart] tiny model:" in log and not list(out.glob("global_step_*"))
     print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
