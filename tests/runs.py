@@ -110,15 +110,26 @@ def run_to_end(args: list[str], timeout: float = 600, env: dict[str, str] | None
 def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, **env: str) -> str:
     """``bash examples/<script> <overrides>`` as a user runs it (its own model, data and defaults; only ``OUT`` points
     at ``out``, and ``env`` adds variables), in its own session with its own Ray temp dir; asserts a zero exit status
-    (showing the log's tail) and returns what it printed."""
+    (showing the log's tail) and returns what it printed. Past ``timeout`` every process of its session ends."""
     repo = Path(__file__).parents[1]
     keep = {k: v for k, v in os.environ.items()
             if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "VLMRL_DRY_RUN", "RAY_ADDRESS")}  # fmt: skip
     full = {**keep, "OUT": str(out), "VLMRL_VENV": str(Path(sys.executable).parents[1]),
             "RAY_TMPDIR": tempfile.mkdtemp(prefix="vr", dir="/tmp"), **ENV, **env}  # fmt: skip
-    proc = subprocess.run(["bash", str(repo / "examples" / script), *overrides], cwd=out.parent, env=full,
-                          capture_output=True, text=True, timeout=timeout, start_new_session=True)  # fmt: skip
-    log = proc.stdout + proc.stderr
+    cmd = ["bash", str(repo / "examples" / script), *overrides]
+    proc = subprocess.Popen(cmd, cwd=out.parent, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"{script} did not finish within {timeout} s:\n{log[-5000:]}") from None
+    finally:
+        try:  # anything of the script's session still running
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     assert proc.returncode == 0, log[-5000:]
     return log
 
