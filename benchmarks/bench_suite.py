@@ -18,12 +18,15 @@ leave out the README figures this run is measuring (those tied to ``suite.json``
 
 The run holds the shared CPU lock (``$VLMRL_CPU_LOCK``); a run during which other processes used more than 10 % of
 the machine is repeated (``--retries``). Writes ``benchmarks/results/suite.json`` and the ``## Test suite`` section
-of ``benchmarks/README.md``; the clone is removed afterwards (``--keep`` keeps it).
+of ``benchmarks/README.md``, and ``tests/durations.json`` (each test module's seconds, the order in which
+``tests/conftest.py`` starts the parallel run: heaviest first); the clone is removed afterwards (``--keep`` keeps it;
+``--durations-from KEPT/junit.xml`` writes only the durations file from a kept run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -108,6 +111,24 @@ def junit(path: Path) -> dict[str, Any]:
     }
 
 
+DURATIONS = common.ROOT / "tests" / "durations.json"
+"""Seconds each test module took in the last measured run (its tests' times summed): tests/conftest.py starts the
+parallel run with the heaviest modules, so that the last tests to finish are short ones."""
+
+
+def write_durations(xml: Path, out: Path = DURATIONS) -> dict[str, float]:
+    """``out``: each test module's seconds in the JUnit files of one run (``xml`` and the serial run's beside it)."""
+    seconds: dict[str, float] = {}
+    for p in (xml, xml.with_suffix(".serial.xml")):
+        if p.exists():
+            for case in ET.parse(p).getroot().iter("testcase"):
+                module = case.get("classname", "").split(".")[-1] + ".py"
+                seconds[module] = seconds.get(module, 0.0) + float(case.get("time", 0.0))
+    ordered = dict(sorted(((m, round(t, 1)) for m, t in seconds.items()), key=lambda kv: -kv[1]))
+    out.write_text(json.dumps(ordered, indent=1) + "\n")
+    return ordered
+
+
 def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
     """Clone HEAD into a new folder, run the test command there, measure; the clone is removed unless --keep."""
     a.work.mkdir(parents=True, exist_ok=True)
@@ -149,6 +170,7 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
         "parts_s": parts,
         "install_reported_s": int(m.group(1)) if m else None,
         **junit(xml),
+        "module_s": write_durations(xml) if not (a.quick or a.pytest_args) else None,
         "pytest_summary": " + ".join(summary[-2:]) if summary else None,  # the parallel run's, the serial run's
         "browser_before": browser_before,
         "browser_after": next((b for b in BROWSERS if shutil.which(b)), None),
@@ -209,8 +231,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--keep", action="store_true", help="keep the clone (and its .venv, ~8 GB)")
     p.add_argument("--timeout-s", type=float, default=3 * 3600)
     p.add_argument("--work", type=Path, default=common.ROOT / ".cache" / "bench" / "suite")
+    p.add_argument("--durations-from", type=Path, help="only write tests/durations.json from a kept run's junit.xml")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (changes what is measured)")
     a = p.parse_args(argv)
+    if a.durations_from:
+        return write_durations(a.durations_from)
     if a.quick and not a.pytest_args:
         a.pytest_args = ["tests/test_algos.py"]
     commit = git("rev-parse", "HEAD").strip()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import json
 import os
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 # set before torch / vLLM / Ray are imported by any test module
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -108,16 +110,25 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+_DURATIONS = Path(__file__).parent / "durations.json"
+"""Each module's seconds in the last measured run (``python benchmarks/bench_suite.py`` writes it)."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """``VLMRL_TEST_PHASE`` (scripts/test.sh) keeps the tests not marked ``serial`` (``parallel``) or only those
-    (``serial``); ``gpu`` tests skip themselves where CUDA is absent (CI has none); everything else always runs."""
+    """``VLMRL_TEST_PHASE`` (scripts/test.sh) keeps the tests not marked ``serial`` (``parallel``: the modules that
+    took longest in the last measured run first, tests/durations.json) or only those (``serial``); ``gpu`` tests
+    skip themselves where CUDA is absent (CI has none); everything else always runs."""
     phase = os.environ.get("VLMRL_TEST_PHASE", "")
     if phase:
         if phase not in ("parallel", "serial"):
             raise pytest.UsageError(f"VLMRL_TEST_PHASE={phase!r}: use parallel or serial (or leave it unset)")
         keep = [i for i in items if (i.get_closest_marker("serial") is not None) == (phase == "serial")]
-        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        kept = {id(i) for i in keep}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = keep
+    if phase == "parallel":  # the heaviest modules first: the last tests to finish are short ones, no core idles long
+        took = json.loads(_DURATIONS.read_text()) if _DURATIONS.exists() else {}
+        items.sort(key=lambda i: -took.get(Path(str(i.fspath)).name, 0.0))  # stable: a module's tests stay in order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (runs on a GPU machine: pytest -m gpu)")

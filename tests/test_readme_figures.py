@@ -764,7 +764,9 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
         "then those marked `serial` (a bound on elapsed\ntime, a whole-machine check) one at a time",
         "scripts/test.sh: a second pytest, VLMRL_TEST_PHASE=serial, no -n (tests/test_suite_phases.py)",
-        lambda: 'VLMRL_TEST_PHASE=serial "${pytest[@]}" "$@"' in _source("scripts/test.sh"),
+        lambda: (
+            'VLMRL_TEST_PHASE=serial "${pytest[@]}" ${serial_args[@]+"${serial_args[@]}"}' in _source("scripts/test.sh")
+        ),
     ),
     (
         "runs the tests in 2\nprocesses",

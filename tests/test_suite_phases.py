@@ -28,7 +28,7 @@ def test_the_two_runs_split_the_suite_by_the_serial_mark() -> None:
     assert len(serial) == src.count("@pytest.mark.serial") > 0 and len(parallel) > len(serial)
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert 'VLMRL_TEST_PHASE=parallel "${pytest[@]}" -n "$procs"' in script
-    assert 'VLMRL_TEST_PHASE=serial "${pytest[@]}" "$@"' in script
+    assert 'VLMRL_TEST_PHASE=serial "${pytest[@]}" ${serial_args[@]+"${serial_args[@]}"}' in script
 
 
 def test_an_unknown_phase_is_a_usage_error() -> None:
