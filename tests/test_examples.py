@@ -406,12 +406,13 @@ def test_every_pipeline_runs_in_a_test() -> None:
     (which exists and launches that script)."""
     assert {p.name for p in SMOKE_SCRIPTS} | set(FULL_RUNS) | set(SAME_AS_3B) == {p.name for p in ALL_SCRIPTS}
     assert {p.stem for p in SMOKE_SCRIPTS} == {"geo3k_qwen2_5_vl_3b", "grounding", "tool_zoom_cpu"}
+    import ast
+
     for script, test in FULL_RUNS.items():
         path, name = test.split("::")
         src = (REPO / path).read_text()
-        body = src[src.index(f"def {name}(") :]
-        body = body[: body.find("\ndef ", 1) if "\ndef " in body[1:] else len(body)]
-        assert f'"{script}"' in body, (script, test)  # the test launches the script itself
+        (func,) = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name]
+        assert f'"{script}"' in ast.get_source_segment(src, func), (script, test)  # it launches the script itself
 
 
 def test_the_7b_smoke_run_is_the_3b_pipeline(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ENV, Run, base_args, make_colour_data, metrics, run_to_end, wait_for_step
+from runs import ENV, Run, base_args, make_colour_data, metrics, run_example, run_to_end, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +33,9 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     import json
 
     out = tmp_path / "quickstart"
-    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "OUT", "VLMRL_DRY_RUN", "RAY_ADDRESS")}
-    env.update(OUT=str(out), VLMRL_VENV=str(Path(sys.executable).parents[1]))
-    repo = Path(__file__).resolve().parents[1]
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", str(repo / "examples" / "quickstart_cpu.sh")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    log = run_example("quickstart_cpu.sh", out, timeout=1200)
     took = time.monotonic() - t0
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-5000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(121)), "one line per step (step 0: the validation before training)"
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
@@ -50,7 +44,7 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     train = [r["reward/mean"] for r in rows if r["step"] > 0]
     passed = next((k + 5 for k in range(len(train) - 4) if sum(train[k : k + 5]) / 5 >= 0.9), None)
     assert passed is not None and passed <= 80, f"5-step mean training reward passes 0.9 at step {passed}"
-    assert "reward/mean by step" in proc.stdout and "  step   120 " in proc.stdout  # the ASCII curve
+    assert "reward/mean by step" in log and "  step   120 " in log  # the ASCII curve
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (out / "val_gallery").glob("*.html")) == [
         "step_000000.html", "step_000060.html", "step_000120.html"
@@ -70,14 +64,8 @@ def test_the_quick_start_learns_with_qwen3_vl(tmp_path):
     import json
 
     out = tmp_path / "quickstart"
-    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "OUT", "VLMRL_DRY_RUN", "RAY_ADDRESS")}
-    env.update(OUT=str(out), VLMRL_VENV=str(Path(sys.executable).parents[1]), FAMILY="qwen3_vl")
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(["bash", str(repo / "examples" / "quickstart_cpu.sh"), "trainer.total_training_steps=80",
-                           "trainer.test_freq=40"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1200)  # fmt: skip
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-5000:]
+    log = run_example("quickstart_cpu.sh", out, "trainer.total_training_steps=80", "trainer.test_freq=40",
+                      timeout=1200, FAMILY="qwen3_vl")  # fmt: skip
     assert "[quickstart] tiny model: " in log and "tiny-qwen3vl-" in log and "(qwen3_vl)" in log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
