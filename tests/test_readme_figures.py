@@ -278,6 +278,8 @@ FIGURES: list[Figure] = [
     # ---- PPO with a critic vs GRPO: benchmarks/bench_ppo.py
     F(GP, at("algos", "grpo", "step_s"), "the Qwen2.5-VL-3B shape took {v} s a step with the HF rollout", ".1f"),
     F(GP, at("algos", "grpo", "peak_memory_allocated_gb"), "HF rollout, peak {v} GiB allocated", ".1f"),
+    F(GP, at("algos", "ppo", "steps_run"), "critic offloaded to the CPU, ran {v} of its {*} steps", "d"),
+    F(GP, at("config", "steps"), "critic offloaded to the CPU, ran {*} of its {v} steps", "d"),
     F(PP, at("machine", "cpu_count"), "the quick start's task and recipe on {v} CPU cores, GRPO and PPO", "d"),
     F(PP, at("seeds", 0), "alternating, seeds {v} and {*}, {*} steps each", "d"),
     F(PP, at("seeds", 1), "alternating, seeds {*} and {v}, {*} steps each", "d"),
