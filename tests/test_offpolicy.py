@@ -150,11 +150,12 @@ def _prompts(folder: Path, step: int) -> list[str]:
 @pytest.mark.slow
 def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_dir, colour_data, tmp_path) -> None:
     """3 steps on 1 training + 1 rollout worker: the first batch comes from the initial weights (staleness 0, the
-    engine's log-probs equal the trainer's), the next from the weights one update back (staleness 1), corrected by
-    token TIS; checkpoints record the sampler before the batch in flight. Resumed from step 2 with
-    ``async.fallback_kl`` tiny: step 3 is generated again from the checkpoint's weights (same prompts; the engine,
-    started from the base model, got them only through the sync: log-probs equal ≤ 1e-5), step 4 trains the stale
-    batch (its KL trips the fallback) and step 5 waits for a fresh generation."""
+    engine's log-probs equal the trainer's), the next from the weights one update back (staleness 1), corrected by token
+    TIS; each batch after the first was generated on the rollout pool while the training pool ran the previous update
+    (their wall-clock spans, ``timeline/*``, intersect); checkpoints record the sampler before the batch in flight.
+    Resumed from step 2 with ``async.fallback_kl`` tiny: step 3 is generated again from the checkpoint's weights (same
+    prompts; the engine, started from the base model, got them only through the sync: log-probs equal ≤ 1e-5), step 4
+    trains the stale batch (its KL trips the fallback) and step 5 waits for a fresh generation."""
     first, dumps = tmp_path / "first", tmp_path / "dumps_first"
     common = (*POOLS, "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.test_freq=-1")
     run = run_to_end(base_args(tiny_model_dir, colour_data, first, *common, "trainer.total_training_steps=3",
@@ -169,6 +170,9 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
         assert "timing/wait_prev_gen_s" in r and "timing/push_s" not in r and "timing/sleep_s" not in r
         assert r["rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # token TIS at 2.0 by default
     assert rows[1]["rollout_corr/k3_kl"] > 0
+    for prev, row in zip(rows, rows[1:]):  # the overlap itself: batch t+1 generated while update t ran
+        assert row["timeline/gen_start"] < prev["timeline/update_end"], (prev, row)
+        assert row["timeline/gen_end"] > prev["timeline/update_start"], (prev, row)
     state = json.loads((first / "global_step_2" / "trainer_state.json").read_text())
     assert state["sampler"]["offset"] == 2  # batch 3 was in flight: drawn again on resume
     assert "log-prob drift" not in out  # the stale steps' drift is expected, not a finding

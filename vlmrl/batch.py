@@ -238,7 +238,7 @@ class RolloutBatch:
     @staticmethod
     def concat(parts: list[RolloutBatch]) -> RolloutBatch:
         """The batches one after the other (the workers' in rank order, or groups chosen from several rollouts);
-        timings are the slowest part's."""
+        timings are the slowest part's (its wall-clock span: the first ``start_time``, the last ``end_time``)."""
         if not parts:
             raise ValueError("RolloutBatch.concat needs at least one part")
         out = RolloutBatch([], [], [], [], n=parts[0].n)
@@ -253,7 +253,8 @@ class RolloutBatch:
             out.trajectories += p.trajectories
         if out.trajectories and len(out.trajectories) != len(out.response_ids):
             raise ValueError("cannot concatenate multi-turn and single-turn rollouts")
-        out.timing = {k: max(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
+        span = {"start_time": min}
+        out.timing = {k: span.get(k, max)(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
         return out
 
 

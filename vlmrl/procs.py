@@ -1,9 +1,8 @@
 """Process lifetime: every process a run starts ends with the one that started it.
 
-Local workers are spawned children of the driver; reward and tool workers are forked from a forkserver, itself a child
-of the process that started the pool. ``die_with_parent`` asks the Linux kernel to end the calling process when its
-parent exits, even on a ``kill -9`` (``PR_SET_PDEATHSIG``); elsewhere it does nothing.
-"""
+Local CPU workers, reward and tool workers are forked from a forkserver, itself a child of the process that started it
+(GPU workers are spawned children of the driver). ``die_with_parent`` asks the Linux kernel to end the calling process
+when its parent exits, even on a ``kill -9`` (``PR_SET_PDEATHSIG``); elsewhere it does nothing."""
 
 from __future__ import annotations
 

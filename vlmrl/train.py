@@ -80,16 +80,23 @@ def _startup_error(e: StartupError, cfg: Any) -> NoReturn:
     sys.exit(STARTUP_ERROR_EXIT)
 
 
-def _train(cfg: Any) -> None:
+def _train(cfg: Any, clock: Any) -> None:
     """Train on a checked config; start-up failures and stopped runs end the process with one line."""
+    from vlmrl.config.plan import launcher_of, planned_device
+
+    if launcher_of(cfg) == "local" and planned_device(cfg) == "cpu":  # the workers' imports run meanwhile
+        from vlmrl.workers.launch_local import start_forkserver
+
+        start_forkserver(vllm=cfg.actor_rollout_ref.rollout.name == "vllm")
     from vlmrl.trainer.grpo import RunStopped, fit
 
+    clock.mark("imports")
     try:
         os.remove(os.path.join(cfg.trainer.default_local_dir, STARTUP_LOG))  # an earlier start's
     except OSError:
         pass
     try:
-        last = fit(cfg, checked=True)
+        last = fit(cfg, checked=True, clock=clock)
     except ConfigError as e:
         _config_error(str(e))
     except RunStopped as e:
@@ -103,12 +110,16 @@ def _train(cfg: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Compose the command line into a checked config, then print it, dry-run it or train."""
+    from vlmrl.timing import StartupClock
+
+    clock = StartupClock(from_process_start=argv is None)  # from the command line: the interpreter's start counts
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cmd = parse(sys.argv[1:] if argv is None else argv)
     if cmd.help:
         print(USAGE)
         return
     composed = compose(cmd, machine=not cmd.print_config)
+    clock.mark("config")
     for note in composed.notices:
         print(f"[vlmrl] note: {note}", file=sys.stderr, flush=True)
     if composed.dry_run:
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(OmegaConf.to_yaml(composed.raw), end="")
         return
-    _train(composed.cfg)
+    _train(composed.cfg, clock)
 
 
 if __name__ == "__main__":

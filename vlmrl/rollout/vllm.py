@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import gc
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -199,6 +200,7 @@ class VLLMRollout:
         kwargs.update(default_cache_off())
         kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
         sw = Timer.start()
+        gc.freeze()  # vLLM collects garbage several times while it starts: the objects that exist now are not garbage
         self.llm = LLM(**kwargs)
         self.start_s = sw.elapsed
         self.tokenizer = self.llm.get_tokenizer()

@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from vlmrl.algos.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
-from vlmrl.config.plan import critic_plan, rollout_plan, separate_pools, tp_size, worker_plan
+from vlmrl.config.plan import critic_plan, launcher_of, rollout_plan, separate_pools, tp_size, worker_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
@@ -51,7 +52,7 @@ from vlmrl.reward_model import RewardModel
 from vlmrl.scoring import RewardError, RewardManager, RewardOutput
 from vlmrl.startup import stage
 from vlmrl.supervise import HangError
-from vlmrl.timing import Timer
+from vlmrl.timing import StartupClock, Timer
 from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
 from vlmrl.trainer.gallery import write_gallery
@@ -95,16 +96,20 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 class Trainer:
     """Holds the run's pieces; ``fit()`` is the loop."""
 
-    def __init__(self, cfg: VLMRLConfig) -> None:
+    def __init__(self, cfg: VLMRLConfig, clock: StartupClock | None = None) -> None:
         """Start the run: each step a ``vlmrl.startup.stage`` (a failure says what and what to check); what started
-        before a failure is ended. ``cfg`` is a composed config (``vlmrl.config.command.compose`` checked it)."""
+        before a failure is ended. ``cfg`` is a composed config (``vlmrl.config.command.compose`` checked it);
+        ``clock`` times the start-up's stages (printed when the first step begins)."""
         self.cfg = cfg
+        self.clock = clock or StartupClock()
         self.step = 0
         self.updates = 0
         """Policy updates done (the step's own counts once it trained; a resumed run starts at its step)."""
         self.offpolicy: OffPolicyRollout | None = None
         """The rollout pool of ``hybrid_engine=False`` (None: the hybrid engine)."""
         self._warned_flat = False
+        self.started = time.time()
+        """The run's start (wall clock): ``timeline/*`` metrics are seconds since."""
         try:
             self._start()
         except BaseException:
@@ -117,6 +122,7 @@ class Trainer:
         with stage(f"could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
             self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
             self.tokenizer = self.processor.tokenizer
+        self.clock.mark("processor")
         with stage(f"could not load the tools of {tools_file}",
                    "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"):  # fmt: skip
             tools = config_tool_schemas(cfg)
@@ -128,6 +134,7 @@ class Trainer:
         problems = data_problems(cfg, self._data_facts())
         if problems:  # before the workers start, not after the last training step
             raise ConfigError("\n".join(problems))
+        self.clock.mark("data")
         self.sampler = BatchSampler(len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                     drop_last=True)  # fmt: skip
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
@@ -147,6 +154,7 @@ class Trainer:
         user's estimator, which gets the real response masks as in verl)."""
         with stage("could not start the reward", "check reward.function / custom_reward_function.*"):
             self.rewards = RewardManager(effective_reward(cfg), cfg.custom_reward_function)
+        self.clock.mark("reward")
         self.reward_model: RewardModel | None = None
         """``reward_model.enable``: scores every sample before the rewards run (their ``reward_model`` component)."""
         self.out_dir = Path(tr.default_local_dir)
@@ -162,7 +170,9 @@ class Trainer:
             self.tracker = Tracker(tr.logger, self.out_dir, tr.project_name, tr.experiment_name,
                                    OmegaConf.to_container(OmegaConf.structured(cfg)), fresh=self.resume_state is None,
                                    prometheus=tr.prometheus)  # fmt: skip
+        self.clock.mark("loggers")
         self._start_workers()
+        self.clock.mark("workers")
         if cfg.reward_model.enable:
             rm = cfg.reward_model
             with stage(f"could not start the reward model ({rm.style}, {rm.model.path})",
@@ -172,6 +182,7 @@ class Trainer:
             with stage(f"could not resume from the checkpoint {self.resume_from}",
                        "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
                 self._load_checkpoint(self.resume_from)
+        self.clock.mark("reward model and resume")
 
     def _data_facts(self) -> DataFacts:
         """What the datasets say that the config cannot (``config.checks.data_problems`` reads it)."""
@@ -332,6 +343,8 @@ class Trainer:
             "async/staleness": float(self.updates - version),
             "async/fallback": float(fallback),
             "timing/gen_s": float(rb.timing.get("generate_s", 0.0)),
+            "timeline/gen_start": rb.timing.get("start_time", 0.0),  # the rollout pool's, while the last update ran
+            "timeline/gen_end": rb.timing.get("end_time", 0.0),
         }
         return gen.prompts, rb, metrics
 
@@ -431,6 +444,7 @@ class Trainer:
             return self.log(self.validate())
         if tr.val_before_train and self.val_ds is not None:
             self.log(self.validate())
+        startup = self._startup_done()
         batches = self._batches()
         last: dict[str, float] = {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc="PPO" if self.critic else "GRPO",
@@ -478,7 +492,8 @@ class Trainer:
                 if self.offpolicy is None:
                     with timer("push"):  # the new weights into the engines, which wake for the next rollout
                         self.group.push_weights()
-            metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo
+            metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo | startup
+            startup = {}
             metrics |= after_train_step(self.algorithm, metrics, self.step)  # the algorithm's hook, algorithm/* metrics
             self._check_drift(metrics)
             self._warn_if_flat(metrics)
@@ -496,6 +511,18 @@ class Trainer:
         bar.close()
         return last
 
+    def _startup_done(self) -> dict[str, float]:
+        """The first step begins: print the start-up's stages (the slowest worker's own split beside ``workers``);
+        its total, as the first step's ``timing/startup_s``."""
+        self.clock.mark("validation")
+        infos = [*self.group.infos, *(self.pool.infos if self.offpolicy is not None else [])]
+        slow = max(infos, key=lambda i: i.get("process_s", 0.0), default={})
+        detail = {"workers": f"the slowest ready {slow['process_s']:.1f} s after its process started: engine "
+                             f"{slow.get('engine_s', 0.0):.1f}, model {slow.get('model_s', 0.0):.1f}"} if (
+            "process_s" in slow and launcher_of(self.cfg) != "inline") else None  # fmt: skip
+        print(f"[vlmrl] {self.clock.line(detail)}", flush=True)
+        return {"timing/startup_s": self.clock.total}
+
     def _check_drift(self, metrics: dict[str, float]) -> None:
         """One-step off-policy: when this step's KL between the behaviour policy and the trainer's old log-probs
         (``rollout_corr/k3_kl``) exceeds ``async_training.fallback_kl``, the next step waits for a fresh generation
@@ -510,7 +537,9 @@ class Trainer:
         return freq > 0 and self.step % freq == 0 and self.step < self.total_steps
 
     def log(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Send this step's metrics to every tracker; returns them."""
+        """Send this step's metrics to every tracker (``timeline/*`` wall-clock times as seconds since the run's
+        start); returns them."""
+        metrics = {k: v - self.started if k.startswith("timeline/") else v for k, v in metrics.items()}
         self.tracker.log(metrics, self.step)
         return metrics
 
@@ -635,14 +664,15 @@ class RunStopped(RuntimeError):
     written); the message names the step, the cause and the last complete checkpoint."""
 
 
-def fit(cfg: VLMRLConfig, checked: bool = False) -> dict[str, float]:
+def fit(cfg: VLMRLConfig, checked: bool = False, clock: StartupClock | None = None) -> dict[str, float]:
     """Build everything, train, clean up. ``checked``: ``cfg`` comes from ``vlmrl.config.command.compose`` with the
     machine's checks (``python -m vlmrl.train``); else ``check_config`` runs first, so a bad config is refused before
-    anything loads. A failure during training raises ``RunStopped`` naming the step and the checkpoint to resume
+    anything loads. ``clock``: the start-up's stages so far (the command line's; else the start-up counts from
+    here). A failure during training raises ``RunStopped`` naming the step and the checkpoint to resume
     from; one while starting, ``vlmrl.startup.StartupError``."""
     if not checked:
         check_config(cfg)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, clock)
     failed = True
     try:
         out = trainer.fit()

@@ -192,13 +192,16 @@ def stats(prefix: str, values: list[float] | np.ndarray) -> dict[str, float]:
 
 def mean_of_workers(dicts: list[dict[str, float]]) -> dict[str, float]:
     """The workers' metrics as one: the mean, but the slowest worker's time for ``timing/*``, the largest
-    worker's memory for ``perf/*`` and the total of the work counts ``work/*`` (tokens, patches)."""
+    worker's memory for ``perf/*``, the total of the work counts ``work/*`` (tokens, patches) and the span of the
+    wall-clock times ``timeline/*_start`` (the first) and ``timeline/*_end`` (the last)."""
     keys = set().union(*dicts)
     out = {}
     for k in keys:
         vals = [d[k] for d in dicts if k in d]
         if k.startswith("work/"):
             out[k] = float(sum(vals))
+        elif k.startswith("timeline/"):
+            out[k] = min(vals) if k.endswith("_start") else max(vals)
         else:
             out[k] = max(vals) if k.startswith(("timing/", "perf/")) else float(np.mean(vals))
     return out

@@ -23,6 +23,7 @@ import datetime
 import hashlib
 import os
 import socket
+import time
 from typing import Any
 
 import psutil
@@ -134,6 +135,7 @@ class HybridWorker:
         with stage(f"{who} could not import algorithm.plugins", "check each file or module it lists"):
             load_plugins(plan.plugins)
         self.policy: Any = None
+        model_sw = Timer.start()
         with stage(f"{who} could not load the model from {path}",
                    "check actor_rollout_ref.model.path (a complete Qwen-VL folder or hub id: config.json and every "
                    "*.safetensors file it lists)"):  # fmt: skip
@@ -149,6 +151,7 @@ class HybridWorker:
 
                 self.hf_model = load_model(path, self.device, arr.model.trust_remote_code).eval()
                 self.hf_model.requires_grad_(False)
+        self.model_s = model_sw.elapsed
         self.critic = None
         if plan.critic is not None:
             with stage(f"{who} could not load the critic from {plan.critic.path}",
@@ -181,6 +184,7 @@ class HybridWorker:
                 self.agent = self._agent(plan)
         self.rollouts = RolloutStore()
         self.startup_s = sw.elapsed
+        self.ready_at = time.time()
 
     def _load_processor(self, plan: WorkerPlan) -> None:
         from transformers import AutoProcessor
@@ -245,7 +249,9 @@ class HybridWorker:
             torch.manual_seed(seed + self.engine_group)
         if self.tp > 1:
             self._check_engine_group_in_step()
+        started = time.time()
         rb = (self.agent or self.engine).generate(prompts, spec)
+        rb.timing |= {"start_time": started, "end_time": time.time()}  # wall clock: the overlap of the two pools
         if not validate and self.role == "hybrid":
             rid = self.rollouts.put(prompts, rb)
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
@@ -334,6 +340,7 @@ class HybridWorker:
         """Update on exactly the samples ``shard`` names: the critic towards ``shard.returns`` (when given), then the
         policy (unless ``shard.update_actor`` is False: trainer.critic_warmup). A shard with per-token advantages was
         prepared: it uses the inputs and log-probs ``prepare`` kept."""
+        started = time.time()
         given = values = None
         if shard.token_advantages is not None:  # a prepared shard
             if self._prepared is None:
@@ -358,6 +365,7 @@ class HybridWorker:
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
             torch.cuda.reset_peak_memory_stats()
         metrics["perf/cpu_memory_rss_gb"] = self.rss_bytes() / 2**30
+        metrics |= {"timeline/update_start": started, "timeline/update_end": time.time()}  # wall clock
         return metrics
 
     def push_weights(self) -> float:
@@ -452,7 +460,8 @@ class HybridWorker:
         """Where this worker runs."""
         return {
             "rank": self.rank, "device": self.device, "pid": os.getpid(), "node": socket.gethostname(),
-            "startup_s": self.startup_s,
+            "startup_s": self.startup_s, "process_s": self.ready_at - psutil.Process().create_time(),
+            "engine_s": float(getattr(self.engine, "start_s", 0.0)), "model_s": self.model_s,
         }  # fmt: skip
 
     def rss_bytes(self) -> int:

@@ -1,11 +1,12 @@
 """Workers on this machine: one process each (``ProcessWorkerGroup``), or one in the driver (``InlineWorkerGroup``).
 
-The processes are the driver's children (``spawn``), each named ``vlmrl-worker-<rank>`` and ended by the kernel if the
-driver dies (``PR_SET_PDEATHSIG``). Commands and results travel over pipes; the process group meets through a file in
-a private temporary folder, and gloo binds to the loopback interface: no socket of a local run listens on a network
-interface. This module imports no torch at its top, so a worker sets its environment (threads, visible GPU) before
-torch loads.
-"""
+Each process is named ``vlmrl-worker-<rank>`` and ended by the kernel if the process that started it dies
+(``PR_SET_PDEATHSIG``). CPU workers are forked from the driver's forkserver (:func:`start_forkserver`: it imports torch,
+transformers and vLLM once, in the background, and ends with the driver), so a worker starts with its imports done; GPU
+workers are spawned (a fresh interpreter each: CUDA does not survive a fork). Commands and results travel over pipes;
+the process group meets through a file in a private temporary folder, and gloo binds to the loopback interface: no
+socket of a local run listens on a network interface. This module imports no torch at its top, so a worker sets its
+environment (threads, visible GPU) before torch loads."""
 
 from __future__ import annotations
 
@@ -26,9 +27,63 @@ from vlmrl.startup import StartupFailure, failure_of
 from vlmrl.timing import Timer
 from vlmrl.workers.group import Pending, WorkerError, WorkerGroup, worker_env
 
+WORKER_PRELOAD = "vlmrl.workers.preload"
+"""The module the forkserver imports for the CPU workers: it imports :data:`WORKER_MODULES`."""
+WORKER_MODULES = (
+    "torch",
+    "vlmrl.workers.hybrid",
+    "vlmrl.models.inputs",
+    "transformers.image_processing_utils",
+    "transformers.processing_utils",
+)
+"""What a local CPU worker imports before its model is built, in the order it would."""
+VLLM_MODULES = (
+    "vlmrl.rollout.vllm",
+    "vllm",
+    "vllm.entrypoints.llm",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+)
+"""... and before its vLLM engine is built (``actor_rollout_ref.rollout.name=vllm``)."""
+PRELOAD_VLLM = "VLMRL_PRELOAD_VLLM"
+"""Set to 1 in the forkserver's environment: it imports :data:`VLLM_MODULES` too."""
+
+
+def start_forkserver(vllm: bool) -> None:
+    """Start this process's forkserver now, if none runs yet, with the CPU workers' imports (``vlmrl.workers.
+    preload``) besides the supervised pools' (``vlmrl.supervise.PRELOAD``): it imports them in the background while
+    the caller goes on, and the workers, the reward and the tool workers forked from it start with them done
+    (``vllm``: vLLM's too, for a run whose rollout is vLLM's; else vLLM stays out of the run's processes). The
+    forkserver's environment is the workers' (``worker_env``: one thread, vLLM's CPU settings) from its start, since
+    the libraries read some of it at import. A process has one forkserver: where one runs already (a pool started
+    it), its preload stays and the workers import what it lacks themselves."""
+    from multiprocessing import forkserver
+
+    from vlmrl.procs import FORKSERVER_PARENT
+    from vlmrl.supervise import PRELOAD
+
+    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.config.command", WORKER_PRELOAD])
+    env = {**worker_env("cpu"), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+           FORKSERVER_PARENT: str(os.getpid()), PRELOAD_VLLM: "1" if vllm else "0"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        forkserver.ensure_running()  # from this thread: a parent-death signal follows the thread that forked
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.environ[FORKSERVER_PARENT] = str(os.getpid())  # the pools' guard reads it where they start the server
+
 
 def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan, env: dict[str, str]) -> None:
-    """A worker process: build the HybridWorker, then run the driver's calls until told to stop."""
+    """A worker process: build the HybridWorker, then run the driver's calls until told to stop. ``env`` is the whole
+    environment the worker runs in (the driver's when it started the worker, with ``worker_env``'s): a worker forked
+    from the forkserver would otherwise have the forkserver's."""
     try:  # before the environment changes: setproctitle finds the argv area after the first environment variable
         import setproctitle
 
@@ -36,6 +91,7 @@ def _worker_main(conn: Connection, rank: int, init_method: str, plan: WorkerPlan
     except ImportError:
         pass
     die_with_parent()
+    os.environ.clear()
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the workers
     try:
@@ -102,7 +158,9 @@ class ProcessWorkerGroup(WorkerGroup):
                 raise WorkerError(f"{key}={self.world}{pools} but this machine has {have} CUDA GPU(s) visible")
         self._dir = tempfile.mkdtemp(prefix="vlmrl-rendezvous-")
         init_method = f"file://{self._dir}/store"
-        ctx = mp.get_context("spawn")
+        if self.device == "cpu":
+            start_forkserver(vllm=plan.arr.rollout.name == "vllm" and plan.role != "actor")
+        ctx = mp.get_context("forkserver" if self.device == "cpu" else "spawn")
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self._pending: Pending | None = None
@@ -112,7 +170,8 @@ class ProcessWorkerGroup(WorkerGroup):
         sw = Timer.start()
         for rank in range(self.world):
             # collectives' sockets on loopback: gloo (CPU) and NCCL's bootstrap (GPU)
-            env = {**worker_env(self.device), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+            env = {**os.environ, **worker_env(self.device),
+                   "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
             if self.device == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
                 env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
