@@ -134,24 +134,42 @@ def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, 
     return log
 
 
-def train_here(args: list[str]) -> tuple[int, str]:
-    """The launch command's code path (``vlmrl.train.main``: compose, check, train, the exit status and the last lines)
-    run in this process, for runs with ``trainer.launcher=inline`` (one worker, here): a new interpreter's imports
-    (~15 s on 2 cores) are the most of a 2-step run. Returns the exit status and what the run printed."""
+def cli_here(args: list[str], env: dict[str, str] | None = None, merged: bool = False) -> tuple[int, str, str]:
+    """``python -m vlmrl.train ARGS`` (``vlmrl.train.main``: compose, check, then print, dry-run or train) run in this
+    process, with ``env`` set for the call: (exit status, stdout, stderr; ``merged``: both in the order printed, as
+    stdout). For what starts no worker process (a config error, ``trainer.dry_run=True``, ``--cfg job``,
+    ``trainer.launcher=inline``): a new interpreter's imports (~15 s on 2 cores) are the most of such a call."""
     import contextlib
     import io
 
     from vlmrl.train import main
 
-    assert "trainer.launcher=inline" in args, "a run that starts worker processes runs as a subprocess (run_to_end)"
     out = io.StringIO()
+    err = out if merged else io.StringIO()
     code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            main(args)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return code, out.getvalue()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return code, out.getvalue(), "" if merged else err.getvalue()
+
+
+def train_here(args: list[str]) -> tuple[int, str]:
+    """The launch command's code path run in this process (:func:`cli_here`), for runs with
+    ``trainer.launcher=inline`` (one worker, here). Returns the exit status and what the run printed."""
+    assert "trainer.launcher=inline" in args, "a run that starts worker processes runs as a subprocess (run_to_end)"
+    code, out, _ = cli_here(args, merged=True)
+    return code, out
 
 
 def train_here_to_end(args: list[str]) -> str:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import utils
 
 REPO = Path(__file__).resolve().parents[1]
 VERL = REPO / "tests" / "verl_examples"
@@ -40,6 +41,13 @@ SCRIPTS: dict[str, str | None] = {
     "run_qwen3_vl-235b-megatron.sh": "not implemented in vlmrl: expert parallelism for mixture-of-experts models",
     "run_qwen2.5-3b_geo3k_multiturn.sh": "the SGLang rollout is not implemented in vlmrl",
 }
+PLAN_LINES = {
+    "run_qwen2_5_vl-7b_lora.sh": ("LoRA rank 64", "lr 3e-06", "KL loss on (low_var_kl)",
+                                  "512 prompts x n=5 = 2560 samples per step", "15 epoch(s)"),
+    "run_qwen2_5_vl-7b_freeze_vision.sh": ("vision tower frozen", "LoRA rank 0",
+                                           "512 prompts x n=5 = 2560 samples per step", "15 epoch(s)"),
+}  # fmt: skip
+"""Lines of a script's dry-run plan that show its own settings."""
 QWEN3_VL = ["run_qwen3_vl-8b-megatron.sh", "run_qwen3_vl-30b-megatron.sh", "run_qwen3_vl-235b-megatron.sh"]
 """verl's Qwen3-VL scripts (all Megatron): refused as they are; their FSDP version (:func:`fsdp_version`) runs."""
 MULTI_TURN = "run_qwen2.5-3b_geo3k_multiturn.sh"
@@ -64,49 +72,63 @@ def test_the_verl_files_are_verls_byte_for_byte() -> None:
 
 @pytest.fixture(scope="module")
 def verl_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A HOME whose ~/data/geo3k and ~/data/geo3k_multiturn_w_tool hold verl's own preprocessing output (its geo3k.py
-    and geo3k_multiturn_w_tool.py) of a Geometry3K stand-in (1200 train rows: the scripts' batches of 512 and 1152
-    prompts fit).
-    verl's scripts import ``verl.utils.hdfs_io`` only to copy to HDFS (not asked for here); the verl package itself
-    needs its whole dependency set to import, so that one module is stubbed and the scripts' own code runs as it
-    is."""
-    from vlmrl.testing.smoke import geo3k_source
+    """A copy of :func:`cached_verl_home` (tests add files to it: the one-step script's model)."""
+    import shutil
 
     home = tmp_path_factory.mktemp("home")
-    src = geo3k_source(home / "geometry3k", train=1200, test=20)
-    runner = (
-        "import runpy, sys, types\n"
-        "hdfs = types.ModuleType('verl.utils.hdfs_io'); hdfs.copy = hdfs.makedirs = lambda *a, **k: None\n"
-        "sys.modules.update({'verl': types.ModuleType('verl'), 'verl.utils': types.ModuleType('verl.utils'),\n"
-        "                    'verl.utils.hdfs_io': hdfs})\n"
-        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    )
-    for script, folder in (("geo3k.py", "geo3k"), ("geo3k_multiturn_w_tool.py", "geo3k_multiturn_w_tool")):
-        subprocess.run(
-            [sys.executable, "-c", runner, str(VERL / script), "--local_dataset_path", str(src),
-             "--local_save_dir", str(home / "data" / folder)],
-            check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
-        )  # fmt: skip
-        assert all((home / "data" / folder / f"{split}.parquet").is_file() for split in ("train", "test"))
+    shutil.copytree(utils.cached_verl_home(), home, dirs_exist_ok=True)
     return home
+
+
+def _verl_checkout(cwd: str) -> None:
+    """A folder laid out like verl's checkout (the multi-turn script reads
+    ``$PWD/examples/sglang_multiturn/config``)."""
+    (Path(cwd) / "examples").mkdir()
+    (Path(cwd) / "examples" / "sglang_multiturn").symlink_to(VERL / "sglang_multiturn")
+
+
+def _script_args(script: str, args: tuple[str, ...]) -> list[str]:
+    text = (VERL / script).read_text()
+    return [*(["vllm"] if "ENGINE=${1:-vllm}" in text else []), *args]  # the scripts' own first argument
 
 
 def run_script(
     script: str, home: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``python -m vlmrl.run_verl tests/verl_examples/<script> [vllm] *args`` with HOME=home, from a folder laid out
-    like verl's checkout (the multi-turn script reads ``$PWD/examples/sglang_multiturn/config``); ``script`` may be
-    a path elsewhere (an FSDP version)."""
-    text = (VERL / script).read_text()
-    engine = ["vllm"] if "ENGINE=${1:-vllm}" in text else []  # the scripts' own first argument
+    like verl's checkout; ``script`` may be a path elsewhere (an FSDP version)."""
     with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
-        (Path(cwd) / "examples").mkdir()
-        (Path(cwd) / "examples" / "sglang_multiturn").symlink_to(VERL / "sglang_multiturn")
+        _verl_checkout(cwd)
         full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", **(env or {})}
         return subprocess.run(
-            [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *engine, *args],
+            [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *_script_args(script, args)],
             cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
+
+
+def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """:func:`run_script` for a command that starts no worker (a dry run, a refusal): bash runs the script as
+    ``run_verl`` does (its shims, HOME, the checkout's layout) with the trainer's command recorded
+    (``vlmrl.config.verl.scripts.commands``), then ``vlmrl.train`` runs it in this process (tests/runs.cli_here)
+    with the variables the script exported. The exit status is the trainer's, or bash's when the script goes on
+    after the trainer's command and fails (verl's 30B script)."""
+    from runs import cli_here
+
+    from vlmrl.config.verl.scripts import commands
+
+    with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
+        _verl_checkout(cwd)
+        full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", **(env or {})}
+        rec = commands(VERL / script, _script_args(script, args), env=full, cwd=cwd)
+        assert len(rec.commands) == 1, rec
+        here = os.getcwd()
+        os.chdir(cwd)
+        try:
+            code, out, err = cli_here(rec.commands[0].argv, env=rec.commands[0].exported)
+        finally:
+            os.chdir(here)
+    rc = code if rec.returncode == 0 else rec.returncode
+    return subprocess.CompletedProcess(["script_here", script], rc, rec.stdout + out, rec.stderr + err)
 
 
 def fsdp_version(script: str, folder: Path) -> Path:
@@ -143,11 +165,11 @@ def test_verls_qwen3_vl_scripts_on_fsdp_pass_the_dry_run(script: str, verl_home:
     if script == "run_qwen3_vl-235b-megatron.sh":
         # its engines span 16 GPUs of 8-GPU nodes; vlmrl's engine runs within one node, so the dry run names it, and
         # passes with the engine size a vlmrl user picks (the script's GEN_TP)
-        proc = run_script(str(path), verl_home, *args)
+        proc = script_here(str(path), verl_home, *args)
         assert proc.returncode == 2 and "tensor_model_parallel_size=16 must divide trainer.n_gpus_per_node=8" in (
             proc.stdout
         ), proc.stdout[-3000:]
-    proc = run_script(str(path), verl_home, *args, env={"GEN_TP": "8"} if "235b" in script else None)
+    proc = script_here(str(path), verl_home, *args, env={"GEN_TP": "8"} if "235b" in script else None)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "OK: the run would start" in proc.stdout and "Traceback" not in out
@@ -187,7 +209,7 @@ def test_verls_qwen3_vl_script_on_fsdp_trains_at_tiny_scale(verl_home: Path, tmp
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) -> None:
-    proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+    proc = script_here(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
     out = proc.stdout + proc.stderr
     refused = SCRIPTS[script]
     if refused is None:
@@ -195,6 +217,8 @@ def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) 
         assert "OK: the run would start" in proc.stdout and "Traceback" not in out
         assert "data.train: 1200 rows -> 1200 prompts" in proc.stdout  # verl's preprocessing output, read as is
         assert "reward: " in proc.stdout and "hiyouga/geometry3k -> geo3k" in proc.stdout
+        for line in PLAN_LINES.get(script, ()):  # the plan carries the script's own settings
+            assert line in proc.stdout, (line, proc.stdout[-3000:])
     else:
         # verl's 30B script: a comment line inside its command (verl #4103) ends the command; the trainer refuses what
         # reached it (exit 2) and bash then runs the remaining lines as a command of their own (exit 127)
@@ -210,29 +234,16 @@ def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: s
     (multi-turn on, 5 assistant turns, verl's chat template, which lists the tool itself), the command line's win over
     them (the prompt and response lengths), and the prompts carry the tool's schema."""
     base = ("trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
-    proc = run_script(MULTI_TURN, verl_home, *base, "actor_rollout_ref.rollout.name=vllm")
+    proc = script_here(MULTI_TURN, verl_home, *base, "actor_rollout_ref.rollout.name=vllm")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
     assert "geo3k_multiturn_grpo.yaml read as 10 override(s)" in out and "Traceback" not in out
     plan = proc.stdout
     assert "multi-turn: tools calc_geo3k_reward (hermes), at most 5 assistant turn(s)" in plan, plan
     tools_len = int(re.search(r"data.train: 1200 rows -> 1200 prompts; prompt length max (\d+)", plan).group(1))
-    plain = run_script("run_qwen2_5_vl-7b.sh", verl_home, *base, "actor_rollout_ref.rollout.multi_turn.enable=False")
+    plain = script_here("run_qwen2_5_vl-7b.sh", verl_home, *base, "actor_rollout_ref.rollout.multi_turn.enable=False")
     plain_len = int(re.search(r"prompt length max (\d+)", plain.stdout).group(1))
     assert tools_len > plain_len + 300  # the record's system message and the tool's schema
-
-
-def test_the_dry_run_plan_carries_the_scripts_settings(verl_home: Path, tiny_model_dir: str) -> None:
-    plans = {}
-    for script in ("run_qwen2_5_vl-7b_lora.sh", "run_qwen2_5_vl-7b_freeze_vision.sh"):
-        proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        plans[script] = proc.stdout
-    lora, freeze = plans["run_qwen2_5_vl-7b_lora.sh"], plans["run_qwen2_5_vl-7b_freeze_vision.sh"]
-    assert "LoRA rank 64" in lora and "lr 3e-06" in lora and "KL loss on (low_var_kl)" in lora
-    assert "vision tower frozen" in freeze and "LoRA rank 0" in freeze
-    for plan in plans.values():
-        assert "512 prompts x n=5 = 2560 samples per step" in plan and "15 epoch(s)" in plan
 
 
 @pytest.mark.slow
@@ -291,8 +302,8 @@ def verl_ppo_lines(model: str) -> list[str]:
 def test_verls_ppo_launch_line_passes_the_dry_run(verl_home: Path, tiny_model_dir: str) -> None:
     """verl's GRPO Qwen2.5-VL script with verl's PPO critic lines: the dry run shows the critic, GAE, the adaptive
     in-reward KL and the memory of actor, reference, critic and engine."""
-    proc = run_script("run_qwen2_5_vl-7b.sh", verl_home, "trainer.dry_run=True",
-                      f"actor_rollout_ref.model.path={tiny_model_dir}", *verl_ppo_lines(tiny_model_dir))  # fmt: skip
+    proc = script_here("run_qwen2_5_vl-7b.sh", verl_home, "trainer.dry_run=True",
+                       f"actor_rollout_ref.model.path={tiny_model_dir}", *verl_ppo_lines(tiny_model_dir))  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
     assert "algorithm: gae (gamma 1, lambda 1), in-reward KL kl, adaptive coefficient 0.001" in proc.stdout
@@ -362,15 +373,15 @@ def test_verls_one_step_scripts_are_refused_only_for_their_model_or_a_named_feat
     Qwen2.5-VL in MODEL_PATH the same line passes the dry run: two pools, the rollout pool's tensor-parallel engine,
     verl's bypass mode (its one-step config's default). The DAPO ones are refused naming what they need."""
     text_model(verl_home, tiny_model_dir)
-    proc = run_script(ONE_STEP, verl_home, "trainer.dry_run=True", env=one_step_env(verl_home))
+    proc = script_here(ONE_STEP, verl_home, "trainer.dry_run=True", env=one_step_env(verl_home))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-4000:]
     assert "Qwen2.5-3B-Instruct' is a 'qwen2' model; vlmrl trains qwen2_5_vl" in out, out[-4000:]
     assert "1 problem(s); the run would not start" in out, out[-4000:]
     assert "Traceback" not in out and "Did you mean" not in out and "not implemented in vlmrl" not in out
 
-    vl = run_script(ONE_STEP, verl_home, "trainer.dry_run=True", "trainer.device=cuda",
-                    env=one_step_env(verl_home, tiny_model_dir))  # fmt: skip
+    vl = script_here(ONE_STEP, verl_home, "trainer.dry_run=True", "trainer.device=cuda",
+                     env=one_step_env(verl_home, tiny_model_dir))  # fmt: skip
     plan = vl.stdout
     assert vl.returncode == 0 and "OK: the run would start" in plan, (vl.stdout + vl.stderr)[-4000:]
     assert "workers: 1 node(s) x 6 GPU(s) = 6 training worker(s)" in plan, plan
@@ -379,7 +390,7 @@ def test_verls_one_step_scripts_are_refused_only_for_their_model_or_a_named_feat
     )
     assert "bypass mode (the engine's log-probs as the old ones, ppo_clip loss)" in plan
     for script, feature in ONE_STEP_REFUSED.items():
-        proc = run_script(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
+        proc = script_here(script, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={tiny_model_dir}")
         assert proc.returncode == 2 and feature in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 
 

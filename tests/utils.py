@@ -53,20 +53,60 @@ VERL_EXAMPLES = Path(__file__).resolve().parent / "verl_examples"
 
 
 def verl_script_overrides(script: str, home: Path, *args: str) -> list[str]:
-    """The arguments verl's ``tests/verl_examples/<script>`` passes to ``python3 -m verl.trainer.main_ppo``, as the
-    shell expands them with ``HOME=home`` (a ``python3`` shim on PATH records them; nothing runs)."""
+    """The arguments verl's ``tests/verl_examples/<script>`` passes to its trainer, as the shell expands them with
+    ``HOME=home`` (``vlmrl.config.verl.scripts.commands`` records them; nothing trains)."""
+    import os
+
+    from vlmrl.config.verl.scripts import commands
+
+    rec = commands(VERL_EXAMPLES / script, list(args), env={**os.environ, "HOME": str(home)})
+    assert rec.returncode == 0 and len(rec.commands) == 1, rec.stderr[-2000:]
+    return rec.commands[0].argv
+
+
+def build_verl_home(home: Path) -> Path:
+    """A HOME whose ~/data/geo3k and ~/data/geo3k_multiturn_w_tool hold verl's own preprocessing output (its geo3k.py
+    and geo3k_multiturn_w_tool.py) of a Geometry3K stand-in (1200 train rows: the scripts' batches of 512 and 1152
+    prompts fit). verl's scripts import ``verl.utils.hdfs_io`` only to copy to HDFS (not asked for here); the verl
+    package itself needs its whole dependency set to import, so that one module is stubbed and the scripts' own code
+    runs as it is."""
     import os
     import subprocess
-    import tempfile
+    import sys
 
-    with tempfile.TemporaryDirectory() as tmp:
-        shim = Path(tmp) / "python3"
-        shim.write_text('#!/bin/sh\nshift 2\nprintf "%s\\0" "$@"\n')
-        shim.chmod(0o755)
-        env = {**os.environ, "HOME": str(home), "PATH": f"{tmp}{os.pathsep}{os.environ['PATH']}"}
-        out = subprocess.run(["bash", str(VERL_EXAMPLES / script), *args], env=env, capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr.decode()[-2000:]
-    return [a for a in out.stdout.decode().split("\0") if a]
+    from vlmrl.testing.smoke import geo3k_source
+
+    src = geo3k_source(home / "geometry3k", train=1200, test=20)
+    runner = (
+        "import runpy, sys, types\n"
+        "hdfs = types.ModuleType('verl.utils.hdfs_io'); hdfs.copy = hdfs.makedirs = lambda *a, **k: None\n"
+        "sys.modules.update({'verl': types.ModuleType('verl'), 'verl.utils': types.ModuleType('verl.utils'),\n"
+        "                    'verl.utils.hdfs_io': hdfs})\n"
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    for script, folder in (("geo3k.py", "geo3k"), ("geo3k_multiturn_w_tool.py", "geo3k_multiturn_w_tool")):
+        subprocess.run(
+            [sys.executable, "-c", runner, str(VERL_EXAMPLES / script), "--local_dataset_path", str(src),
+             "--local_save_dir", str(home / "data" / folder)],
+            check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
+        )  # fmt: skip
+        assert all((home / "data" / folder / f"{split}.parquet").is_file() for split in ("train", "test"))
+    return home
+
+
+def cached_verl_home() -> Path:
+    """:func:`build_verl_home`, built once per version of the code that writes it (in $VLMRL_CACHE, atomically, so
+    parallel test processes share it; tests/prepare.py builds it before the suite runs)."""
+    import hashlib
+    import inspect
+
+    from vlmrl.testing.tiny import cache_root, cached_build
+
+    code = [VERL_EXAMPLES / "geo3k.py", VERL_EXAMPLES / "geo3k_multiturn_w_tool.py",
+            Path(__file__).parents[1] / "vlmrl" / "testing" / "smoke.py"]  # fmt: skip
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + inspect.getsource(build_verl_home).encode())
+    return cached_build(cache_root() / f"verl-home-{key.hexdigest()[:12]}", "data/geo3k_multiturn_w_tool/test.parquet",
+                        build_verl_home)  # fmt: skip
 
 
 def verl_geo3k_launch_line(home: Path) -> list[str]:

@@ -4,7 +4,8 @@ The script runs in bash as it is; its ``python3 -m verl.trainer.main_ppo ...`` (
 interpreter's own options before ``-m``, as in ``python3 -u -m ...``, are kept) starts ``python -m vlmrl.train ...``
 with the same arguments instead (a ``python3``/``python`` shim first on ``PATH`` does that; every other Python command
 the script runs reaches the real interpreter). Arguments after the script go to the script, as with
-``bash script.sh ...`` (verl's scripts pass ``$@`` on to the trainer).
+``bash script.sh ...`` (verl's scripts pass ``$@`` on to the trainer). :func:`commands` runs the script the same way
+but records the trainer commands instead of starting them (``python -m vlmrl.run_verl --print SCRIPT``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 VERL_ENTRY_POINTS = {
@@ -64,19 +66,82 @@ case "$module" in
 esac
 exec {python} "$@"
 """
+_RECORD = """    n=$(ls {record} | grep -c args)  # the trainer's command and environment; the script goes on (status 0)
+    printf '%s\\0' "$@" > {record}/$n.args
+    env -0 > {record}/$n.env
+    exit 0
+"""
 
 
-def write_shims(folder: Path, python: str = sys.executable) -> Path:
-    """``python3`` and ``python`` shims in ``folder`` (created); returns the folder to put first on PATH."""
+def write_shims(folder: Path, python: str = sys.executable, record: Path | None = None) -> Path:
+    """``python3`` and ``python`` shims in ``folder`` (created); returns the folder to put first on PATH. With
+    ``record`` (an existing folder), a trainer command is written there (``N.args``: its arguments, ``N.env``: its
+    environment, NUL-separated) instead of started."""
     folder.mkdir(parents=True, exist_ok=True)
     cases = "|".join(shlex.quote(m) for m in VERL_ENTRY_POINTS)
     extras = "\n".join(f"  {shlex.quote(m)}) extra={shlex.quote(o)} ;;" for m, o in VERL_ENTRY_POINTS.items() if o)
     text = _SHIM.format(cases=cases, extras=extras, python=shlex.quote(python))
+    if record is not None:
+        text = text.replace(
+            '    shift "$total"\n', '    shift "$total"\n' + _RECORD.format(record=shlex.quote(str(record)))
+        )
     for name in ("python3", "python"):
         path = folder / name
         path.write_text(text)
         path.chmod(0o755)
     return folder
+
+
+@dataclass
+class TrainerCommand:
+    """A trainer command a verl script ran (as vlmrl runs it)."""
+
+    python_options: list[str]
+    """The interpreter's own options before ``-m`` (``-u``)."""
+    argv: list[str]
+    """``vlmrl.train``'s arguments (the script's, after the options the entry point adds)."""
+    exported: dict[str, str]
+    """Environment variables the script set or changed before the command (``PATH`` and bash's own left out)."""
+
+    def line(self) -> str:
+        """The command as a shell line."""
+        return shlex.join(["python", *self.python_options, "-m", "vlmrl.train", *self.argv])
+
+
+@dataclass
+class Recorded:
+    """What :func:`commands` saw."""
+
+    returncode: int
+    """The script's exit status, each trainer command counted as succeeding."""
+    commands: list[TrainerCommand]
+    stdout: str
+    stderr: str
+
+
+_BASH_OWN = {"PATH", "PWD", "OLDPWD", "SHLVL", "_"}
+
+
+def commands(
+    script: str | os.PathLike, args: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+) -> Recorded:
+    """Run ``bash script args`` as :func:`run` does, recording each trainer command instead of starting it; every
+    other command of the script runs."""
+    base = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="vlmrl-verl-") as tmp:
+        record = Path(tmp) / "record"
+        record.mkdir()
+        shims = write_shims(Path(tmp) / "bin", record=record)
+        full_env = {**base, "PATH": f"{shims}{os.pathsep}{base.get('PATH', '')}"}
+        proc = subprocess.run(["bash", str(script), *args], env=full_env, cwd=cwd, capture_output=True, text=True)
+        found = []
+        for k in range(len(list(record.glob("*.args")))):
+            words = (record / f"{k}.args").read_text().split("\0")[:-1]
+            at = words.index("-m")
+            seen = dict(kv.split("=", 1) for kv in (record / f"{k}.env").read_text().split("\0") if "=" in kv)
+            exported = {k2: v for k2, v in seen.items() if base.get(k2) != v and k2 not in _BASH_OWN}
+            found.append(TrainerCommand(words[:at], words[at + 2 :], exported))
+    return Recorded(proc.returncode, found, proc.stdout, proc.stderr)
 
 
 def run(script: str | os.PathLike, args: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> int:
