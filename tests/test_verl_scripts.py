@@ -414,3 +414,22 @@ def test_verls_one_step_script_trains_at_tiny_scale(verl_home: Path, tiny_model_
     assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then 2 steps
     assert [r["async/staleness"] for r in rows[1:]] == [0.0, 1.0]
     assert all("actor/kl_loss" in r for r in rows[1:])  # the script's use_kl_loss=True
+
+
+def test_run_verl_print_shows_the_trainer_command_a_script_would_run(
+    verl_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``python -m vlmrl.run_verl --print SCRIPT ARGS``: the script runs in bash with its trainer command printed (as
+    ``vlmrl.train`` gets it, the script's own arguments expanded and ARGS appended) instead of started."""
+    import shlex
+
+    from vlmrl.run_verl import main
+
+    monkeypatch.setenv("HOME", str(verl_home))
+    code = main(["--print", str(VERL / "run_qwen2_5_vl-7b.sh"), "vllm", "trainer.total_epochs=1"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 0 and line.startswith("python -m vlmrl.train "), line
+    args = shlex.split(line)[3:]
+    assert args == utils.verl_script_overrides("run_qwen2_5_vl-7b.sh", verl_home, "vllm", "trainer.total_epochs=1")
+    assert f"data.train_files={verl_home}/data/geo3k/train.parquet" in args and args[-1] == "trainer.total_epochs=1"
+    assert main(["--print", str(verl_home / "missing.sh")]) == 2
