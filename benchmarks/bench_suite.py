@@ -1,26 +1,30 @@
 """The test command on a clean clone, as CI runs it: ``git clone`` of this repository at HEAD into a new folder,
-then the README's ``bash scripts/test.sh`` there (its first install included), timed by part.
+then the README's ``bash scripts/test.sh --all`` there (its first install included), timed by part: the install,
+the contributor tier (the tests not marked ``slow``: what ``bash scripts/test.sh`` runs, and the first thing
+``--all`` runs) and the slow tier.
 
     python benchmarks/bench_suite.py [--runs 1]
+    python benchmarks/bench_suite.py --tier fast  # the contributor tier only (bash scripts/test.sh)
     python benchmarks/bench_suite.py --quick      # the clone's test.sh, the checkout's .venv, tests/test_algos.py
 
 What is measured is the committed HEAD (``git clone`` of the checkout; uncommitted changes are not in it: the result
-records the commit and whether the checkout had changes). The clone gets no environment that would change the
-command (no ``VLMRL_VENV``, ``VLMRL_CACHE``, ``PYTHONPATH`` or activated venv), so ``scripts/install.sh`` creates
-the clone's own ``.venv`` (pip's download cache stays as it is on the machine; ``--no-pip-cache`` turns it off) and
-``scripts/install_browser.sh`` installs Chromium when none is there (the result records whether one was). The
-command's own steps are traced with their start times (``common.traced_env``) to split its wall time into the
-install, the browser and pytest. pytest writes ``--junitxml``: tests, passed, failed, errors, skipped (and which
-skips name CUDA or a GPU), and pytest's own time. Afterwards: the size of the clone's ``.venv`` on disk and the
+records the commit and whether the checkout had changes). The clone gets no environment that would change the command
+(no ``VLMRL_VENV``, ``VLMRL_CACHE``, ``PYTHONPATH`` or activated venv), so ``scripts/install.sh`` creates the clone's
+own ``.venv`` (pip's download cache stays as it is on the machine; ``--no-pip-cache`` turns it off) and
+``scripts/install_browser.sh`` installs Chromium when none is there (the result records whether one was). The command's
+own steps are traced with their start times (``common.traced_env``) to split its wall time into the install, the browser
+and each tier's pytest runs. pytest writes ``--junitxml``: tests, passed, failed, errors, skipped (and which skips name
+CUDA or a GPU), and pytest's own time, for each tier. Afterwards: the size of the clone's ``.venv`` on disk and the
 parts of it that only a GPU uses (NVIDIA's CUDA wheels ``nvidia*``, ``cuda*``, torch's ``libtorch_cuda*`` and
-``libc10_cuda``, triton). While it runs, ``VLMRL_MEASURING_SUITE=1`` tells ``tests/test_readme_figures.py`` to
-leave out the README figures this run is measuring (those tied to ``suite.json``).
+``libc10_cuda``, triton). While it runs, ``VLMRL_MEASURING_SUITE=1`` tells ``tests/test_readme_figures.py`` to leave out
+the README figures this run is measuring (those tied to ``suite.json``).
 
 The run holds the shared CPU lock (``$VLMRL_CPU_LOCK``); a run during which other processes used more than 10 % of
 the machine is repeated (``--retries``). Writes ``benchmarks/results/suite.json`` and the ``## Test suite`` section
-of ``benchmarks/README.md``, and ``tests/durations.json`` (each test module's seconds, the order in which
-``tests/conftest.py`` starts the parallel run: heaviest first); the clone is removed afterwards (``--keep`` keeps it;
-``--durations-from KEPT/junit.xml`` writes only the durations file from a kept run).
+of ``benchmarks/README.md``, and ``tests/durations.json`` (each test's seconds, setup and teardown included, by node
+id: tests/test_suite_tiers.py checks the tiers against it, and ``tests/conftest.py`` starts the parallel run with the
+heaviest modules); the clone is removed afterwards (``--keep`` keeps it; ``--durations-from KEPT/junit.xml`` writes
+only the durations file from a kept run).
 """
 
 from __future__ import annotations
@@ -44,9 +48,12 @@ SECTION = "Test suite"
 PARTS = (
     ("install", "bash scripts/install.sh"),
     ("browser", "bash scripts/install_browser.sh"),
-    ("pytest", "-m pytest"),
+    ("fast", "[tests] contributor tier"),
+    ("slow", "[tests] full tier"),
 )
-"""scripts/test.sh's parts, each starting at the first traced command containing its marker."""
+"""scripts/test.sh's parts, each starting at the first traced command containing its marker (its ``echo``)."""
+TIER_FILES = {"fast": ("", ".serial"), "slow": (".slow", ".slow.serial")}
+"""The JUnit files of each tier, as suffixes of the ``--junitxml`` name (scripts/test.sh)."""
 UNSET = ("VLMRL_VENV", "VLMRL_CACHE", "PYTHONPATH", "VIRTUAL_ENV", "PYTHON", "BASH_ENV", "SMOKE", "OUT",
          "RAY_ADDRESS", "VLMRL_DRY_RUN", "PYTHONHOME")  # fmt: skip
 """Environment variables of the calling shell the command does not inherit (they would change what it does)."""
@@ -83,11 +90,21 @@ def venv_sizes(venv: Path) -> dict[str, Any]:
     return out
 
 
-def junit(path: Path) -> dict[str, Any]:
-    """Counts from pytest's JUnit XML, the parallel run's (``path``) and the serial run's (``NAME.serial.xml`` beside
-    it, scripts/test.sh): tests, passed, failed, errors, skipped (and the skips naming CUDA or a GPU, with every
-    skip's test and reason), pytest's time (both runs')."""
-    roots = [ET.parse(p).getroot() for p in (path, path.with_suffix(".serial.xml")) if p.exists()]
+def tier_files(path: Path, tier: str) -> list[Path]:
+    """The JUnit files a tier's runs wrote beside ``path`` (``NAME.xml``: scripts/test.sh's ``--junitxml``)."""
+    return [p for p in (path.with_name(path.stem + sfx + ".xml") for sfx in TIER_FILES[tier]) if p.exists()]
+
+
+def _cases(files: list[Path]) -> list[ET.Element]:
+    return [c for p in files for c in ET.parse(p).getroot().iter("testcase")]
+
+
+def junit(path: Path, tier: str | None = None) -> dict[str, Any]:
+    """Counts from pytest's JUnit XML of one tier (``tier``) or both: tests, passed, failed, errors, skipped (and the
+    skips naming CUDA or a GPU, with every skip's test and reason), pytest's time (the runs' sum) and the tests' own
+    seconds (``test_s``: their sum, setup and teardown included)."""
+    files = [f for t in ([tier] if tier else list(TIER_FILES)) for f in tier_files(path, t)]
+    roots = [ET.parse(p).getroot() for p in files]
     suites = [s for root in roots for s in ([root] if root.tag == "testsuite" else list(root.iter("testsuite")))]
     total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     skips, failed = [], []
@@ -108,25 +125,37 @@ def junit(path: Path) -> dict[str, Any]:
         "skips": skips,
         "failed_tests": failed,
         "pytest_s": sum(float(s.get("time", 0.0)) for s in suites),
+        "test_s": sum(float(c.get("time", 0.0)) for root in roots for c in root.iter("testcase")),
     }
 
 
 DURATIONS = common.ROOT / "tests" / "durations.json"
-"""Seconds each test module took in the last measured run (its tests' times summed): tests/conftest.py starts the
-parallel run with the heaviest modules, so that the last tests to finish are short ones."""
+"""Each test's seconds in the last measured run, by node id: tests/test_suite_tiers.py checks the tiers against it,
+and tests/conftest.py starts the parallel run with the heaviest modules."""
+
+
+def node_id(case: ET.Element) -> str:
+    """pytest's node id of a JUnit test case (``classname`` ``tests.test_x[.Class]``, ``name``)."""
+    parts = case.get("classname", "").split(".")
+    k = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
+    return "::".join(["/".join(parts[: k + 1]) + ".py", *parts[k + 1 :], case.get("name", "")])
 
 
 def write_durations(xml: Path, out: Path = DURATIONS) -> dict[str, float]:
-    """``out``: each test module's seconds in the JUnit files of one run (``xml`` and the serial run's beside it)."""
+    """``out``: each test's seconds (setup, call and teardown, as JUnit counts them) in the JUnit files of one run
+    (``xml`` and the files of its other runs beside it), slowest first."""
     seconds: dict[str, float] = {}
-    for p in (xml, xml.with_suffix(".serial.xml")):
-        if p.exists():
-            for case in ET.parse(p).getroot().iter("testcase"):
-                module = case.get("classname", "").split(".")[-1] + ".py"
-                seconds[module] = seconds.get(module, 0.0) + float(case.get("time", 0.0))
-    ordered = dict(sorted(((m, round(t, 1)) for m, t in seconds.items()), key=lambda kv: -kv[1]))
+    for case in _cases([f for t in TIER_FILES for f in tier_files(xml, t)]):
+        nid = node_id(case)
+        seconds[nid] = seconds.get(nid, 0.0) + float(case.get("time", 0.0))
+    ordered = dict(sorted(((n, round(t, 2)) for n, t in seconds.items()), key=lambda kv: (-kv[1], kv[0])))
     out.write_text(json.dumps(ordered, indent=1) + "\n")
     return ordered
+
+
+def slowest(durations: dict[str, float], k: int = 10) -> list[list[Any]]:
+    """The ``k`` slowest tests: ``[node id, seconds]``."""
+    return [[n, s] for n, s in list(durations.items())[:k]]
 
 
 def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
@@ -154,7 +183,7 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
     xml = parent / "junit.xml"
     trace = parent / "trace.txt"
     env = common.traced_env(env, trace)
-    cmd = ["bash", "scripts/test.sh", f"--junitxml={xml}", *a.pytest_args]
+    cmd = ["bash", "scripts/test.sh", *(["--all"] if a.tier == "all" else []), f"--junitxml={xml}", *a.pytest_args]
     log = a.work / f"run_{k}.log"
     run = common.run_locked(cmd, env=env, log=log, timeout_s=a.timeout_s, what=f"test suite run {k}", cwd=clone)
     text = log.read_text(errors="replace")
@@ -163,6 +192,7 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
     parts = common.script_phases(trace, PARTS, run["started_epoch"], run["started_epoch"] + run["wall_s"])
     m = re.search(r"\[vlmrl install\] done in (\d+) s", text)
     summary = re.findall(SUMMARY_LINE, text, re.M)
+    measured = None if (a.quick or a.pytest_args or a.tier != "all") else write_durations(xml)
     res: dict[str, Any] = {
         "run": k,
         "returncode": run["returncode"],
@@ -170,8 +200,9 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
         "parts_s": parts,
         "install_reported_s": int(m.group(1)) if m else None,
         **junit(xml),
-        "module_s": write_durations(xml) if not (a.quick or a.pytest_args) else None,
-        "pytest_summary": " + ".join(summary[-2:]) if summary else None,  # the parallel run's, the serial run's
+        "tiers": {t: {key: v for key, v in junit(xml, t).items() if key != "skips"} for t in TIER_FILES},
+        "slowest_tests": slowest(measured) if measured else None,
+        "pytest_summary": " + ".join(summary) if summary else None,  # each pytest run's last line, in order
         "browser_before": browser_before,
         "browser_after": next((b for b in BROWSERS if shutil.which(b)), None),
         **venv_sizes(clone / ".venv" if not a.quick else common.ROOT / ".venv"),
@@ -186,23 +217,27 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     """The benchmarks/README.md section."""
     c = res["config"]
+    command = c["command"]
     lines = [
-        f"`python benchmarks/bench_suite.py --runs {c['runs']}` ({res['date']}). `git clone` of the repository at "
+        f"`python benchmarks/bench_suite.py --runs {c['runs']}{' --tier fast' if c.get('tier') == 'fast' else ''}` "
+        f"({res['date']}). `git clone` of the repository at "
         f"{res['commit'][:10]}{' (the checkout had uncommitted changes, not measured)' if res['dirty'] else ''}, "
-        "then `bash scripts/test.sh --junitxml=...` in the clone as CI runs it: a new `.venv` (the first install), "
-        "Chromium when none is installed, the whole suite. Parts timed from the command's own steps (bash's `set "
-        "-x` with timestamps, through `BASH_ENV`); counts and pytest's time from the JUnit XML.",
+        f"then `{command}` in the clone as CI runs it: a new `.venv` (the first install), Chromium when none is "
+        "installed, then the contributor tier (the tests not marked `slow`, as `bash scripts/test.sh` runs them) and "
+        "the slow tier. Parts timed from the command's own steps (bash's `set -x` with timestamps, through "
+        "`BASH_ENV`); counts and pytest's time from the JUnit XML.",
         "",
     ]
-    header = ["run", "tests", "passed", "failed + errors", "skipped (GPU)", "command min", "install min",
-              "browser s", "pytest min", ".venv GiB", "GPU-only GiB", "CPU used by others"]  # fmt: skip
+    header = ["run", "tests (contributor + slow)", "passed", "failed + errors", "skipped (GPU)", "command min",
+              "install min", "contributor tier min", "slow tier min", ".venv GiB", "GPU-only GiB",
+              "CPU used by others"]  # fmt: skip
     rows = []
     for r in res["runs"]:
-        p = r["parts_s"]
-        rows.append([str(r["run"]), str(r["tests"]), str(r["passed"]), str(r["failed"] + r["errors"]),
-                     f"{r['skipped']} ({r['skipped_gpu']})", f"{r['wall_s'] / 60:.1f}",
-                     f"{p.get('install', 0) / 60:.1f}", f"{p.get('browser', 0):.0f}",
-                     f"{p.get('pytest', 0) / 60:.1f}", f"{r['venv_bytes'] / 2**30:.1f}",
+        p, t = r["parts_s"], r["tiers"]
+        rows.append([str(r["run"]), f"{r['tests']} ({t['fast']['tests']} + {t['slow']['tests']})", str(r["passed"]),
+                     str(r["failed"] + r["errors"]), f"{r['skipped']} ({r['skipped_gpu']})",
+                     f"{r['wall_s'] / 60:.1f}", f"{p.get('install', 0) / 60:.1f}", f"{p.get('fast', 0) / 60:.1f}",
+                     f"{p.get('slow', 0) / 60:.1f}", f"{r['venv_bytes'] / 2**30:.1f}",
                      f"{r['gpu_only_total_bytes'] / 2**30:.1f}", f"{r['foreign_cpu_frac']:.0%}"])  # fmt: skip
     lines.append(common.table(header, rows))
     r0 = res["runs"][0]
@@ -211,8 +246,11 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "GPU-only parts of the `.venv` (GiB): " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in g.items()) + ".",
         f"Chromium before the run: {r0['browser_before'] or 'none'}; after: {r0['browser_after'] or 'none'}. "
-        f"pytest's last line: `{r0['pytest_summary']}`.",
+        f"pytest's last lines: `{r0['pytest_summary']}`.",
     ]
+    if r0.get("slowest_tests"):
+        lines += ["", "Slowest tests (s, setup included): "
+                  + "; ".join(f"`{n}` {s:.0f}" for n, s in r0["slowest_tests"]) + "."]  # fmt: skip
     if r0["skips"]:
         lines += ["", "Skipped: " + "; ".join(f"`{s['test']}` ({s['reason']})" for s in r0["skips"]) + "."]
     if r0["failed_tests"]:
@@ -226,6 +264,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--retries", type=int, default=1, help="repeat a run during which others used > 10%% of the CPU")
+    p.add_argument(
+        "--tier",
+        choices=("all", "fast"),
+        default="all",
+        help="all: bash scripts/test.sh --all (both tiers); fast: the contributor tier alone",
+    )
     p.add_argument("--quick", action="store_true", help="checkout's .venv, one test file; results only under --work")
     p.add_argument("--no-pip-cache", action="store_true", help="install without pip's download cache")
     p.add_argument("--keep", action="store_true", help="keep the clone (and its .venv, ~8 GB)")
@@ -255,6 +299,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {key: common.spread([r[key] for r in runs]) for key in keys}
     for part in PARTS:
         summary[f"parts_s/{part[0]}"] = common.spread([r["parts_s"].get(part[0]) for r in runs])
+    for tier in TIER_FILES:
+        summary[f"tests/{tier}"] = common.spread([r["tiers"][tier]["tests"] for r in runs])
     res = {
         **common.result_head("suite"),
         "commit": commit,
@@ -264,7 +310,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "quick": a.quick,
             "pytest_args": a.pytest_args,
             "no_pip_cache": a.no_pip_cache,
-            "command": "bash scripts/test.sh --junitxml=...",
+            "tier": a.tier,
+            "command": f"bash scripts/test.sh{' --all' if a.tier == 'all' else ''} --junitxml=...",
         },
         "runs": runs,
         "summary": summary,

@@ -14,6 +14,7 @@
 # Extra arguments are Hydra overrides of step 4. OUT (default runs/tool_zoom) holds everything. NO_TOOLS=1 trains
 # the same warm-started model without the tool (multi_turn off): the policy that never zooms, for comparison.
 # SMOKE=1: the same pipeline at tiny scale (64 records, 5 warm-start steps, 2 GRPO steps; the test suite runs it).
+# VLMRL_DRY_RUN=1 prints the commands of steps 2-5 instead of running them.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -24,8 +25,17 @@ export VLMRL_CACHE=${VLMRL_CACHE:-$ROOT/.cache/vlmrl}
 OUT=${OUT:-$ROOT/runs/tool_zoom}
 mkdir -p "$OUT"
 
+run() {  # run a command, or print it (shell-quoted, one line) with VLMRL_DRY_RUN=1
+  if [[ ${VLMRL_DRY_RUN:-0} == 1 ]]; then
+    printf '%q ' "$@"
+    printf '\n'
+  else
+    "$@"
+  fi
+}
+
 MODEL=$("$PY" -c "from vlmrl.testing.tiny import ensure_tiny_model, TOOL_DEMO; print(ensure_tiny_model(0, TOOL_DEMO))")
-echo "[tool_zoom] tiny model: $MODEL"
+echo "[tool_zoom] tiny model: $MODEL" >&2
 sizes=(--train-size 1024 --test-size 96)
 warm=(--steps 300)
 smoke=()
@@ -34,10 +44,10 @@ if [[ ${SMOKE:-0} == 1 ]]; then
   warm=(--steps 5)
   smoke=(trainer.total_training_steps=2 trainer.test_freq=2)
 fi
-"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families zoom --image-size 896 "${sizes[@]}" --seed 0 \
+run "$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families zoom --image-size 896 "${sizes[@]}" --seed 0 \
   --num-proc 2
 
-"$PY" -m vlmrl.testing.warm_start --model "$MODEL" --output "$OUT/warm_start" --data "$OUT/data/train.parquet" \
+run "$PY" -m vlmrl.testing.warm_start --model "$MODEL" --output "$OUT/warm_start" --data "$OUT/data/train.parquet" \
   --teacher examples/tool_zoom/teacher.py:write_turn --tools examples/tool_config/zoom.yaml --lr 2e-3 \
   --max-response-length 128 "${warm[@]}"
 
@@ -45,10 +55,10 @@ tools=()
 if [[ ${NO_TOOLS:-0} == 1 ]]; then
   tools=(actor_rollout_ref.rollout.multi_turn.enable=false)
 fi
-"$PY" -m vlmrl.train --config-name tool_zoom_cpu \
+run "$PY" -m vlmrl.train --config-name tool_zoom_cpu \
   data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/test.parquet" \
   actor_rollout_ref.model.path="$OUT/warm_start" trainer.default_local_dir="$OUT" \
   ${tools[@]+"${tools[@]}"} ${smoke[@]+"${smoke[@]}"} "$@"
 
-"$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"
-"$PY" -m vlmrl.report "$OUT" --output "$OUT/report.html"
+run "$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"
+run "$PY" -m vlmrl.report "$OUT" --output "$OUT/report.html"

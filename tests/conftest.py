@@ -25,19 +25,30 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+if os.environ.get("VLMRL_TEST_TIER"):  # scripts/test.sh: the heavy imports once per test process, at collection,
+    # rather than in whichever test first needs them (each test's time decides its tier: tests/test_suite_tiers.py)
+    import importlib
+
+    from vlmrl.workers.launch_local import VLLM_MODULES, WORKER_MODULES
+
+    for _name in (*WORKER_MODULES, *VLLM_MODULES, "vlmrl.trainer.grpo"):  # torch, transformers, vLLM, the trainer
+        importlib.import_module(_name)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_forkserver():
-    """One forkserver for the whole session, preloaded as a rollout worker's is (its tool pool starts it): the reward
-    and tool pools of many tests share this process, and Python starts one forkserver per process, with the preload
-    of the first pool that asks."""
+    """One forkserver for the whole session, preloaded as a rollout worker's is (its tool pool starts it) and with a
+    CPU worker's imports (torch, transformers, the hybrid worker): the reward and tool pools of many tests and the
+    tests' own worker processes (``runs.processes``) fork from it, and Python starts one forkserver per process,
+    with the preload of the first pool that asks."""
     import multiprocessing as mp
     from multiprocessing import forkserver
 
     from vlmrl.supervise import PRELOAD
+    from vlmrl.workers.launch_local import WORKER_MODULES
 
     mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.tools.runner", "vlmrl.models.qwen_vl",
-                                                         "qwen_vl_utils.vision_process"])  # fmt: skip
+                                                         "qwen_vl_utils.vision_process", *WORKER_MODULES])  # fmt: skip
     forkserver.ensure_running()
     yield
 
@@ -111,27 +122,68 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 _DURATIONS = Path(__file__).parent / "durations.json"
-"""Each module's seconds in the last measured run (``python benchmarks/bench_suite.py`` writes it)."""
+"""Each test's seconds in the last measured run, by node id (``python benchmarks/bench_suite.py`` writes it): the
+tiers are checked against it (tests/test_suite_tiers.py) and the parallel run starts with the heaviest modules."""
+TIERS = ("fast", "slow")
+"""``VLMRL_TEST_TIER``: ``fast`` (the contributor tier: every test not marked ``slow``) or ``slow`` (the rest of
+``--all``); unset, both."""
+SLOW_AFTER_S = 10.0
+"""A test that took longer than this in the last measured run belongs to the ``slow`` tier."""
+MARKS = pytest.StashKey[dict]()
+"""Every collected test (before the tier and phase selection) -> whether it is marked ``slow``."""
+
+
+def durations() -> dict[str, float]:
+    """tests/durations.json: node id -> seconds in the last measured run (empty where none was measured)."""
+    return json.loads(_DURATIONS.read_text()) if _DURATIONS.exists() else {}
 
 
 def pytest_collection_modifyitems(config, items):
-    """``VLMRL_TEST_PHASE`` (scripts/test.sh) keeps the tests not marked ``serial`` (``parallel``: the modules that
+    """``VLMRL_TEST_TIER`` (scripts/test.sh) keeps the contributor tier (``fast``: the tests not marked ``slow``) or
+    the rest (``slow``); ``VLMRL_TEST_PHASE`` keeps the tests not marked ``serial`` (``parallel``: the modules that
     took longest in the last measured run first, tests/durations.json) or only those (``serial``); ``gpu`` tests
-    skip themselves where CUDA is absent (CI has none); everything else always runs."""
+    skip themselves where CUDA is absent (CI has none); with neither variable set everything runs."""
+    config.stash[MARKS] = {i.nodeid: i.get_closest_marker("slow") is not None for i in items}
+    tier = os.environ.get("VLMRL_TEST_TIER", "")
     phase = os.environ.get("VLMRL_TEST_PHASE", "")
-    if phase:
-        if phase not in ("parallel", "serial"):
-            raise pytest.UsageError(f"VLMRL_TEST_PHASE={phase!r}: use parallel or serial (or leave it unset)")
-        keep = [i for i in items if (i.get_closest_marker("serial") is not None) == (phase == "serial")]
+    if tier and tier not in TIERS:
+        raise pytest.UsageError(f"VLMRL_TEST_TIER={tier!r}: use fast or slow (or leave it unset)")
+    if phase and phase not in ("parallel", "serial"):
+        raise pytest.UsageError(f"VLMRL_TEST_PHASE={phase!r}: use parallel or serial (or leave it unset)")
+    keep = [
+        i for i in items
+        if (not tier or (i.get_closest_marker("slow") is not None) == (tier == "slow"))
+        and (not phase or (i.get_closest_marker("serial") is not None) == (phase == "serial"))
+    ]  # fmt: skip
+    if len(keep) < len(items):
         kept = {id(i) for i in keep}
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = keep
     if phase == "parallel":  # the heaviest modules first: the last tests to finish are short ones, no core idles long
-        took = json.loads(_DURATIONS.read_text()) if _DURATIONS.exists() else {}
-        items.sort(key=lambda i: -took.get(Path(str(i.fspath)).name, 0.0))  # stable: a module's tests stay in order
+        module_s: dict[str, float] = {}
+        for nodeid, s in durations().items():
+            module_s[nodeid.split("::")[0]] = module_s.get(nodeid.split("::")[0], 0.0) + s
+        items.sort(key=lambda i: -module_s.get(i.nodeid.split("::")[0], 0.0))  # stable: a module's tests in order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (runs on a GPU machine: pytest -m gpu)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """In the contributor tier, name the tests that took longer than ``SLOW_AFTER_S`` in this run: once measured
+    (benchmarks/bench_suite.py), such a test fails tests/test_suite_tiers.py until it is faster or marked ``slow``."""
+    if os.environ.get("VLMRL_TEST_TIER") != "fast":
+        return
+    took: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():  # setup, call and teardown, as the JUnit file counts them
+        for r in reports:
+            if getattr(r, "when", None) in ("setup", "call", "teardown"):
+                took[r.nodeid] = took.get(r.nodeid, 0.0) + r.duration
+    over = sorted(((s, nodeid) for nodeid, s in took.items() if s > SLOW_AFTER_S), reverse=True)
+    if over:
+        terminalreporter.write_sep("-", f"contributor-tier tests over {SLOW_AFTER_S:.0f} s in this run")
+        for s, nodeid in over:
+            terminalreporter.write_line(f"{s:7.1f} s  {nodeid}  (make it faster or mark it slow)")

@@ -19,6 +19,15 @@ COLOUR_ARGS = ["--families", "colour", "--image-size", "112", "--train-size", "4
 """The quick start's data (examples/quickstart_cpu.sh)."""
 
 
+def processes():  # noqa: ANN201 - a multiprocessing context
+    """The multiprocessing context of a test's own worker processes (a world of FSDP ranks): the session's forkserver
+    (tests/conftest.py), whose preload holds torch and transformers, so a process starts in milliseconds rather than
+    importing them (``spawn``: ~10 s on 2 cores)."""
+    import multiprocessing as mp
+
+    return mp.get_context("forkserver")
+
+
 def make_colour_data(out: Path) -> Path:
     """The quick start's data, exactly as examples/quickstart_cpu.sh makes it (``preprocess/synthetic.py``), copied
     into ``out``: made once per version of the code that writes it (in $VLMRL_CACHE, atomically, so parallel test
@@ -71,6 +80,19 @@ class Run:
                 pass
         return out
 
+    def wait_watching_listeners(self, timeout: float) -> tuple[int, set[int], set[tuple[str, int, str]]]:
+        """:meth:`wait`, meanwhile reading every 0.2 s the listening TCP sockets of the driver and each process it
+        started: (exit status, every pid seen, every (address, port, process name) that listened)."""
+        pids: set[int] = set()
+        seen: set[tuple[str, int, str]] = set()
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            now = {self.proc.pid} | {p.pid for p in self.descendants()}
+            pids |= now
+            seen |= listening(now)
+            time.sleep(0.2)
+        return self.wait(timeout=max(1.0, deadline - time.monotonic())), pids, seen
+
     def wait(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout=timeout)
@@ -94,6 +116,19 @@ class Run:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait(timeout=30)
+
+
+def listening(pids: set[int]) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket of these processes."""
+    out = set()
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            try:
+                name = psutil.Process(c.pid).name()
+            except psutil.Error:
+                name = "?"
+            out.add((c.laddr.ip, c.laddr.port, name))
+    return out
 
 
 def run_to_end(args: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> Run:

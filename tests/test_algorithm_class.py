@@ -170,20 +170,18 @@ def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colo
 
 
 def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, colour_data: Path) -> None:
-    import subprocess
-    import sys
+    """``python -m vlmrl.train ... trainer.dry_run=true`` (its ``main``, here) names the class and each parameter's
+    value, the defaults marked."""
+    from runs import cli_here
 
-    out = subprocess.run(
-        [sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
-         f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
-         "trainer.dry_run=true",
-         f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.max_length=7"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert (
+    code, out, err = cli_here(["--config-name", "tiny_cpu", f"data.train_files={colour_data / 'train.parquet'}",
+                               "data.val_files=null", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                               "trainer.dry_run=true", f"algorithm.name={EXAMPLE}:LengthAware",
+                               "+algorithm.max_length=7"])  # fmt: skip
+    assert code == 0 and (
         f"algorithm class: {EXAMPLE}:LengthAware(min_length=4 (default), max_length=7, penalty=0.5 (default), "
-        "patience=3 (default))" in out.stdout
-    ), out.stdout[-3000:] + out.stderr[-2000:]
+        "patience=3 (default))" in out
+    ), out[-3000:] + err[-2000:]
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import cli_here, processes
 from utils import inline_cfg, synthetic_data
 
 from vlmrl.config import load
@@ -238,14 +239,6 @@ def video_data(tmp_path_factory: pytest.TempPathFactory):
     return synthetic_data(tmp_path_factory.mktemp("video"), "video_colour", train=8, test=0)
 
 
-def train_cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m vlmrl.train ARGS`` as a user launches it (this checkout first on the import path)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "vlmrl.train", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-
-
 def video_multi_turn_args(model: str, data, out, *extra: str) -> list[str]:
     """Overrides of ``tiny_cpu``: multi-turn with the zoom tool on the video data, 4 prompts a step."""
     tools = REPO / "examples" / "tool_config" / "zoom.yaml"
@@ -272,16 +265,17 @@ REFUSAL = "actor_rollout_ref.rollout.multi_turn.enable=True with video prompts: 
 def test_multi_turn_on_video_prompts_is_refused_through_the_cli(
     tiny_model_dir: str, video_data, tmp_path, capsys
 ) -> None:
-    """README, Video: "multi-turn tool rollouts refuse video prompts". ``python -m vlmrl.train`` with multi-turn on
+    """README, Video: "multi-turn tool rollouts refuse video prompts". ``python -m vlmrl.train`` (its ``main``, here:
+    tests/runs.cli_here) with multi-turn on
     and a video dataset exits 2 with the refusal as a config error, before any worker starts (no metrics, no
     checkpoint); the same line with multi-turn off passes the dry run (the data and the rest of the line are fine:
     the refusal is about the combination)."""
     out = tmp_path / "run"
     args = video_multi_turn_args(tiny_model_dir, video_data, out, "trainer.total_training_steps=1")
-    proc = train_cli("--config-name", "tiny_cpu", *args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert f"vlmrl: config error: {REFUSAL}" in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "hybrid worker(s)" not in proc.stdout
+    code, stdout, stderr = cli_here(["--config-name", "tiny_cpu", *args])
+    assert code == 2, stdout[-2000:] + stderr[-3000:]
+    assert f"vlmrl: config error: {REFUSAL}" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "hybrid worker(s)" not in stdout
     assert not (out / "metrics.jsonl").exists() and not list(out.glob("global_step_*"))
     code, printed = dry_run_of([*args, "actor_rollout_ref.rollout.multi_turn.enable=False"], capsys)
     assert code == 0 and "max videos/prompt 1" in printed, printed
@@ -337,9 +331,8 @@ def test_a_collective_a_worker_never_joins_fails_after_nccl_timeout(tiny_model_d
     HybridWorkers (the process group they create themselves, gloo on CPU) with ``nccl_timeout=3``: rank 0's
     all-reduce, which rank 1 never joins, raises a timeout after about 3 s (not the 30 minutes of the default), so
     the worker can report it instead of hanging."""
-    import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = processes()
     with ctx.Manager() as manager:
         results = manager.dict()
         procs = [ctx.Process(target=_rank_in_a_collective, args=(r, f"file://{tmp_path / 'rdv'}", tiny_model_dir,
@@ -378,6 +371,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # an interpreter that starts a worker process, ~12 s
 def test_local_worker_processes_are_named_by_rank(tiny_model_dir: str, synth, tmp_path) -> None:
     """vlmrl/workers/launch_local.py: the worker processes are "each named vlmrl-worker-<rank>" (what ``ps`` shows,
     and how the end-to-end tests find a worker to kill or freeze), also when the run is launched as

@@ -391,8 +391,8 @@ FULL_RUNS = {
     ),
 }
 """CPU pipelines a test runs whole, as the README's figures were made (``bash examples/<script>``: the model, the
-data, the training and the report): their smoke mode (the same commands with less data and 2 steps) would repeat
-the start-up of a run the suite already makes."""
+data, the training and the report), in the slow tier; the quick start's smoke mode is also the contributor tier's
+one end-to-end run (``test_the_quick_start_runs_end_to_end_in_smoke_mode``; the other three run its commands)."""
 SAME_AS_3B = ("geo3k_qwen2_5_vl_7b.sh", "geo3k_qwen3_vl_8b.sh")
 """geo3k pipelines whose smoke-mode commands are the 3B script's but for the model (the tiny one of the model's
 family) and the run name (``test_the_7b_smoke_run_is_the_3b_pipeline``,
@@ -443,6 +443,26 @@ def test_the_qwen3_vl_pipeline_is_the_3b_one_with_qwen3_vl(tmp_path: Path) -> No
     assert "trainer.experiment_name=qwen3_vl_8b_function_rm" in eight[-1]
 
 
+def test_the_quick_start_runs_end_to_end_in_smoke_mode(tmp_path: Path) -> None:
+    """``SMOKE=1 bash examples/quickstart_cpu.sh`` (the contributor tier's one end-to-end run, tests/
+    test_suite_tiers.py): the tiny model, the data, 2 GRPO steps on 2 worker processes with the vLLM rollout and
+    validation before and after, the start-up's stages printed and logged, the health line, the reward curve and the
+    report; a run with multi-turn off logs no multi_turn metrics and its gallery shows no tools."""
+    from runs import metrics, run_example
+
+    out = tmp_path / "run"
+    log = run_example("quickstart_cpu.sh", out, SMOKE="1")
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2], rows
+    assert "val/reward/mean" in rows[0] and "val/reward/mean" in rows[2] and "actor/entropy" in rows[1]
+    assert "[vlmrl] start-up: " in log and rows[1]["timing/startup_s"] > 0 and "timing/startup_s" not in rows[2]
+    assert "2 hybrid worker(s) on cpu" in log and "2 vLLM engine(s)" in log and "[vlmrl] health:" in log
+    assert (out / "reward_curve.png").is_file() and (out / "report.html").is_file()
+    assert not any(k.startswith("multi_turn/") for r in rows for k in r)
+    gallery = sorted((out / "val_gallery").glob("step_*.html"))[-1].read_text()
+    assert "# Tools" not in gallery and "<div class='turn" not in gallery
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SMOKE_SCRIPTS, ids=lambda p: p.name)
 def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) -> None:
@@ -487,19 +507,19 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     assert tr["val_before_train"] is True and tr["save_freq"] > 2  # the last step's checkpoint, not a periodic one
 
 
-@pytest.mark.slow
-def test_tool_zoom_without_the_tool_in_smoke_mode(tmp_path: Path) -> None:
-    """``NO_TOOLS=1 SMOKE=1 bash examples/tool_zoom_cpu.sh``: the same pipeline, trained with multi-turn off (the
-    README's policy that never zooms): no tool in the prompts, no multi_turn metrics."""
-    run_dir = tmp_path / "run"
-    env = script_env(tmp_path / "home", SMOKE="1", NO_TOOLS="1", OUT=str(run_dir), PYTHON=sys.executable,
-                     RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # fmt: skip
-    del env["VLMRL_DRY_RUN"]
-    proc = subprocess.run(["bash", str(EXAMPLES / "tool_zoom_cpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2] and "reward/mean" in rows[1]
-    assert not any(k.startswith("multi_turn/") for r in rows for k in r)
-    gallery = sorted((run_dir / "val_gallery").glob("step_*.html"))[-1].read_text()
-    assert "# Tools" not in gallery and "<div class='turn" not in gallery
+def test_no_tools_is_the_tool_zoom_pipeline_with_multi_turn_off(tmp_path: Path) -> None:
+    """``NO_TOOLS=1 bash examples/tool_zoom_cpu.sh`` (the README's policy that never zooms, for comparison): the same
+    data, warm start, reward curve and report commands, and the same training command with the tool off
+    (``actor_rollout_ref.rollout.multi_turn.enable=false``); that a run with multi-turn off logs no multi_turn metrics
+    and shows no tools is asserted on the quick start's smoke run (``test_the_quick_start_runs_end_to_end_in_smoke_
+    mode``)."""
+    env = dict(SMOKE="1", OUT=str(tmp_path / "run"), VLMRL_VENV=str(Path(sys.executable).parents[1]))
+    with_tool = dry_run(EXAMPLES / "tool_zoom_cpu.sh", tmp_path / "home", **env)
+    without = dry_run(EXAMPLES / "tool_zoom_cpu.sh", tmp_path / "home", NO_TOOLS="1", **env)
+    train = [i for i, c in enumerate(with_tool) if c[1:3] == ["-m", "vlmrl.train"]]
+    assert len(with_tool) == len(without) == 5 and train == [2], with_tool
+    off = "actor_rollout_ref.rollout.multi_turn.enable=false"
+    assert off not in with_tool[2] and [a for a in without[2] if a != off] == with_tool[2]
+    assert [c for i, c in enumerate(without) if i != 2] == [c for i, c in enumerate(with_tool) if i != 2]
+    assert load(with_tool[2][5:], config_name="tool_zoom_cpu").actor_rollout_ref.rollout.multi_turn.enable
+    assert not load(without[2][5:], config_name="tool_zoom_cpu").actor_rollout_ref.rollout.multi_turn.enable

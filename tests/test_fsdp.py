@@ -5,10 +5,10 @@ nothing: the optimizer was built while the units were still gathered and stepped
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import torch
+from runs import processes
 from test_micro_batches import varied_batch  # noqa: F401 - the fixture
 
 from vlmrl.config import ActorRolloutRefConfig
@@ -17,9 +17,10 @@ from vlmrl.models import qwen_vl
 SETTINGS = ("default", "reshard_after_forward=False", "min_num_params=1e6")
 
 
-def _run_spawned(target, *args, tmp_path: Path) -> tuple[int | None, dict]:
-    """``target(*args, rendezvous, out)`` in one spawned process (a world of one); its exit code and ``out``."""
-    ctx = mp.get_context("spawn")
+def _run_alone(target, *args, tmp_path: Path) -> tuple[int | None, dict]:
+    """``target(*args, rendezvous, out)`` in one process of its own (a world of one; tests/runs.processes); its exit
+    code and ``out``."""
+    ctx = processes()
     with ctx.Manager() as manager:
         out = manager.dict()
         p = ctx.Process(target=target, args=(*args, f"file://{tmp_path / 'rdv'}", out))
@@ -71,7 +72,7 @@ def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny
                                                                     tmp_path: Path) -> None:  # fmt: skip
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
-    exitcode, results = _run_spawned(_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
+    exitcode, results = _run_alone(_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
     assert exitcode == 0 and set(results) == set(SETTINGS), exitcode
     default = results["default"]
     mask = x.response_mask.bool()
@@ -130,7 +131,7 @@ def test_clip_grad_norm_on_local_shards_equals_torchs(tmp_path: Path) -> None:
     differ, when clipping, when under the limit (unchanged) and with an inf gradient (a non-finite norm)."""
     import math
 
-    ctx = mp.get_context("spawn")
+    ctx = processes()
     with ctx.Manager() as manager:
         out = manager.dict()
         rdv = f"file://{tmp_path / 'rdv'}"
@@ -202,7 +203,7 @@ def test_units_kept_gathered_after_a_push_train_exactly_as_resharded_ones(
     push give exactly the pushes and the model of a run that reshards after each push."""
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
-    exitcode, results = _run_spawned(_push_and_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
+    exitcode, results = _run_alone(_push_and_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)
     assert exitcode == 0 and set(results) == {False, True}, exitcode
     resharded, kept = results[False], results[True]
     assert resharded["gathered"] == [0, 0, 0] and all(n > 0 for n in kept["gathered"])

@@ -330,29 +330,38 @@ def write_turn(turn, conversation, sample, rng):
 """
 
 
-def always_zoom_policy(tmp_path: Path) -> tuple[Path, Path]:
+def always_zoom_policy() -> tuple[Path, Path]:
     """(data folder, model folder): 16 zoom records and the tool-token tiny model after an 80-step warm start on a
-    teacher that always zooms, then answers (``ALWAYS_ZOOM``)."""
+    teacher that always zooms, then answers (``ALWAYS_ZOOM``); built once per version of the code that makes it (in
+    $VLMRL_CACHE, atomically: the tests that train from it share one warm start)."""
+    import hashlib
+
     from runs import ENV
 
     from vlmrl.preprocess import synthetic
-    from vlmrl.testing.tiny import TOOL_DEMO, ensure_tiny_model
+    from vlmrl.testing.tiny import BUILDER_VERSION, TOOL_DEMO, cache_root, cached_build, ensure_tiny_model
 
     repo = Path(__file__).resolve().parents[1]
-    data = tmp_path / "data"
-    synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
-                    "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
-    (tmp_path / "teacher.py").write_text(ALWAYS_ZOOM)
-    warm = tmp_path / "warm"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)), "--output",
-         str(warm), "--data", str(data / "train.parquet"), "--teacher", f"{tmp_path / 'teacher.py'}:write_turn",
-         "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"), "--steps", "80", "--lr", "5e-3",
-         "--batch-size", "8", "--max-response-length", "128"],
-        capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return data, warm
+    code = [repo / "vlmrl" / "testing" / "warm_start.py", repo / "preprocess" / "synthetic.py",
+            repo / "examples" / "tool_config" / "zoom.yaml"]  # fmt: skip
+    key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + f"{ALWAYS_ZOOM}{BUILDER_VERSION}".encode())
+
+    def build(folder: Path) -> None:
+        data = folder / "data"
+        synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
+                        "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
+        (folder / "teacher.py").write_text(ALWAYS_ZOOM)
+        proc = subprocess.run(
+            [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)),
+             "--output", str(folder / "warm"), "--data", str(data / "train.parquet"), "--teacher",
+             f"{folder / 'teacher.py'}:write_turn", "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"),
+             "--steps", "80", "--lr", "5e-3", "--batch-size", "8", "--max-response-length", "128"],
+            capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    folder = cached_build(cache_root() / f"always-zoom-{key.hexdigest()[:12]}", "warm/vlmrl_warm_start.json", build)
+    return folder / "data", folder / "warm"
 
 
 @pytest.mark.vllm
@@ -365,7 +374,7 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
     the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
     from runs import metrics, run_to_end
 
-    data, warm = always_zoom_policy(tmp_path)
+    data, warm = always_zoom_policy()
     out, dump = tmp_path / "run", tmp_path / "dump"
     run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
                 f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",

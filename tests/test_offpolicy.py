@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, processes, run_to_end
 
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
@@ -111,7 +111,7 @@ def test_the_sync_broadcasts_every_tensor_bit_for_bit_to_every_rollout_worker() 
     meta = meta_of(weights)
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         out = manager.dict()
-        ctx = mp.get_context("spawn")
+        ctx = processes()
         procs = [ctx.Process(target=_sync_member, args=(r, f"file://{d}/store", meta, out)) for r in range(3)]
         for p in procs:
             p.start()
@@ -262,7 +262,7 @@ def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
     training worker, the second step's batch generated while the first trained."""
     from test_multi_turn import always_zoom_policy
 
-    data, warm = always_zoom_policy(tmp_path)
+    data, warm = always_zoom_policy()
     out = tmp_path / "run"
     run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
                 f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",

@@ -89,6 +89,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ------------------------------------------------------------------------------------------- start-up failures
 
 
+@pytest.mark.slow  # a worker process's or an inline worker's start, ~15 s
 @pytest.mark.parametrize(
     "launcher,weights",
     [("local", b""), ("inline", b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")],
@@ -132,6 +133,7 @@ def test_an_inline_worker_that_fails_to_start_leaves_nothing_started_in_the_driv
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow  # a worker process and its vLLM engine's start, ~20 s
 def test_an_engine_that_does_not_start_is_one_line_naming_the_engine_and_the_cause(
     tiny_model_dir: str, data: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +157,7 @@ tools:
 """
 
 
+@pytest.mark.slow  # a launch that starts its worker, ~13 s
 def test_a_tool_file_that_does_not_import_is_one_line_naming_the_error_and_its_line(
     tiny_model_dir: str, data: Path, tmp_path: Path
 ) -> None:
@@ -184,6 +187,7 @@ def test_ray_without_authentication_is_refused_in_one_line(tiny_model_dir: str, 
     assert not out.exists()  # nothing started
 
 
+@pytest.mark.slow  # starts a Ray cluster, ~20 s
 def test_a_placement_ray_cannot_reserve_is_refused_in_one_line(tiny_model_dir: str, data: Path, tmp_path: Path) -> None:
     """A GPU worker asked of the private Ray cluster of a machine without GPUs: refused at once (a cluster started
     here does not grow), naming what was asked and what the cluster has."""
@@ -255,6 +259,7 @@ def test_the_python_shim_hands_verls_trainer_to_vlmrl_keeping_interpreter_option
         assert re.findall(r"^<(.*)>$", got.stdout, re.M) == expected
 
 
+@pytest.mark.slow  # two interpreters and a dry run, ~12 s
 def test_run_verl_runs_a_script_that_starts_verl_unbuffered(tiny_model_dir: str, data: Path, tmp_path: Path) -> None:
     """verl's scripts write ``python3 -u -m verl.trainer.main_ppo`` too (unbuffered output): it is vlmrl's trainer
     that starts, here for a dry run."""
@@ -358,6 +363,7 @@ def test_hydras_own_config_on_the_command_line_is_refused_and_runs_nothing(tmp_p
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a launch with a dry run, ~13 s
 def test_the_dry_run_lists_every_hydra_override_it_refuses(tmp_path: Path) -> None:
     """A dry run with Hydra's job settings and a ``hydra/`` config group on the command line lists each as a
     problem (exit 2)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import ipaddress
 import json
 import re
 import shutil
@@ -75,7 +76,7 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
         scraped = _scrape(url)
         sockets = [c for p in [psutil.Process(run.proc.pid)] for c in p.net_connections("tcp")
                    if c.status == psutil.CONN_LISTEN]  # fmt: skip
-        rc = run.wait(timeout=300)
+        rc, family, listened = run.wait_watching_listeners(timeout=300)
     finally:
         run.cleanup()
     assert rc == 0, run.output()[-3000:]
@@ -84,7 +85,8 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     train_here_to_end(base_args(tiny_model_dir, data, b, *SMALL, "trainer.total_training_steps=3",
                                 "actor_rollout_ref.actor.optim.lr=1e-4", "trainer.launcher=inline",
                                 "actor_rollout_ref.rollout.name=hf"))  # fmt: skip
-    return {"a": a, "b": b, "log": run.output(), "scraped": scraped, "sockets": sockets}
+    return {"a": a, "b": b, "log": run.output(), "scraped": scraped, "sockets": sockets, "family": family,
+            "listened": listened}  # fmt: skip
 
 
 @pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
@@ -103,6 +105,11 @@ def test_prometheus_publishes_the_step_metrics_live_on_loopback(runs: dict) -> N
     assert scraped["vlmrl_val_reward_mean"][1] == last_val["val/reward/mean"]  # kept between validations
     # the driver's listening sockets: loopback only (the exporter among them)
     assert runs["sockets"] and all(c.laddr.ip in ("127.0.0.1", "::1") for c in runs["sockets"]), runs["sockets"]
+    # README, Security: a local run listens on loopback only: every process it started (the workers and their vLLM
+    # engines, the process group, the reward pool, the exporter), read every 0.2 s while it trained
+    assert len(runs["family"]) >= 3, "the driver and its two worker processes"
+    exposed = {s for s in runs["listened"] if not ipaddress.ip_address(s[0]).is_loopback}
+    assert runs["listened"] and not exposed, f"listening on a network interface: {sorted(exposed)}"
 
 
 @pytest.mark.slow  # uses the two training runs of the ``runs`` fixture

@@ -8,7 +8,6 @@ RL from a learned reward, end to end, is ``test_reward_model_train.py`` (slow)."
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -33,29 +32,13 @@ def colour(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, colour, tmp_path_factory) -> tuple[Path, dict]:
-    """A reward model trained for 600 steps on the colour task (candidates labelled by its rule, one pair per record
-    and step: the learning test trains with the default 3)."""
+    """A reward model folder as ``python -m vlmrl.reward_model.train`` writes it (the score head, the processor, the
+    figures), after a few steps: these tests need its layout and its forward, not a learned ranking (that it learns is
+    asserted on examples/reward_model_cpu.sh's model: tests/test_reward_model_train.py)."""
     out = tmp_path_factory.mktemp("rm") / "rm"
-    figures = train_reward_model(tiny_model_dir, str(colour / "train.parquet"), out,
-                                 val_data=str(colour / "test.parquet"), steps=600, batch_size=16,
+    figures = train_reward_model(tiny_model_dir, str(colour / "train.parquet"), out, steps=4, batch_size=4,
                                  pairs_per_record=1)  # fmt: skip
     return out, figures
-
-
-def test_training_a_reward_model_ranks_held_out_pairs(trained):
-    """``python -m vlmrl.reward_model.train``'s function: the Bradley–Terry loss falls from log 2 and the held-out
-    pair accuracy (64 records, one fixed pair each) is at least 0.9; the folder holds the score head under
-    ``score.*`` and the figures file."""
-    folder, figures = trained
-    assert figures["first_loss"] == pytest.approx(math.log(2), abs=0.1)
-    assert figures["loss_last_20_mean"] < figures["first_loss"] / 2 and figures["heldout_pair_accuracy"] >= 0.9, figures
-    info = json.loads((folder / "vlmrl_reward_model.json").read_text())
-    assert info["heldout_pair_accuracy"] == figures["heldout_pair_accuracy"] and info["heldout_pairs"] == 64
-    from safetensors import safe_open
-
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        keys = set(f.keys())
-    assert {"score.weight", "score.bias"} <= keys and "lm_head.weight" not in keys
 
 
 def test_explicit_chosen_rejected_columns_are_the_pairs(tiny_model_dir, colour, tmp_path):
@@ -439,35 +422,25 @@ def _run(tiny_model_dir: str, data: Path, out: Path, *extra: str) -> list[dict]:
     return metrics(out)
 
 
-def args_to_cmd(args: list[str]) -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "vlmrl.train", *args]
-
-
 @pytest.mark.slow
 def test_a_run_with_the_discriminative_reward_model(tiny_model_dir, trained, colour, tmp_path):
     """``python -m vlmrl.train`` with the reward model as a component beside a weight-0 rule one, on the quick
     start's 2 workers (the model FSDP-sharded over them) and vLLM: the dry run names the model and its memory; each
     step logs the model's score, its errors and its stage time; validation logs each component (the rule's check);
     the gallery shows the model's score; the report has the reward model's panel."""
-    import subprocess
-    import sys
-
     folder, _ = trained
     extra = (
         "reward_model.enable=True", f"reward_model.model.path={folder}", "reward_model.micro_batch_size_per_gpu=5",
         "reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, "
         "weight: 0.0}]",
     )  # fmt: skip
-    from runs import base_args
+    from runs import base_args, cli_here
 
-    dry = subprocess.run([*args_to_cmd(base_args(tiny_model_dir, colour, tmp_path / "dry", "reward.function=null",
-                                                 *extra)), "trainer.dry_run=True"],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    assert f"reward model: discriminative, {folder}, 0.2 M parameters" in dry.stdout, dry.stdout
-    assert "reward model 0.4 MiB" in dry.stdout  # fp32, sharded over the 2 workers
+    code, plan, err = cli_here([*base_args(tiny_model_dir, colour, tmp_path / "dry", "reward.function=null", *extra),
+                                "trainer.dry_run=True"])  # fmt: skip
+    assert code == 0, plan[-3000:] + err[-3000:]
+    assert f"reward model: discriminative, {folder}, 0.2 M parameters" in plan, plan
+    assert "reward model 0.4 MiB" in plan  # fp32, sharded over the 2 workers
     rows = _run(tiny_model_dir, colour, tmp_path / "run", *extra)
     last = rows[-1]
     assert last["reward_model/errors"] == 0 and last["timing/reward_model_s"] > 0
@@ -476,9 +449,9 @@ def test_a_run_with_the_discriminative_reward_model(tiny_model_dir, trained, col
     assert "val/reward/rule/mean" in last and "val/reward_model/score/mean" in last
     gallery = (tmp_path / "run" / "val_gallery" / "step_000002.html").read_text()
     assert "<b>reward model</b>" in gallery
-    report = subprocess.run([sys.executable, "-m", "vlmrl.report", str(tmp_path / "run"), "--output",
-                             str(tmp_path / "report.html")], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert report.returncode == 0, report.stderr[-2000:]
+    from vlmrl.report.__main__ import main as report
+
+    assert report([str(tmp_path / "run"), "--output", str(tmp_path / "report.html")]) == 0
     assert "id='panel-reward_model'" in (tmp_path / "report.html").read_text()
 
 

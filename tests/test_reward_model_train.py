@@ -7,6 +7,7 @@ the task and not an exploit of the model."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from runs import metrics, run_example
@@ -28,7 +29,15 @@ def test_grpo_on_a_learned_reward_alone_learns_the_colour_task(tmp_path):
     log = run_example("reward_model_cpu.sh", out, timeout=1500)
     assert "[reward_model] step 600/600" in log and (out / "reward_model" / "model.safetensors").is_file()
     trained = json.loads((out / "reward_model" / "vlmrl_reward_model.json").read_text())
-    assert trained["heldout_pair_accuracy"] >= 0.9, trained
+    assert trained["heldout_pair_accuracy"] >= 0.9 and trained["heldout_pairs"] == 96, trained
+    # the Bradley-Terry loss falls from log 2; the folder holds the score head, not the language-model head
+    assert trained["first_loss"] == pytest.approx(math.log(2), abs=0.1), trained
+    assert trained["loss_last_20_mean"] < trained["first_loss"] / 2 and trained["pairs_per_record"] == 3, trained
+    from safetensors import safe_open
+
+    with safe_open(str(out / "reward_model" / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert {"score.weight", "score.bias"} <= keys and "lm_head.weight" not in keys
     rows = metrics(out)
     rule = {r["step"]: r["val/reward/rule/mean"] for r in rows if "val/reward/rule/mean" in r}
     score = {r["step"]: r["val/reward_model/score/mean"] for r in rows if "val/reward_model/score/mean" in r}

@@ -4,7 +4,6 @@ that keeps an engine's workers sampling in step, and a real multi-node Ray clust
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from runs import ENV, Run, base_args, make_colour_data, metrics, run_to_end, wait_for_step
+from runs import ENV, Run, base_args, make_colour_data, metrics, processes, run_to_end, wait_for_step
 
 # runs alone in a parallel suite: a Ray cluster of its own and a whole-machine process check
 pytestmark = pytest.mark.serial
@@ -50,7 +49,7 @@ def test_an_engine_groups_workers_must_hold_the_same_random_state(tmp_path: Path
     """vLLM samples from each process's torch generator: the workers sharing a tensor-parallel engine must hold the
     same state at every rollout, or each samples its own tokens into one forward. A rank that drew a random number
     the others did not is caught before the rollout, on every rank of the group."""
-    ctx = mp.get_context("spawn")
+    ctx = processes()
     with ctx.Manager() as manager:
         out = manager.dict()
         procs = [ctx.Process(target=_guard_rank, args=(r, f"file://{tmp_path / 'rdv'}", drift, out)) for r in range(2)]
@@ -188,8 +187,10 @@ class RayCluster:
         raise AssertionError("the second node's raylet was not found")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster():
+    """One 2-node cluster for the module: the pools test runs first, the two-node test (which ends by killing the
+    second node) last."""
     cluster = RayCluster()
     try:
         yield cluster
@@ -200,6 +201,25 @@ def ray_cluster():
 def _nodes(log: str) -> list[str]:
     line = next(x for x in log.splitlines() if "hybrid worker(s) on" in x and "rank@node:" in x)
     return re.findall(r"(\d+)@(\S+?)[,)]", line.split("rank@node:")[1])
+
+
+@pytest.mark.slow
+def test_one_step_off_policy_pools_on_two_nodes(tiny_model_dir, colour_data, tmp_path, ray_cluster) -> None:
+    """``actor_rollout_ref.hybrid_engine=False`` on the 2-node cluster (one CPU each): the training worker and the
+    rollout worker land on different nodes, the weight sync meets through a TCP store on the training node and
+    the engine holds exactly the trainer's weights (first step: log-probs equal); the second step trains the batch
+    generated meanwhile (staleness 1)."""
+    out = tmp_path / "async"
+    args = base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2",
+                     "trainer.val_before_train=false", "actor_rollout_ref.hybrid_engine=False",
+                     "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.ray_address=auto")  # fmt: skip
+    run = run_to_end(args, env=ray_cluster.env)
+    line = next(x for x in run.output().splitlines() if "one-step off-policy:" in x)
+    train, pool = (re.search(r"0@(\S+?)\)", part).group(1) for part in line.split(" and ")[:2])
+    assert train != pool, line
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert rows[0]["rollout/logprob_diff"] <= 1e-5 and rows[0]["timing/param_sync_s"] > 0
 
 
 @pytest.mark.slow
@@ -244,22 +264,3 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
     resume = r"last complete checkpoint: \S*global_step_\d+ \(trainer.resume_mode=auto continues from it\)"
     assert re.search(resume, out), out[-3000:]
     print(f"lost node reported {took:.1f} s after the kill: {stop.group(0)}")
-
-
-@pytest.mark.slow
-def test_one_step_off_policy_pools_on_two_nodes(tiny_model_dir, colour_data, tmp_path, ray_cluster) -> None:
-    """``actor_rollout_ref.hybrid_engine=False`` on the 2-node cluster (one CPU each): the training worker and the
-    rollout worker land on different nodes, the weight sync meets through a TCP store on the training node and
-    the engine holds exactly the trainer's weights (first step: log-probs equal); the second step trains the batch
-    generated meanwhile (staleness 1)."""
-    out = tmp_path / "async"
-    args = base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2",
-                     "trainer.val_before_train=false", "actor_rollout_ref.hybrid_engine=False",
-                     "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.ray_address=auto")  # fmt: skip
-    run = run_to_end(args, env=ray_cluster.env)
-    line = next(x for x in run.output().splitlines() if "one-step off-policy:" in x)
-    train, pool = (re.search(r"0@(\S+?)\)", part).group(1) for part in line.split(" and ")[:2])
-    assert train != pool, line
-    rows = metrics(out)
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
-    assert rows[0]["rollout/logprob_diff"] <= 1e-5 and rows[0]["timing/param_sync_s"] > 0

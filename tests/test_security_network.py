@@ -1,81 +1,25 @@
 """Nothing a run starts can be reached from another machine without a key.
 
 * A local run (the default launcher on one machine: worker processes, vLLM engines, the process group) listens on
-  loopback only: the test lists the listening sockets of the driver and every process it started while it trains.
+  loopback only: tests/test_report.py's run A (30 steps with validation and the Prometheus exporter) lists the
+  listening sockets of the driver and every process it started while it trains
+  (``test_prometheus_publishes_the_step_metrics_live_on_loopback``).
 * A Ray cluster vlmrl starts itself requires Ray's token: a client without it is refused; ``RAY_AUTH_MODE=disabled``
   is refused before anything starts.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def listening(pids: set[int]) -> set[tuple[str, int, str]]:
-    """(address, port, process name) of every listening TCP socket of these processes."""
-    out = set()
-    for c in psutil.net_connections(kind="inet"):
-        if c.status == psutil.CONN_LISTEN and c.pid in pids:
-            try:
-                name = psutil.Process(c.pid).name()
-            except psutil.Error:
-                name = "?"
-            out.add((c.laddr.ip, c.laddr.port, name))
-    return out
-
-
-def family(proc: subprocess.Popen) -> set[int]:
-    try:
-        root = psutil.Process(proc.pid)
-        return {proc.pid} | {p.pid for p in root.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
-@pytest.mark.slow
-def test_a_local_run_listens_on_loopback_only(tiny_model_dir: str, tmp_path: Path) -> None:
-    from vlmrl.preprocess.synthetic import main as synthetic
-
-    synthetic(["--output-dir", str(tmp_path / "data"), "--families", "colour", "--image-size", "56",
-               "--train-size", "64", "--test-size", "8", "--seed", "0", "--no-progress"])  # fmt: skip
-    out = tmp_path / "run"
-    args = [sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
-            f"data.train_files={tmp_path / 'data/train.parquet'}", f"data.val_files={tmp_path / 'data/test.parquet'}",
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={out}",
-            "trainer.total_training_steps=40", "trainer.logger=[jsonl]", "trainer.save_freq=20"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
-    log = open(tmp_path / "log.txt", "w+")  # noqa: SIM115
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    seen: set[tuple[str, int, str]] = set()
-    processes: set[int] = set()
-    try:
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            pids = family(proc)
-            processes |= pids
-            seen |= listening(pids)
-            time.sleep(0.2)
-        assert proc.wait(timeout=60) == 0, Path(log.name).read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-    assert len(processes) >= 3, "the driver and its two worker processes"
-    assert seen, "the workers' process group talks over loopback sockets: none were seen"
-    exposed = {s for s in seen if not ipaddress.ip_address(s[0]).is_loopback}
-    assert not exposed, f"listening on a network interface: {sorted(exposed)}"
 
 
 RAY_HEAD = textwrap.dedent(

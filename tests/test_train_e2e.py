@@ -83,13 +83,25 @@ def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None
 CURVE_KEYS = ("reward/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "actor/grad_norm")
 
 
-def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_data, tmp_path):
+SIX_STEPS = ("trainer.total_training_steps=6", "trainer.save_freq=2", "data.val_files=null")
+"""A local run of 6 steps with a checkpoint every 2."""
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, colour_data, tmp_path_factory) -> Path:
+    """The folder of a run of :data:`SIX_STEPS` from start to end (the resume test's reference, the export test's
+    checkpoint)."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    run_to_end(base_args(tiny_model_dir, colour_data, out, *SIX_STEPS))
+    return out
+
+
+def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_data, uninterrupted, tmp_path):
     """kill -9 of the driver after a checkpoint; ``resume_mode=auto`` continues with the same data order and RNG:
     the resumed run's curve equals an uninterrupted run's, step for step; the engines' log-probs equal the
     trainer's at every step (the weight push is exact)."""
-    extra = ("trainer.total_training_steps=6", "trainer.save_freq=2", "data.val_files=null")
-    ref_dir, cut_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
-    run_to_end(base_args(tiny_model_dir, colour_data, ref_dir, *extra))
+    extra = SIX_STEPS
+    ref_dir, cut_dir = uninterrupted, tmp_path / "interrupted"
     drift = [r["rollout/logprob_diff"] for r in metrics(ref_dir)]
     assert len(drift) == 6 and max(drift) < 1e-3, drift
 
@@ -144,23 +156,20 @@ def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data,
     assert steps == list(range(1, 6)), steps
 
 
-def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, colour_data, tmp_path):
+def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninterrupted, tmp_path):
     """``python -m vlmrl.export`` turns a run's latest checkpoint into an HF folder: transformers loads it with the
     trained (changed) weights, and vLLM serves it."""
     import torch
     from transformers import AutoModelForImageTextToText
 
-    out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "trainer.save_freq=3",
-                         "data.val_files=null", "actor_rollout_ref.rollout.name=hf",
-                         "actor_rollout_ref.actor.optim.lr=1e-2"))  # fmt: skip
+    out = uninterrupted
     exported = tmp_path / "exported"
     cli = subprocess.run(
         [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
         capture_output=True, text=True, env={**os.environ, **ENV},
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr[-3000:]
-    assert "global_step_3" in cli.stdout or (out / "global_step_3").is_dir()
+    assert f"exported {out} -> {exported}" in cli.stdout and (out / "global_step_6").is_dir(), cli.stdout
     new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
     base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).state_dict()
     assert new.keys() == base.keys()

@@ -5,14 +5,12 @@ training run that learns from video (preprocessing and the dataset: ``test_video
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from runs import processes
 from transformers import AutoModelForImageTextToText
 from utils import clip, expanded, noise, video_prompt
 
@@ -186,7 +184,7 @@ def test_ranks_without_videos_run_the_dummy_vision_pass_and_train_alike(tiny_mod
     its collectives in step, in the same order), update exactly as one rank holding both: same loss, gradient norm
     and log-probs after the update. Before the fix this hung: the text-only rank reduce-scattered the root's
     gradients after the tower's, the video rank before."""
-    ctx = mp.get_context("spawn")
+    ctx = processes()
     with ctx.Manager() as manager:
         out = manager.dict()
         runs = [(2, [[0], [1]]), (1, [[0, 1]])]
@@ -251,9 +249,20 @@ def test_rewards_receive_the_frames_and_timestamps_the_model_saw(tiny_processor,
 # ------------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.fixture(scope="module")
+def video_colour_data(tmp_path_factory) -> Path:
+    """The video colour task (1024 training and 48 held-out videos of 112 px), made once for both families."""
+    from vlmrl.preprocess import synthetic
+
+    data = tmp_path_factory.mktemp("video_colour")
+    synthetic.main(["--output-dir", str(data), "--families", "video_colour", "--image-size", "112", "--train-size",
+                    "1024", "--test-size", "48", "--seed", "0", "--no-progress"])  # fmt: skip
+    return data
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, tmp_path, family):
+def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, video_colour_data, tmp_path, family):
     """The video colour task learns (validation >= 0.9 after 70 steps) with the tiny Qwen2.5-VL and the tiny Qwen3-VL
     (its frames behind text timestamps, positioned one by one)."""
     from runs import base_args, metrics, run_to_end
@@ -262,13 +271,7 @@ def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, tm
 
     model = tiny_model_dir if family == "qwen2_5_vl" else str(ensure_tiny_model(0, FAMILY_SPECS[family]))
 
-    data = tmp_path / "data"
-    subprocess.run(
-        [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(data), "--families",
-         "video_colour", "--image-size", "112", "--train-size", "1024", "--test-size", "48", "--seed", "0",
-         "--no-progress"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    data = video_colour_data
     out = tmp_path / "run"
     run = run_to_end(base_args(model, data, out, "trainer.total_training_steps=70", "trainer.test_freq=70"),
                      timeout=900)  # fmt: skip

@@ -7,8 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,13 +61,12 @@ def test_frame_sampling_and_frame_size_follow_qwen_vl_utils():
 
 
 def test_synthetic_video_families_write_verl_schema_parquet(tmp_path, tiny_processor):
+    from vlmrl.preprocess import synthetic
+
     out = tmp_path / "synth"
-    subprocess.run(
-        [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(out), "--families",
-         "video_colour,video_motion,video_order,colour", "--train-size", "24", "--test-size", "8",
-         "--image-size", "112", "--video-frames", "4", "--video-fps", "2", "--no-progress", "--num-proc", "2"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    synthetic.main(["--output-dir", str(out), "--families", "video_colour,video_motion,video_order,colour",
+                    "--train-size", "24", "--test-size", "8", "--image-size", "112", "--video-frames", "4",
+                    "--video-fps", "2", "--no-progress", "--num-proc", "2"])  # fmt: skip
     table = pq.read_table(out / "train.parquet")
     assert table.column_names[:4] == ["data_source", "prompt", "images", "videos"]
     recs = table.to_pylist()

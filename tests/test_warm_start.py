@@ -53,6 +53,7 @@ def write_turn(turn, conversation, sample, rng):
 """
 
 
+@pytest.mark.slow  # a 40-step warm start in its own interpreter, ~25 s
 def test_warm_start_teaches_the_teachers_turns_through_the_real_tools(tool_model_dir: str, tmp_path: Path) -> None:
     """``python -m vlmrl.testing.warm_start``: the teacher's calls run through the agent loop (its second turn reads the
     tool's result), the loss on the teacher's tokens falls, and the written folder is a model whose greedy first

@@ -28,12 +28,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
-
-from vlmrl.models import qwen_vl
-from vlmrl.tools import hermes
-from vlmrl.tools.builtin import BUILTIN
-
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
 
@@ -192,6 +186,9 @@ together, the MLPs are 2 x hidden wide (``TinySpec`` defaults), the vocabulary s
 
 
 def _corpus(seed: int, tools: bool = False) -> list[str]:
+    from vlmrl.tools import hermes
+    from vlmrl.tools.builtin import BUILTIN  # torch: off the cache-hit path
+
     rng = random.Random(seed)
     lines = []
     for _ in range(3000):
@@ -437,6 +434,8 @@ def generation_config(tokenizer):
 def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     """A randomly initialised ``...ForConditionalGeneration`` of the spec's family (vision tower, patch merger,
     M-RoPE; DeepStack for Qwen3-VL)."""
+    import torch
+
     config = model_config(tokenizer, spec)
     torch.manual_seed(seed)
     model = _model_class(spec)(config).float()
@@ -456,6 +455,8 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
     """Parameters of a spec's model, counted on the meta device (no memory, no weights; ~0.1 s): ``total``,
     ``vision_tower`` (patch embedding, blocks, patch merger), ``language_model`` (everything else: embeddings,
     decoder layers, final norm, LM head) and ``embedding`` (the input embedding; the LM head too when tied)."""
+    import torch
+
     config = model_config(build_tokenizer(spec), spec)
     with torch.device("meta"):
         model = _model_class(spec)(config)
@@ -467,6 +468,8 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
 
 def build_tiny_model(output: str | os.PathLike, seed: int = 0, spec: TinySpec = TinySpec()) -> Path:  # noqa: B008
     """Build the tiny model, its tokenizer and processor into ``output`` (an HF folder) and return its path."""
+    from vlmrl.models import qwen_vl  # torch: off the cache-hit path
+
     out = Path(output)
     tok = build_tokenizer(spec, seed)
     proc = build_processor(tok, spec)

@@ -1,0 +1,136 @@
+"""The suite's two tiers, decided by measurement: ``bash scripts/test.sh`` runs the contributor tier (every test not
+marked ``slow``) within 10 minutes on 2 cores, ``--all`` adds the slow tier, everything within 40. Each test's
+seconds in the last measured run (``tests/durations.json``, written by ``python benchmarks/bench_suite.py`` from a
+clean clone's run of ``bash scripts/test.sh --all``) decide: a test over 10 s belongs to the slow tier. Also the
+split itself: scripts/test.sh's runs (tier x serial or not) cover every test once."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import MARKS, SLOW_AFTER_S, durations, pytest_collection_modifyitems
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "benchmarks" / "results" / "suite.json"
+CONTRIBUTOR_BUDGET_S = 600
+"""The contributor tier's pytest runs (parallel and serial), measured on a clean clone."""
+ALL_BUDGET_S = 2400
+"""Both tiers' pytest runs."""
+SLOWEST_S = 300
+"""No single test (setup included) over this."""
+SHARE = 0.8
+"""The contributor tier holds at least this share of the suite's tests."""
+CONTRIBUTOR_RUN = "tests/test_examples.py::test_the_quick_start_runs_end_to_end_in_smoke_mode"
+"""The contributor tier's one end-to-end run (the quick start in smoke mode, ~30 s): the one test of the tier allowed
+over 10 s."""
+
+
+def _last_run() -> dict:
+    return json.loads(SUITE.read_text())["runs"][-1]
+
+
+# ------------------------------------------------------------------------------------------------ the split
+
+
+class _Item:
+    """What the selection reads of a collected test."""
+
+    def __init__(self, nodeid: str, *marks: str) -> None:
+        self.nodeid, self.marks = nodeid, set(marks)
+        self.keywords = set(marks)
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.marks else None
+
+
+def _select(monkeypatch: pytest.MonkeyPatch, tier: str | None, phase: str | None, items: list[_Item]) -> list[str]:
+    for var, value in (("VLMRL_TEST_TIER", tier), ("VLMRL_TEST_PHASE", phase)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    deselected: list = []
+    config = SimpleNamespace(stash={}, hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+    kept = list(items)
+    pytest_collection_modifyitems(config, kept)
+    assert {i.nodeid for i in kept} | {i.nodeid for i in deselected} == {i.nodeid for i in items}
+    assert config.stash[MARKS] == {i.nodeid: "slow" in i.marks for i in items}
+    return sorted(i.nodeid for i in kept)
+
+
+def test_the_runs_of_scripts_test_sh_cover_every_test_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [_Item("a.py::fast"), _Item("a.py::serial", "serial"), _Item("b.py::slow", "slow"),
+             _Item("b.py::slow_serial", "slow", "serial")]  # fmt: skip
+    runs = {(t, p): _select(monkeypatch, t, p, items) for t in ("fast", "slow") for p in ("parallel", "serial")}
+    assert runs == {
+        ("fast", "parallel"): ["a.py::fast"],
+        ("fast", "serial"): ["a.py::serial"],
+        ("slow", "parallel"): ["b.py::slow"],
+        ("slow", "serial"): ["b.py::slow_serial"],
+    }
+    assert _select(monkeypatch, "fast", None, items) == ["a.py::fast", "a.py::serial"]
+    assert _select(monkeypatch, None, None, items) == sorted(i.nodeid for i in items)
+    for var, bad in (("VLMRL_TEST_TIER", "all"), ("VLMRL_TEST_PHASE", "nope")):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(pytest.UsageError, match=var):
+            pytest_collection_modifyitems(SimpleNamespace(stash={}), list(items))
+        monkeypatch.delenv(var)
+
+
+def test_the_test_command_runs_the_contributor_tier_and_all_runs_both() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert re.search(r'if \[ "\$\{1:-\}" = "--all" \]; then\s+tiers=\(fast slow\)', script)
+    assert "tiers=(fast)\n" in script
+    assert 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=parallel "${pytest[@]}" -n "$procs"' in script
+    assert 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial "${pytest[@]}"' in script
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("bash scripts/test.sh --all")
+
+
+# ------------------------------------------------------------------------------------------- the measurement
+
+
+def test_no_test_outside_the_slow_tier_took_longer_than_10_s(request: pytest.FixtureRequest) -> None:
+    """Measured: a test (setup and teardown included) over 10 s in the last run is marked ``slow`` (or made
+    faster), but the quick start's smoke run. Tests not measured yet are left to the next measurement (the
+    contributor tier's run names them)."""
+    marks = request.config.stash[MARKS]
+    took = durations()
+    assert took, "tests/durations.json is missing: python benchmarks/bench_suite.py writes it"
+    over = {n: s for n, s in took.items() if s > SLOW_AFTER_S and n in marks and not marks[n] and n != CONTRIBUTOR_RUN}
+    assert marks.get(CONTRIBUTOR_RUN) is False, "the quick start's smoke run is the contributor tier's end-to-end run"
+    assert not over, "over 10 s in the last measured run, not marked slow: " + json.dumps(over, indent=1)
+
+
+def test_the_tiers_fit_their_budgets_on_a_clean_clone() -> None:
+    """benchmarks/results/suite.json, the last clean-clone run of ``bash scripts/test.sh --all``: the contributor
+    tier's pytest runs within 10 minutes, both within 40, the contributor tier at least 80 % of the tests."""
+    run = _last_run()
+    parts, tiers = run["parts_s"], run["tiers"]
+    assert parts["fast"] <= CONTRIBUTOR_BUDGET_S, parts
+    assert parts["fast"] + parts["slow"] <= ALL_BUDGET_S, parts
+    assert tiers["fast"]["tests"] >= SHARE * (tiers["fast"]["tests"] + tiers["slow"]["tests"]), tiers
+    assert run["failed"] == run["errors"] == 0, run["failed_tests"]
+
+
+def test_the_contributor_tier_as_marked_now_fits_its_budget(request: pytest.FixtureRequest) -> None:
+    """The tests now outside the slow tier, at their measured seconds, on 2 processes, plus the measured run's own
+    overhead (collection, start-up, the serial tests' turn, the last test's tail): within 10 minutes, so that moving
+    a test into the contributor tier cannot take it over the budget unnoticed."""
+    marks = request.config.stash[MARKS]
+    took, run = durations(), _last_run()
+    now_fast = sum(s for n, s in took.items() if n in marks and not marks[n])
+    overhead = run["parts_s"]["fast"] - run["tiers"]["fast"]["test_s"] / 2
+    assert now_fast / 2 + max(overhead, 0.0) <= CONTRIBUTOR_BUDGET_S, (now_fast, overhead)
+
+
+def test_no_test_takes_more_than_300_s_and_the_timeout_leaves_twice_the_slowest() -> None:
+    took = durations()
+    slowest = max(took.values())
+    assert slowest <= SLOWEST_S, sorted(took.items(), key=lambda kv: -kv[1])[:5]
+    timeout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["timeout"]
+    assert timeout >= 2 * slowest and timeout >= 2 * SLOWEST_S, (timeout, slowest)
