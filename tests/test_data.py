@@ -368,6 +368,7 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@pytest.mark.slow  # 10,000 records decoded, ~11 s
 @pytest.mark.serial  # a bound on elapsed time
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc")
 def test_10k_records_iterate_with_bounded_memory(tmp_path, tiny_processor):

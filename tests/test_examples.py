@@ -28,6 +28,7 @@ from utils import verl_geo3k_launch_line
 
 from vlmrl.config import VLMRLConfig, load, validate_overrides
 from vlmrl.config.checks import check_config
+from vlmrl.testing.smoke import OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -501,7 +502,8 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     assert arr["model"]["enable_gradient_checkpointing"] is True
     assert arr["actor"]["use_kl_loss"] is True and arr["actor"]["kl_loss_type"] == "low_var_kl"
     assert arr["ref"]["fsdp_config"]["param_offload"] is True
-    assert arr["rollout"]["enforce_eager"] is False and arr["rollout"]["free_cache_engine"] is True
+    assert arr["rollout"]["free_cache_engine"] is True  # (enforce_eager: smoke mode's, vlmrl.testing.smoke)
+    assert arr["rollout"]["enforce_eager"] is True and "actor_rollout_ref.rollout.enforce_eager=True" in OVERRIDES
     assert arr["rollout"]["engine_kwargs"]["vllm"] == {"disable_mm_preprocessor_cache": True}
     assert tr["logger"] == ["console", "jsonl", "wandb"] and list((run_dir / "wandb").glob("offline-run-*"))
     assert tr["val_before_train"] is True and tr["save_freq"] > 2  # the last step's checkpoint, not a periodic one

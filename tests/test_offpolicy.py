@@ -303,7 +303,6 @@ def test_video_with_dynamic_sampling_off_policy(tiny_model_dir, tmp_path) -> Non
     assert any(r["filter_groups/gen_batches"] > 1 for r in rows), rows
 
 
-@pytest.mark.serial  # a bound on elapsed time
 @pytest.mark.slow
 def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_data, tmp_path) -> None:
     """The rollout pool's worker killed mid-run: the driver stops (no hang) naming the rollout worker and the stage,

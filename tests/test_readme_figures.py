@@ -248,7 +248,11 @@ FIGURES: list[Figure] = [
     F(SU, at("summary", "passed", "median"), "tests, {v} passed, {*} failed", "d"),
     F(SU, computed("failed + errors, median", _failed), "passed, {v} failed, {*} skipped", "d"),
     F(SU, at("summary", "skipped", "median"), "failed, {v} skipped (the GPU tests)", "d"),
-    F(SU, at("summary", "pytest_s", "median"), "pytest took {v} minutes, the whole command", "d", scale=1 / 60),
+    F(SU, at("summary", "tests/fast", "median"), "the contributor tier's {v} tests took", "d"),
+    F(SU, at("summary", "parts_s/fast", "median"), "contributor tier's {*} tests took {v}\nminutes", "d",
+      scale=1 / 60),
+    F(SU, at("summary", "tests/slow", "median"), "the slow tier's {v} tests", "d"),
+    F(SU, at("summary", "parts_s/slow", "median"), "the slow tier's {*} tests {v} minutes", "d", scale=1 / 60),
     F(SU, at("summary", "wall_s", "median"), "the whole command {v} minutes with the first install", "d", scale=1 / 60),
     F(SU, at("summary", "venv_bytes", "median"), "Of the {v} `.venv` of a first install", ".1f", " GiB", scale=2**-30),
     F(SU, at("summary", "gpu_only_total_bytes", "median"), "clone), {v} is what only a GPU uses", ".1f", " GiB",
@@ -636,7 +640,9 @@ ALLOWED: list[tuple[str, str]] = [
     ("the test sets 15 and requires the report between 15 and 60 s after the freeze", "a tested bound (CLAIMS)"),
     ("(default 1800;", "trainer.worker_timeout_s's default"),
     ("`trainer.worker_startup_timeout_s` (default 3600)", "trainer.worker_startup_timeout_s's default"),
-    ("runs the tests in 2\nprocesses", "scripts/test.sh's -n default"),
+    ("runs its tests in 2 processes", "scripts/test.sh's -n default"),
+    ("took over 10 s in the last", "the tier rule (tests/conftest.py: SLOW_AFTER_S)"),
+    ("names any\ntest over 10 s", "the tier rule (tests/conftest.py: SLOW_AFTER_S)"),
     ("a joined cluster gets 120 s", "the code's wait"),
     ("within 240 s of killing its raylet", "a tested bound (CLAIMS)"),
     ("(preprocessing: 11 reasons and 8 more for videos", "counts of the reject reasons in the code"),
@@ -764,14 +770,17 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
         ),
     ),
     (
-        "then those marked `serial` (a bound on elapsed\ntime, a whole-machine check) one at a time",
-        "scripts/test.sh: a second pytest, VLMRL_TEST_PHASE=serial, no -n (tests/test_suite_phases.py)",
-        lambda: (
-            'VLMRL_TEST_PHASE=serial "${pytest[@]}" ${serial_args[@]+"${serial_args[@]}"}' in _source("scripts/test.sh")
-        ),
+        "then\nthose marked `serial` (a bound on elapsed time, a whole-machine check) one at a time",
+        "scripts/test.sh: a second pytest per tier, VLMRL_TEST_PHASE=serial, no -n (tests/test_suite_tiers.py)",
+        lambda: 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial "${pytest[@]}"' in _source("scripts/test.sh"),
     ),
     (
-        "runs the tests in 2\nprocesses",
+        "took over 10 s in the last measured run",
+        "tests/conftest.py: SLOW_AFTER_S (tests/test_suite_tiers.py)",
+        lambda: "SLOW_AFTER_S = 10.0" in _source("tests/conftest.py"),
+    ),
+    (
+        "runs its tests in 2 processes",
         "scripts/test.sh: -n ${VLMRL_TEST_PROCS:-2}",
         lambda: (
             "procs=${VLMRL_TEST_PROCS:-2}" in _source("scripts/test.sh") and '-n "$procs"' in _source("scripts/test.sh")
@@ -995,34 +1004,6 @@ def test_readme_bounds_and_settings_match_where_they_live(phrase: str, where: st
     """A bound or setting the README quotes is in the README and holds in the test or file named."""
     assert re.search(_loose(phrase), _readme()), f"README.md no longer says {phrase!r}"
     assert check(), f"README.md says {phrase!r}, but {where} does not hold"
-
-
-def test_end_to_end_runs_are_marked_slow() -> None:
-    """README: ``-m "not slow"`` leaves the end-to-end runs out. A test that starts a training run through the
-    launch command (tests/runs.py: ``Run``, ``run_to_end``, ``wait_for_step``) or an example script (``run_example``
-    or by its name), itself or through
-    a fixture of its module, carries the ``slow`` mark."""
-    starts = re.compile(r"\b(?:run_to_end|Run|wait_for_step|run_example)\(|_cpu\.sh|examples/\w+\.sh\"")
-    unmarked = []
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
-        src = path.read_text()
-        tree = ast.parse(src)
-        module_slow = any(
-            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
-            and "slow" in ast.unparse(n.value) for n in tree.body
-        )  # fmt: skip
-        funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
-        fixtures = {f.name for f in funcs if any("fixture" in ast.unparse(d) for d in f.decorator_list)
-                    and starts.search(ast.get_source_segment(src, f) or "")}  # fmt: skip
-        for f in funcs:
-            if not f.name.startswith("test_") or module_slow:
-                continue
-            if any("slow" in ast.unparse(d) for d in f.decorator_list):
-                continue
-            body = ast.get_source_segment(src, f) or ""
-            if starts.search(body) or {a.arg for a in f.args.args} & fixtures:
-                unmarked.append(f"{path.name}::{f.name}")
-    assert not unmarked, "end-to-end runs without @pytest.mark.slow: " + ", ".join(unmarked)
 
 
 # --------------------------------------------------------------------------------------------- --update

@@ -227,13 +227,13 @@ def test_the_ranks_of_a_tensor_parallel_engine_get_the_leaders_tool_outcomes(tmp
     """Two ranks sharing an engine: only the first starts tool workers and runs the calls; both read its outcomes
     (here the id of the rank that ran them), and a tool that hangs stops both with the same HangError (before: each
     rank ran its own calls, so a timeout or a varying answer gave the engine's ranks different contexts)."""
-    import multiprocessing as mp
+    from runs import processes
 
     (tmp_path / "group_tools.py").write_text(GROUP_TOOLS)
     config = tmp_path / "tools.yaml"
     config.write_text(f"tools:\n  - class_name: {tmp_path}/group_tools.py:Where\n"
                       f"  - class_name: {tmp_path}/group_tools.py:Hang\n")  # fmt: skip
-    ctx = mp.get_context("spawn")
+    ctx = processes()
     out = ctx.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"
     procs = [ctx.Process(target=_tensor_parallel_rank, args=(r, init, str(config), out)) for r in (0, 1)]

@@ -102,7 +102,8 @@ def test_no_test_outside_the_slow_tier_took_longer_than_10_s(request: pytest.Fix
     took = durations()
     assert took, "tests/durations.json is missing: python benchmarks/bench_suite.py writes it"
     over = {n: s for n, s in took.items() if s > SLOW_AFTER_S and n in marks and not marks[n] and n != CONTRIBUTOR_RUN}
-    assert marks.get(CONTRIBUTOR_RUN) is False, "the quick start's smoke run is the contributor tier's end-to-end run"
+    if CONTRIBUTOR_RUN in marks:  # collected (the whole suite, or test_examples.py with this file)
+        assert marks[CONTRIBUTOR_RUN] is False, "the quick start's smoke run is the contributor tier's end-to-end run"
     assert not over, "over 10 s in the last measured run, not marked slow: " + json.dumps(over, indent=1)
 
 

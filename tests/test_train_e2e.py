@@ -119,7 +119,6 @@ def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_da
     assert sorted(p.name for p in cut_dir.glob("global_step_*")) == ["global_step_2", "global_step_4", "global_step_6"]
 
 
-@pytest.mark.serial  # a bound on elapsed time
 def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data, tmp_path):
     """A worker killed mid-run: the driver stops with an error naming the worker and the stage (no hang), the last
     checkpoint stays intact and the run resumes from it; a half-written checkpoint is ignored and removed."""
@@ -214,7 +213,6 @@ def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-@pytest.mark.serial  # a bound on elapsed time
 @pytest.mark.parametrize(
     "busy",
     [

@@ -444,13 +444,22 @@ def last_token_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A reward model's score of each sample [b] in fp32: its one-output head at the sample's last token (the last
     response token; the last prompt token for an empty response), as verl's token-classification reward model and
-    TRL's sequence-classification one read it, plus the dummy-vision term (for training). Each sample runs its whole
-    sequence; prompt image and video features are computed once per prompt."""
+    TRL's sequence-classification one read it, plus the dummy-vision term (for training). Each distinct prompt runs
+    once, its samples' responses continuing its KV cache (:func:`shared_prompt_logits`: the candidates a reward model
+    compares share their prompt); with gradient checkpointing in training or images inside a response, each sample
+    runs its whole sequence. Prompt image and video features are computed once per prompt."""
     feats, extra = _vision_features(model, mb)
-    vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(mb.prompt_of.tolist())])
     R = mb.responses.shape[1]
-    out = forward_logits(model, mb.input_ids, mb.attention_mask, vision_ids, logits_to_keep=R + 1, vision=vision)
-    # kept positions: the last prompt token, then response tokens 0..R-1; a response of n tokens ends at index n
-    lengths = mb.attention_mask[:, -R:].sum(-1)
-    rows = torch.arange(out.shape[0], device=out.device)
-    return out[rows, lengths.to(out.device), 0].float(), extra
+    lengths = mb.attention_mask[:, -R:].sum(-1)  # a response of n tokens ends at kept position n (below)
+    if checkpointing_in_training(model) or mb.has_response_images:
+        vision = _vision_of(mb, feats, [(p, row) for row, p in enumerate(mb.prompt_of.tolist())])
+        # kept positions: the last prompt token, then response tokens 0..R-1
+        out = forward_logits(model, mb.input_ids, mb.attention_mask, vision_ids, logits_to_keep=R + 1, vision=vision)
+    else:  # one more (masked) response column, so that the output at the last of R response tokens is kept too
+        order, rows, inv = distinct_prompts(mb)
+        ids = torch.nn.functional.pad(mb.input_ids, (0, 1))
+        mask = torch.nn.functional.pad(mb.attention_mask, (0, 1))
+        out = shared_prompt_logits(model, ids, mask, R + 1, torch.tensor(rows), torch.tensor(inv), vision_ids,
+                                   vision=_vision_of(mb, feats, [(p, None) for p in order]))  # fmt: skip
+    at = torch.arange(out.shape[0], device=out.device)
+    return out[at, lengths.to(out.device), 0].float(), extra

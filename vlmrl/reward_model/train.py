@@ -173,22 +173,26 @@ def load_pairs(path: str, processor: Any, label: str = "synthetic") -> Pairs:
     return Pairs(ds, chosen, rejected, processor.tokenizer, None if chosen is not None else make_reward_fn(label))
 
 
-def pair_inputs(prompts: list[PromptSample], pairs: list[Any], processor: Any, eos: int, pad: int) -> Any:
-    """Model inputs of 2 samples per prompt: its chosen then its rejected response (``(ids, ends)``: ending with
-    ``eos`` when ``ends``)."""
-    responses = [list(ids) + [eos] * ends for pair in pairs for ids, ends in pair]
+def pair_inputs(prompts: list[PromptSample], pairs: list[list[Any]], processor: Any, eos: int, pad: int) -> Any:
+    """Model inputs of each prompt's pairs (the same number for every prompt), each pair its chosen then its rejected
+    response (``(ids, ends)``: ending with ``eos`` when ``ends``): one prompt, its image processed once, for all of
+    its candidates."""
+    k = len(pairs[0])
+    if any(len(group) != k for group in pairs):
+        raise ValueError("pair_inputs: every prompt needs the same number of pairs")
+    responses = [list(ids) + [eos] * ends for group in pairs for pair in group for ids, ends in pair]
     images = process_images(processor, prompts)
     family = family_of_processor(processor)
     prompt_ids = []
     for p, v in zip(prompts, images):
         ids = expand_pads(list(p.prompt_ids), v, processor, family)  # images and videos, as the engine expands them
-        prompt_ids += [ids, ids]
-    rb = RolloutBatch(prompt_ids, responses, [[] for _ in responses], ["stop"] * len(responses), n=2)
+        prompt_ids += [ids] * (2 * k)
+    rb = RolloutBatch(prompt_ids, responses, [[] for _ in responses], ["stop"] * len(responses), n=2 * k)
     return build_inputs(prompts, rb, images, pad)
 
 
 def pair_scores(model: torch.nn.Module, x: Any, vision_ids: Any, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores [P, 2] (chosen, rejected) and the dummy-vision term."""
+    """Scores [pairs, 2] (chosen, rejected), the pairs in input order, and the dummy-vision term."""
     s, extra = last_token_scores(model, to_device(x, device), vision_ids)
     return s.view(-1, 2), extra
 
@@ -203,7 +207,7 @@ def pair_accuracy(model: torch.nn.Module, pairs: Pairs, processor: Any, eos: int
     right = total = 0
     for start in range(0, len(pairs.ds), batch):
         prompts = pairs.ds.get_batch(list(range(start, min(start + batch, len(pairs.ds)))))
-        x = pair_inputs(prompts, [pairs.pair(p, rng) for p in prompts], processor, eos, pad)
+        x = pair_inputs(prompts, [[pairs.pair(p, rng)] for p in prompts], processor, eos, pad)
         s, _ = pair_scores(model, x, vision_ids, device)
         right += int((s[:, 0] > s[:, 1]).sum())
         total += s.shape[0]
@@ -279,8 +283,9 @@ def train_reward_model(
 
     def step_loss(rng: random.Random) -> tuple[torch.Tensor, dict[str, float]]:
         prompts = train.ds.get_batch(rng.sample(range(len(train.ds)), min(batch_size, len(train.ds))))
-        prompts = prompts * (pairs_per_record if train.chosen is None else 1)
-        x = pair_inputs(prompts, [train.pair(p, rng) for p in prompts], processor, eos, pad)
+        k = pairs_per_record if train.chosen is None else 1
+        drawn = [[train.pair(p, rng) for p in prompts] for _ in range(k)]  # round by round, each record's k pairs
+        x = pair_inputs(prompts, [[drawn[r][i] for r in range(k)] for i in range(len(prompts))], processor, eos, pad)
         s, extra = pair_scores(model, x, vision_ids, device)
         loss = -torch.nn.functional.logsigmoid(s[:, 0] - s[:, 1]).mean() + extra
         return loss, {"train_pair_accuracy_last_batch": float((s[:, 0] > s[:, 1]).float().mean())}
