@@ -76,3 +76,36 @@ def test_analyze_names_a_wrong_metric(run_dir: Path, capsys, metric: str, messag
 def test_analyze_a_missing_run(tmp_path: Path, capsys) -> None:
     assert main(["analyze", "--log-dir", str(tmp_path / "none")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+@pytest.fixture
+def validated_run(tmp_path: Path) -> Path:
+    """A run that validated: each training metric has its val/ twin, as the length-aware tutorial's run logs them."""
+    rows = []
+    for s in range(1, 11):
+        row = {"step": s, "reward/mean": s / 10, "response_length/mean": 30.0 - s,
+               "reward/length_penalty/mean": -s / 20}  # fmt: skip
+        if s % 5 == 0:
+            row |= {"val/reward/mean": s / 12, "val/response_length/mean": 28.0 - s,
+                    "val/reward/length_penalty/mean": -s / 25}  # fmt: skip
+        rows.append(row)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_the_tutorials_analyze_line_works_on_a_validated_run_and_plots(validated_run: Path, capsys) -> None:
+    """``--metric length_mean,length_penalty_mean,reward_mean`` on a run that validated: ``reward_mean`` is exactly
+    ``reward/mean`` (``/`` and ``_`` read alike), the endings mean the training metrics over their ``val/`` twins;
+    ``--plot`` writes one panel a metric, an image that opens."""
+    from PIL import Image
+
+    png = validated_run / "chart.png"
+    args = ["analyze", "--log-dir", str(validated_run), "--metric", "length_mean,length_penalty_mean,reward_mean"]
+    assert main([*args, "--plot", str(png)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split() == ["step", "response_length/mean", "reward/length_penalty/mean", "reward/mean"]
+    assert "reward/mean: first 0.1, last 1, min 0.1, max 1" in out and f"wrote {png}" in err
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 3 * 200, im.size  # three panels
+    assert main(["analyze", "--log-dir", str(validated_run), "--metric", "val/reward/mean"]) == 0
+    assert "val/reward/mean: first 0.4167, last 0.8333" in capsys.readouterr().out

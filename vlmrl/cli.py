@@ -3,12 +3,14 @@
     vlmrl train [--config-name NAME] key=value ...        # python -m vlmrl.train
     vlmrl report RUN [RUN ...] -o report.html              # python -m vlmrl.report
     vlmrl export --checkpoint RUN --output DIR             # python -m vlmrl.export
-    vlmrl analyze --log-dir RUN [--metric reward/mean,response_length/mean] [--every 10] [--json]
+    vlmrl analyze --log-dir RUN [--metric reward/mean,response_length/mean] [--every 10] [--json] [--plot F.png]
 
 ``analyze`` reads a run's ``metrics.jsonl`` through the report's loader (the same validation: nothing outside the
 run folder is read) and prints the chosen metrics per step with a summary (first, last, min, max, mean); without
-``--metric`` it lists the metrics the run logged. A metric may be named in full or by a unique ending
-(``length_mean`` finds ``response_length/mean``).
+``--metric`` it lists the metrics the run logged. A metric may be named in full, as one name once ``/`` and ``_``
+are read alike (``reward_mean`` is ``reward/mean``, not ``val/reward/mean``), or by a unique ending (``length_mean``
+finds ``response_length/mean``; an ending that also matches the metric's validation twin, ``val/...``, means the
+training metric). ``--plot F.png`` also draws the chosen metrics over the steps, one panel each.
 """
 
 from __future__ import annotations
@@ -48,11 +50,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _resolve(name: str, available: list[str]) -> str:
-    """A metric by its full name or a unique ending (after a '/' or '_' boundary); ValueError naming candidates."""
+    """A metric by its full name, the one name equal to it with ``/`` and ``_`` read alike, or a unique ending
+    (after a '/' or '_' boundary; the training metric over its ``val/`` twin); ValueError naming the candidates."""
     if name in available:
         return name
     norm = name.replace("/", "_")
-    hits = [k for k in available if k.replace("/", "_").endswith("_" + norm) or k.replace("/", "_") == norm]
+    exact = [k for k in available if k.replace("/", "_") == norm]
+    if len(exact) == 1:
+        return exact[0]
+    hits = exact or [k for k in available if k.replace("/", "_").endswith("_" + norm)]
+    training = [k for k in hits if not k.startswith("val/")]
+    if len(hits) > 1 and len(training) == 1:  # the training metric over its validation twin (val/... names it)
+        return training[0]
     if len(hits) == 1:
         return hits[0]
     if len(hits) > 1:
@@ -71,6 +80,7 @@ def analyze(argv: list[str]) -> int:
     ap.add_argument("--metric", help="comma-separated metric names (full, or a unique ending); omit to list them")
     ap.add_argument("--every", type=int, default=1, help="print every k-th step (the summary uses all; default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON (the rows and the summary) instead of a table")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the metrics over the steps (one panel each) into it")
     a = ap.parse_args(argv)
     if a.every < 1:
         ap.error(f"--every must be >= 1, got {a.every}")
@@ -98,6 +108,8 @@ def analyze(argv: list[str]) -> int:
         summary[n] = ({"first": vals[0], "last": vals[-1], "min": min(vals), "max": max(vals),
                        "mean": sum(vals) / len(vals), "steps": len(vals)} if vals else {"steps": 0})  # fmt: skip
     shown = [r for i, r in enumerate(rows) if i % a.every == 0 or i == len(rows) - 1]
+    if a.plot:
+        print(f"vlmrl analyze: wrote {plot_metrics(rows, names, a.plot, run.name)}", file=sys.stderr)
     if a.json:
         print(json.dumps({"run": run.name, "rows": [{"step": r["step"], **{n: r.get(n) for n in names}}
                                                     for r in shown], "summary": summary}))  # fmt: skip
@@ -112,6 +124,28 @@ def analyze(argv: list[str]) -> int:
         print(f"{n}: " + (", ".join(f"{k} {_fmt(v) if k != 'steps' else v}" for k, v in s.items()) if s["steps"]
                           else "never logged in these steps"))  # fmt: skip
     return 0
+
+
+def plot_metrics(rows: list[dict], names: list[str], path: str, title: str) -> str:
+    """``names`` over the steps of ``rows``, one panel each (a PNG at ``path``, matplotlib); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.4 * len(names)), sharex=True, squeeze=False)
+    for ax, n in zip(axes[:, 0], names):
+        pts = [(r["step"], float(r[n])) for r in rows if n in r and math.isfinite(float(r[n]))]
+        if pts:
+            ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, markersize=3)
+        ax.set_ylabel(n, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _fmt(v: object) -> str:
