@@ -74,10 +74,8 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
     the default launcher Ray; without any of them it is local; an explicit ``trainer.launcher`` wins. Checked on
     ``launcher_of`` / ``ray_address`` and on the worker group ``make_worker_group`` actually starts (stand-ins that
     record which one)."""
-    import vlmrl.workers.launch_local as launch_local
-    import vlmrl.workers.launch_ray as launch_ray
+    import vlmrl.workers.launch as launch
     from vlmrl.config.plan import launcher_of, ray_address, worker_plan
-    from vlmrl.workers.group import make_worker_group
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for k, v in env.items():
@@ -86,11 +84,11 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
     assert cfg.trainer.launcher == (launcher if any(o.startswith("trainer.launcher=") for o in overrides) else "auto")
     assert launcher_of(cfg) == launcher
     assert ray_address(cfg) == address
-    monkeypatch.setattr(launch_ray, "RayWorkerGroup", _stand_in("ray"))
-    monkeypatch.setattr(launch_local, "ProcessWorkerGroup", _stand_in("local"))
-    monkeypatch.setattr(launch_local, "InlineWorkerGroup", _stand_in("inline"))
+    monkeypatch.setattr(launch, "RayWorkerGroup", _stand_in("ray"))
+    monkeypatch.setattr(launch, "ProcessWorkerGroup", _stand_in("local"))
+    monkeypatch.setattr(launch, "InlineWorkerGroup", _stand_in("inline"))
     with pytest.raises(_Started) as started:
-        make_worker_group(cfg, worker_plan(cfg, 1, 1, 0))
+        launch.make_worker_group(cfg, worker_plan(cfg, 1, 1, 0))
     assert started.value.args == (launcher,)
 
 

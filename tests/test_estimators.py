@@ -14,7 +14,7 @@ import torch
 from vlmrl.algos import estimators
 from vlmrl.algos.estimators import (
     ADV_ESTIMATORS,
-    SEQUENCE_LEVEL,
+    ESTIMATOR_NEEDS,
     EstimatorConfig,
     get_adv_estimator_fn,
     sequence_advantages,
@@ -102,7 +102,7 @@ def test_gdpo_with_reward_components_equals_verls() -> None:
         call(estimators.gdpo, b, EstimatorConfig(gdpo_reward_keys=["missing"]), non_tensor_batch=comps)
 
 
-@pytest.mark.parametrize("name", sorted(SEQUENCE_LEVEL))
+@pytest.mark.parametrize("name", sorted(n for n, d in ESTIMATOR_NEEDS.items() if d.sequence_level))
 def test_sequence_path_equals_the_token_form(name: str) -> None:
     """What the trainer computes from scores and lengths alone is, per sample, the token form's value on that
     sample's generated tokens (single-turn responses)."""

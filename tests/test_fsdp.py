@@ -97,7 +97,7 @@ def _clip_worker(rank: int, rendezvous: str, out: dict) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_tensor
 
-    from vlmrl.workers.policy import clip_grad_norm
+    from vlmrl.models.trainable import clip_grad_norm
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     results = {}

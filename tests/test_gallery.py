@@ -8,7 +8,7 @@ from pathlib import Path
 from PIL import Image
 
 from vlmrl.batch import RewardSample
-from vlmrl.trainer.gallery import write_gallery
+from vlmrl.report.gallery import write_gallery
 
 NAN = float("nan")
 

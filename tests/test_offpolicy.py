@@ -23,7 +23,8 @@ from runs import base_args, make_colour_data, metrics, processes, run_to_end
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
 from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
-from vlmrl.trainer.offpolicy import batch_seed, chunk_prompts
+from vlmrl.trainer.offpolicy import batch_seed
+from vlmrl.trainer.rollouts import chunk_prompts
 from vlmrl.workers.sync import WeightMeta, WeightSync, buckets, meta_of
 
 POOLS = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=1", "rollout.cpu_workers=1")

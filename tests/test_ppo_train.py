@@ -19,8 +19,8 @@ def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_m
     ``v_head.summary.*`` loads that head."""
     from safetensors.torch import load_file, save_file
 
+    from vlmrl.models.trainable import load_model
     from vlmrl.models.value_head import add_value_head, export_names, saved_value_head
-    from vlmrl.workers.policy import load_model
 
     model = load_model(tiny_model_dir, "cpu")
     assert add_value_head(model, tiny_model_dir) == "new" and model.lm_head.out_features == 1
@@ -54,8 +54,8 @@ def test_values_from_the_shared_prompt_forward_equal_the_full_sequence(tiny_mode
     sample's whole sequence (gradient checkpointing, tool images); both give the same values."""
     from vlmrl.models import qwen_vl
     from vlmrl.models.forward import full_sequence_logits, response_values
+    from vlmrl.models.trainable import load_model
     from vlmrl.models.value_head import add_value_head
-    from vlmrl.workers.policy import load_model
 
     model = load_model(tiny_model_dir, "cpu").eval()
     add_value_head(model, tiny_model_dir)
@@ -204,8 +204,8 @@ def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model
     assert "actor/pg_loss" not in a[0] and all("actor/pg_loss" in r for r in a[1:])  # critic only at step 1
     # the critic exports as a folder that loads as a critic again, with its trained head
     from vlmrl.export import main as export
+    from vlmrl.models.trainable import load_model
     from vlmrl.models.value_head import add_value_head, saved_value_head
-    from vlmrl.workers.policy import load_model
 
     assert export(["--checkpoint", str(cut), "--output", str(tmp_path / "critic"), "--critic"]) == 0
     head, name = saved_value_head(str(tmp_path / "critic"))

@@ -1,15 +1,15 @@
 """vlmrl: reinforcement learning for vision-language models (Qwen2.5-VL) with vLLM rollouts and an FSDP2 trainer.
 
-Modules import what they use at their top. The few imports of vlmrl inside functions wait on purpose, and only these:
+Modules import what they use at their top, within the layers of ``[tool.importlinter]`` in pyproject.toml
+(tests/test_layers.py: the contract holds, no import cycle). Imports that wait inside a function do so for:
 
-* torch stays out of the config gate and the command line until a run starts, so a bad config is answered in a
-  second: ``config.checks`` (``models.qwen_vl``'s model types, ``algos.core``'s estimators and losses), ``train``
-  (``trainer.grpo``, ``dry_run``);
-* a worker process sets its environment (threads, visible GPU) before torch loads: ``workers.launch_local`` and
-  ``workers.launch_ray`` import ``workers.hybrid`` in the worker; ``workers.group`` imports the launchers it picks
-  (Ray only when it is the launcher; the launchers import ``workers.group`` themselves);
-* optional dependencies load only when used: vLLM (``workers.hybrid`` and ``dry_run``: ``rollout.vllm``; the HF
-  rollout, ``rollout.hf``, where it replaces it) and peft (``workers.policy`` and ``export``: ``workers.lora``).
+* start-up: importing ``vlmrl.config`` loads no torch (0.2 s), so the command line composes the config first; torch
+  loads when a check needs the algorithm registries (``config.checks.algorithm_problems``,
+  ``config.plan.needs_of``) and the driver imports the trainer after starting its workers' forkserver (``train``);
+* the worker's environment: a worker process sets threads and its visible GPU before torch loads
+  (``workers.launch_local`` and ``workers.launch_ray`` import ``workers.hybrid`` in the worker);
+* optional dependencies, loaded only when used: vLLM (``rollout.vllm``; the HF rollout, ``rollout.hf``, where it
+  replaces it), peft (``workers.lora``), Ray, wandb.
 """
 
 from __future__ import annotations

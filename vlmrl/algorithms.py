@@ -20,6 +20,18 @@ and by every worker before the estimator and the loss are looked up; their decor
 itself is installed, a file that keeps verl's own decorators works too: what it registers into verl's registries is
 copied into vlmrl's. Estimators and losses are called as verl calls them (``vlmrl.algos.estimators`` and
 ``vlmrl.algos.losses`` describe the arguments).
+
+An estimator declares what it needs from the run where it is registered (verl's trainer decides by the name)::
+
+    from vlmrl.algorithms import Needs, register_adv_est
+
+    @register_adv_est("my_group_baseline", needs=Needs(sequence_level=True, group=True))
+    def my_group_baseline(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+        ...
+
+(one advantage per sample from the scores, computed before any log-prob; ``rollout.n >= 2`` checked). Without
+``needs`` an estimator runs as verl runs it: per token after the workers' forward. ``Needs`` lists the rest: a
+critic's values, a greedy baseline rollout, the policy's old probabilities, the reward components.
 """
 
 from __future__ import annotations
@@ -29,14 +41,16 @@ import sys
 from collections.abc import Iterable
 
 from vlmrl.algos.algorithm import AlgorithmError, RLAlgorithm
+from vlmrl.algos.core import masked_mean
 from vlmrl.algos.estimators import (
     ADV_ESTIMATORS,
     EstimatorConfig,
+    Needs,
     get_adv_estimator_fn,
     masked_whiten,
     register_adv_est,
 )
-from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, agg_loss, get_policy_loss, masked_mean, register_policy_loss
+from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, agg_loss, get_policy_loss, register_policy_loss
 from vlmrl.userfiles import import_file
 
 __all__ = [
@@ -50,6 +64,7 @@ __all__ = [
     "load_plugins",
     "masked_mean",
     "masked_whiten",
+    "Needs",
     "RLAlgorithm",
     "register_adv_est",
     "register_policy_loss",

@@ -308,3 +308,11 @@ class PreparedShard:
     """The critic's values (None without a critic)."""
     sum_pi_squared: torch.Tensor | None = None
     """The policy's sum over the vocabulary of squared token probabilities (optimal-token-baseline estimators)."""
+
+
+def split_even(items: list[Any], parts: int) -> list[list[Any]]:
+    """Split into ``parts`` contiguous chunks of equal size (one more item in each of the first ``len(items) %
+    parts`` chunks when they do not divide evenly; some chunks are empty when there are fewer items than parts)."""
+    k, r = divmod(len(items), parts)
+    bounds = [i * k + min(i, r) for i in range(parts + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(parts)]

@@ -102,7 +102,6 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
 
 def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
     """Check the data files; return {split: (kept prompts or None, data sources)}."""
-    import pyarrow.parquet as pq
 
     out: dict[str, Any] = {}
     videos, summary = 0, {"train": "", "val": ""}
@@ -122,24 +121,8 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
             continue  # missing files are already problems (check_environment)
         rows, sources, ok = 0, set(), True
         for f in paths:
-            try:
-                pf = pq.ParquetFile(os.path.expanduser(f))
-                names = pf.schema_arrow.names
-                rows += pf.metadata.num_rows
-            except Exception as e:  # noqa: BLE001 - not parquet, unreadable
-                rep.problems.append(f"data.{split}_files: {f}: not a readable parquet file ({type(e).__name__}: {e})")
-                ok = False
-                continue
-            for col, key in ((cfg.data.prompt_key, "data.prompt_key"), (REWARD_KEY, None)):
-                if col not in names:
-                    what = f" ({key})" if key else " ({style, ground_truth}: the answers rewards score against)"
-                    rep.problems.append(f"{f}: no column {col!r}{what}; it has {names}")
-                    ok = False
-            media = _media_note(pf, names, cfg.data.image_key, cfg.data.video_key)
-            if media:
-                rep.notes.append(f"{f}: {media}")
-            if "data_source" in names:
-                sources |= {str(s) for s in pf.read(columns=["data_source"]).column(0).to_pylist()}
+            n, found, good = _data_file(cfg, split, f, rep)
+            rows, sources, ok = rows + n, sources | found, ok and good
         kept = None
         if ok and processor is not None:
             try:
@@ -165,6 +148,32 @@ def _data(cfg: VLMRLConfig, folder: str | None, rep: Report) -> dict[str, Any]:
     if train is not None:  # what only the data can tell, as the trainer checks it
         rep.problems += data_problems(cfg, DataFacts(train, val, videos, summary["train"], summary["val"]))
     return out
+
+
+def _data_file(cfg: VLMRLConfig, split: str, f: str, rep: Report) -> tuple[int, set[str], bool]:
+    """One data file: readable parquet with the prompt and reward columns (its media noted); its rows, data
+    sources, and whether it passed."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(os.path.expanduser(f))
+        names = pf.schema_arrow.names
+    except Exception as e:  # noqa: BLE001 - not parquet, unreadable
+        rep.problems.append(f"data.{split}_files: {f}: not a readable parquet file ({type(e).__name__}: {e})")
+        return 0, set(), False
+    ok = True
+    for col, key in ((cfg.data.prompt_key, "data.prompt_key"), (REWARD_KEY, None)):
+        if col not in names:
+            what = f" ({key})" if key else " ({style, ground_truth}: the answers rewards score against)"
+            rep.problems.append(f"{f}: no column {col!r}{what}; it has {names}")
+            ok = False
+    media = _media_note(pf, names, cfg.data.image_key, cfg.data.video_key)
+    if media:
+        rep.notes.append(f"{f}: {media}")
+    sources = set()
+    if "data_source" in names:
+        sources = {str(s) for s in pf.read(columns=["data_source"]).column(0).to_pylist()}
+    return pf.metadata.num_rows, sources, ok
 
 
 def _count_videos(pf: Any, key: str) -> int | None:
@@ -357,15 +366,15 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     checkpoints' parameter counts): trained models 16 bytes a parameter sharded over the workers (fp32 weights,
     gradients, AdamW's two moments), the reference 4 (fp32, sharded), the engine's full copy 2 (bf16) on GPU, 4 on
     CPU."""
-    from vlmrl.config.plan import critic_plan, reference_needed
+    from vlmrl.config.plan import critic_plan, needs_of
     from vlmrl.models.value_head import checkpoint_params
 
     alg = cfg.algorithm
     kl = (f"in-reward KL {alg.kl_penalty}, {alg.kl_ctrl.type} coefficient {alg.kl_ctrl.kl_coef:g}"
           + (f" (target {alg.kl_ctrl.target_kl:g}, horizon {alg.kl_ctrl.horizon})" if alg.kl_ctrl.type == "adaptive"
              else "")) if alg.use_kl_in_reward else "no in-reward KL"  # fmt: skip
-    gae = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if alg.adv_estimator == "gae" else ""
-    rep.plan.append(f"algorithm: {alg.adv_estimator}{gae}, {kl}")
+    critic = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if needs_of(cfg).critic else ""
+    rep.plan.append(f"algorithm: {alg.adv_estimator}{critic}, {kl}")
     act = cfg.actor_rollout_ref.actor
     low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
     high = act.clip_ratio_high if act.clip_ratio_high is not None else act.clip_ratio
@@ -381,22 +390,7 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
             rep.plan.append(f"algorithm class: {alg.name}({shown})")
         except Exception as e:  # noqa: BLE001 - the config check names the problem; the plan says it is missing
             rep.plan.append(f"algorithm class: {alg.name} (does not load: {type(e).__name__})")
-    rc = rollout_correction(cfg)
-    if rc is not None:
-        parts = (
-            [
-                f"{rc.rollout_is}-level importance weights (threshold {rc.rollout_is_threshold}"
-                + (", batch-normalised" if rc.rollout_is_batch_normalize else "")
-                + ")"
-            ]
-            if rc.rollout_is
-            else []
-        )
-        parts += [f"rejection {rc.rollout_rs} (threshold {rc.rollout_rs_threshold})"] if rc.rollout_rs else []
-        parts += (
-            [f"bypass mode (the engine's log-probs as the old ones, {rc.loss_type} loss)"] if rc.bypass_mode else []
-        )
-        rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))  # fmt: skip
+    _rollout_correction(cfg, rep)
     crit = critic_plan(cfg)
     if crit is not None:
         head = "from the actor's checkpoint" if crit.path == cfg.actor_rollout_ref.model.path else crit.path
@@ -416,6 +410,35 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
                  else f"a judge on its own {rm.rollout.name} engine in the driver")  # fmt: skip
         size = f", {rm_params / 1e6:.1f} M parameters ({_size(4 * rm_params)} in fp32)" if rm_params else ""
         rep.plan.append(f"reward model: {rm.style}, {rm.model.path}{size}; {where}")
+    _memory(cfg, folder, crit, rm_params, rep)
+
+
+def _rollout_correction(cfg: VLMRLConfig, rep: Report) -> None:
+    """The rollout correction's line of the plan, when it is on."""
+    rc = rollout_correction(cfg)
+    if rc is not None:
+        parts = (
+            [
+                f"{rc.rollout_is}-level importance weights (threshold {rc.rollout_is_threshold}"
+                + (", batch-normalised" if rc.rollout_is_batch_normalize else "")
+                + ")"
+            ]
+            if rc.rollout_is
+            else []
+        )
+        parts += [f"rejection {rc.rollout_rs} (threshold {rc.rollout_rs_threshold})"] if rc.rollout_rs else []
+        parts += (
+            [f"bypass mode (the engine's log-probs as the old ones, {rc.loss_type} loss)"] if rc.bypass_mode else []
+        )
+        rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))  # fmt: skip
+
+
+def _memory(cfg: VLMRLConfig, folder: str | None, crit: Any, rm_params: int | None, rep: Report) -> None:
+    """The memory line: the models each worker holds (``_algorithm`` says how each is counted)."""
+    from vlmrl.config.plan import reference_needed
+    from vlmrl.models.value_head import checkpoint_params
+
+    rm = cfg.reward_model
     params = checkpoint_params(folder) if folder else None
     if params is None:
         return

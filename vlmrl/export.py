@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from vlmrl.models import qwen_vl
+from vlmrl.models.trainable import load_model
 from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
 from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
-from vlmrl.workers.policy import load_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,11 +1,21 @@
-"""KL estimators and the critic's loss aggregation (advantage estimators: ``vlmrl.algos.estimators``; policy losses
-and their aggregation: ``vlmrl.algos.losses``)."""
+"""Masked sums and means, KL estimators and the critic's loss aggregation (advantage estimators:
+``vlmrl.algos.estimators``; policy losses and their aggregation: ``vlmrl.algos.losses``)."""
 
 from __future__ import annotations
 
 import torch
 
 # ----------------------------------------------------------------------------------------------------- losses
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is set (NaNs outside the mask do not leak in)."""
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is set."""
+    return masked_sum(values, mask, axis) / (mask.sum(dim=axis) + 1e-8)
 
 
 def aggregate(

@@ -6,6 +6,12 @@ response mask, ``index`` the prompt (group) id of each sample (a numpy array), `
 :class:`EstimatorConfig` (verl's ``AlgoConfig`` attribute names). Extra inputs arrive as verl passes them: GDPO gets
 ``non_tensor_batch`` (each reward component's per-sample values) and ``batch``.
 
+What an estimator needs from the run is declared where it is registered (:class:`Needs`: one advantage per sample
+from the scores or per token after the forward, a group of samples per prompt, a critic, a greedy baseline rollout,
+the policy's old probabilities, the reward components); the config's checks, the plan and the trainer read the
+declaration, never the estimator's name. A user's estimator declares the same way:
+``@register_adv_est("mine", needs=Needs(sequence_level=True, group=True))``.
+
 The built-ins are verl 0.9.1's ``core_algos`` estimators, to the same tensors (tests/test_estimators.py runs verl's
 own functions beside these): ``grpo``, ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``,
 ``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``, ``remax`` (the trainer rolls
@@ -17,26 +23,56 @@ old log-probs and the sum of its squared token probabilities (the workers comput
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from vlmrl.algos.losses import _Attrs, masked_mean
-from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS
+from vlmrl.algos.core import masked_mean
+from vlmrl.algos.losses import _Attrs
 from vlmrl.userfiles import registered_or_file
 
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, EstimatorFn] = {}
-NEEDS_PI2 = frozenset({"optimal_token_baseline", "tir_optimal_token_baseline"})
-"""Estimators that need the policy's old log-probs and the sum of its squared token probabilities (the workers
-compute both before the advantages)."""
-SEQUENCE_LEVEL, GROUP = SEQUENCE_ESTIMATORS, GROUP_ESTIMATORS  # (names: vlmrl.config.schema)
 
 
-def register_adv_est(name: Any) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: add an estimator under ``name`` (verl's ``register_adv_est``, drop-in; an Enum's value is used)."""
+@dataclass(frozen=True)
+class Needs:
+    """What an advantage estimator needs from the run, declared where it is registered
+    (``@register_adv_est(name, needs=Needs(...))``; a function loaded from a file may carry a ``needs`` attribute).
+    The config's checks, the plan and the trainer read it; none of them compares an estimator's name. The default
+    is a user's estimator as verl runs it: per token, after the workers' forward, with gamma and lam in its config."""
+
+    sequence_level: bool = False
+    """One advantage per sample from the scores and response lengths alone: the driver computes it before any
+    log-prob (the GRPO family). Otherwise per token, after the workers' log-probs, on the real response masks."""
+    group: bool = False
+    """It compares the samples of a prompt: ``actor_rollout_ref.rollout.n`` >= 2."""
+    critic: bool = False
+    """The critic's values (as ``values``, [B, R]): the run builds a critic; ``critic.enable=False`` is refused."""
+    baseline_rollout: bool = False
+    """Each prompt's greedy rollout, scored, as ``reward_baselines`` (the trainer rolls it out beside the batch)."""
+    policy_probs: bool = False
+    """The policy's old log-probs and the sum of its squared token probabilities (the workers compute them first)."""
+    reward_components: bool = False
+    """Each reward component's per-sample values, as verl's ``non_tensor_batch`` (and ``batch=None``)."""
+    reads: frozenset[str] = field(default_factory=lambda: frozenset({"gamma", "lam"}))
+    """The ``algorithm.*`` discounting settings it reads (a setting it does not read gets a notice when set)."""
+
+
+GROUP_SCORES = Needs(sequence_level=True, group=True, reads=frozenset())
+"""The GRPO family's needs: a group of scores per prompt, one advantage per sample."""
+ESTIMATOR_NEEDS: dict[str, Needs] = {}
+"""Each registered estimator's declared needs (``register_adv_est``)."""
+OWN_CONVENTION: dict[str, Needs] = {"gae": Needs(critic=True)}
+"""Estimators with a calling convention of their own, outside ``ADV_ESTIMATORS`` (as verl's trainer calls GAE
+apart): GAE takes the critic's values (``vlmrl.algos.ppo.token_advantages``)."""
+
+
+def register_adv_est(name: Any, needs: Needs | None = None) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator: add an estimator under ``name`` (verl's ``register_adv_est``, drop-in; an Enum's value is used)
+    with what it ``needs`` (default: ``Needs()``, per token after the forward, as verl runs any estimator)."""
     key = getattr(name, "value", name)
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
@@ -44,14 +80,26 @@ def register_adv_est(name: Any) -> Callable[[EstimatorFn], EstimatorFn]:
             raise ValueError(f"advantage estimator {key!r} is already registered ({ADV_ESTIMATORS[key].__module__}."
                              f"{ADV_ESTIMATORS[key].__name__}): choose another name")  # fmt: skip
         ADV_ESTIMATORS[key] = fn
+        ESTIMATOR_NEEDS[key] = needs or Needs()
         return fn
 
     return deco
 
 
+def estimator_needs(name: str) -> Needs:
+    """What ``name`` needs: its declaration (registered, of its own convention, or a file's function's ``needs``
+    attribute); raises as ``get_adv_estimator_fn`` does for a name that is none of them."""
+    if name in OWN_CONVENTION:
+        return OWN_CONVENTION[name]
+    fn = get_adv_estimator_fn(name)
+    if ADV_ESTIMATORS.get(name) is fn and name in ESTIMATOR_NEEDS:
+        return ESTIMATOR_NEEDS[name]
+    return getattr(fn, "needs", None) or Needs()
+
+
 def get_adv_estimator_fn(name: str) -> EstimatorFn:
     """A registered estimator, or ``path/to/file.py:fn`` loaded from a file."""
-    return registered_or_file(ADV_ESTIMATORS, name, "algorithm.adv_estimator", [*ADV_ESTIMATORS, "gae"])
+    return registered_or_file(ADV_ESTIMATORS, name, "algorithm.adv_estimator", [*ADV_ESTIMATORS, *OWN_CONVENTION])
 
 
 @dataclass
@@ -112,7 +160,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- estimators
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", needs=GROUP_SCORES)
 def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
          **kwargs):  # fmt: skip
     """GRPO: (r - group mean) / (group std + eps), or without the std (``norm_adv_by_std_in_grpo=False``)."""
@@ -125,21 +173,21 @@ def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_st
     return adv, adv
 
 
-@register_adv_est("grpo_vectorized")
+@register_adv_est("grpo_vectorized", needs=GROUP_SCORES)
 def grpo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
                     config=None, **kwargs):  # fmt: skip
     """verl's loop-free GRPO: the same numbers as ``grpo`` (vlmrl's ``grpo`` has no loop either)."""
     return grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config)
 
 
-@register_adv_est("dr_grpo")
+@register_adv_est("dr_grpo", needs=GROUP_SCORES)
 def dr_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
             **kwargs):  # fmt: skip
     """Dr. GRPO: r - group mean, never divided by the std (pair with loss_agg_mode=seq-mean-token-sum-norm)."""
     return grpo(token_level_rewards, response_mask, index, epsilon, False, config)
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", needs=GROUP_SCORES)
 def rloo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """RLOO: r minus the mean of the group's other samples = n / (n - 1) (r - mean); a group of one keeps r."""
     with torch.no_grad():
@@ -152,7 +200,7 @@ def rloo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, *
     return adv, adv
 
 
-@register_adv_est("rloo_vectorized")
+@register_adv_est("rloo_vectorized", needs=GROUP_SCORES)
 def rloo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """RLOO without a Python loop (verl's second implementation: a group of one gets 0)."""
     with torch.no_grad():
@@ -165,7 +213,7 @@ def rloo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, con
     return adv, adv
 
 
-@register_adv_est("opo")
+@register_adv_est("opo", needs=GROUP_SCORES)
 def opo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """OPO: r minus the group's length-weighted mean reward (the optimal baseline for on-policy RL)."""
     with torch.no_grad():
@@ -179,7 +227,7 @@ def opo(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **
     return adv, adv
 
 
-@register_adv_est("gpg")
+@register_adv_est("gpg", needs=GROUP_SCORES)
 def gpg(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alpha=1.0, config=None, **kwargs):
     """GPG: alpha (r - group mean) / f_norm with alpha = batch size / samples with a non-zero reward."""
     with torch.no_grad():
@@ -191,7 +239,7 @@ def gpg(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alp
     return adv, adv
 
 
-@register_adv_est("grpo_passk")
+@register_adv_est("grpo_passk", needs=GROUP_SCORES)
 def grpo_passk(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
                **kwargs):  # fmt: skip
     """Pass@k: only each group's best sample learns, by its margin over the second best (over the group's std)."""
@@ -215,7 +263,7 @@ def grpo_passk(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv
     return adv, adv
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus", needs=Needs())  # per token: its discounting needs the tokens
 def reinforce_plus_plus(token_level_rewards, response_mask, config=None, **kwargs):
     """REINFORCE++: discounted returns (``gamma``), whitened over the batch's response tokens."""
     gamma = config.gamma if config is not None else 1.0
@@ -231,7 +279,7 @@ def reinforce_plus_plus(token_level_rewards, response_mask, config=None, **kwarg
     return adv, returns
 
 
-@register_adv_est("remax")
+@register_adv_est("remax", needs=Needs(sequence_level=True, baseline_rollout=True, reads=frozenset()))
 def remax(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
     """ReMax: the return (reward-to-go) minus the reward of the prompt's greedy rollout (``reward_baselines`` [B])."""
     with torch.no_grad():
@@ -262,7 +310,7 @@ def _zero_tail(baselines, rows, lengths, trajectories) -> None:
         baselines[trajectories[int(at[0])], second:] = 0.0
 
 
-@register_adv_est("optimal_token_baseline")
+@register_adv_est("optimal_token_baseline", needs=Needs(policy_probs=True))
 def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
                            rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
     """Optimal token baseline: per step t, the group's reward-to-go weighted by each trajectory's cumulative path
@@ -286,7 +334,7 @@ def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_pr
     return adv, returns
 
 
-@register_adv_est("tir_optimal_token_baseline")
+@register_adv_est("tir_optimal_token_baseline", needs=Needs(policy_probs=True))
 def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
                                rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
     """The optimal token baseline for multi-turn, tool-interleaved responses: steps are the generated tokens only
@@ -327,7 +375,7 @@ def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_lo
     return adv, returns
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
+@register_adv_est("reinforce_plus_plus_baseline", needs=GROUP_SCORES)
 def reinforce_plus_plus_baseline(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """REINFORCE++ with a baseline: r - group mean on every response token, whitened over the batch's tokens."""
     with torch.no_grad():
@@ -339,7 +387,7 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, index, epsi
     return adv, adv
 
 
-@register_adv_est("gdpo")
+@register_adv_est("gdpo", needs=Needs(sequence_level=True, group=True, reward_components=True, reads=frozenset()))
 def gdpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
          non_tensor_batch=None, batch=None, **kwargs):  # fmt: skip
     """GDPO: each reward component (``algorithm.gdpo_reward_keys``) normalised within its group on its own (GRPO),
@@ -379,21 +427,25 @@ def extra_inputs(
     baselines: list[float] | None = None,
     old_logprobs: torch.Tensor | None = None,
     sum_pi_squared: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """The keyword arguments verl passes some estimators beyond the token rewards: GDPO the reward ``components``
-    (as ``non_tensor_batch``), ReMax the ``baselines``, the optimal-token-baseline pair the old log-probs and the sum of
-    squared token probabilities (vlmrl's rollout-correction weights come later, in the update, so none reach them;
-    verl passes its decoupled weights when they are on)."""
+    """The keyword arguments verl passes some estimators beyond the token rewards: GDPO the reward ``components`` (as
+    ``non_tensor_batch``), ReMax the ``baselines``, the optimal-token-baseline pair the old log-probs and the sum of
+    squared token probabilities, an estimator that declares a critic the critic's ``values`` (vlmrl's rollout-correction
+    weights come later, in the update, so none reach them; verl passes its decoupled weights when they are on)."""
     kwargs: dict[str, Any] = {}
-    if name == "gdpo":
+    needs = estimator_needs(name)
+    if needs.reward_components:
         kwargs = {"non_tensor_batch": components or {}, "batch": None}
     if baselines is not None:  # ReMax: each sample's greedy-rollout reward
         kwargs["reward_baselines"] = torch.tensor(baselines, dtype=dtype)
-    if name in NEEDS_PI2:
+    if needs.policy_probs:
         if old_logprobs is None or sum_pi_squared is None:
             raise ValueError(f"algorithm.adv_estimator={name} needs the policy's old log-probs and sum of squared "
                              "token probabilities")  # fmt: skip
         kwargs |= {"old_log_probs": old_logprobs, "sum_pi_squared": sum_pi_squared, "rollout_is_weights": None}
+    if needs.critic:
+        kwargs["values"] = values
     return kwargs
 
 
@@ -420,8 +472,9 @@ def sequence_advantages(
     components: dict[str, list[float]] | None = None,
     baselines: list[float] | None = None,
 ) -> torch.Tensor:
-    """One advantage per sample for a ``SEQUENCE_LEVEL`` estimator: its token form run on each score placed on the
-    sample's last generated token (``lengths`` of them), read back per sample; raises if any is NaN/inf."""
+    """One advantage per sample for a sequence-level estimator (``Needs.sequence_level``): its token form run on each
+    score placed on the sample's last generated token (``lengths`` of them), read back per sample; raises if any is
+    NaN/inf."""
     B = len(scores)
     L = max(int(lengths.max()) if B else 1, 1)
     mask = (torch.arange(L)[None, :] < lengths[:, None]).to(torch.float64)

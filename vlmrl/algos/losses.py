@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
-from vlmrl.config.schema import AGG_MODES, PolicyLossConfig
+from vlmrl.algos.core import masked_mean, masked_sum
+from vlmrl.algos.loss_settings import AGG_MODES, PolicyLossConfig
+from vlmrl.algos.rollout_correction import correct
 from vlmrl.userfiles import registered_or_file
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
@@ -124,16 +126,6 @@ class LossConfig(_Attrs):
 
 
 # -------------------------------------------------------------------------------------------- aggregation
-
-
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is set (NaNs outside the mask do not leak in)."""
-    return (torch.where(mask.bool(), values, 0.0) * mask).sum(dim=axis)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` where ``mask`` is set."""
-    return masked_sum(values, mask, axis) / (mask.sum(dim=axis) + 1e-8)
 
 
 def agg_loss(
@@ -432,8 +424,6 @@ def bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode
     """Rollout correction's bypass mode: the old log-probs are the engine's; the importance weights and the rejection
     mask are computed against the current policy (``config.policy_loss.rollout_correction``), then PPO clip on the
     kept tokens (``loss_type=ppo_clip``, no weights) or REINFORCE with the weights (``loss_type=reinforce``)."""
-    from vlmrl.algos.rollout_correction import correct
-
     rc = config.policy_loss.rollout_correction if config is not None else None
     if rc is None:
         raise ValueError("actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction.bypass_mode=True "

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from vlmrl.algos.core import aggregate, kl_penalty
-from vlmrl.algos.estimators import EstimatorConfig, checked, extra_inputs, get_adv_estimator_fn
+from vlmrl.algos.estimators import (
+    OWN_CONVENTION,
+    EstimatorConfig,
+    checked,
+    estimator_needs,
+    extra_inputs,
+    get_adv_estimator_fn,
+)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -191,12 +198,12 @@ def token_advantages(
     ``lam``), or any estimator of ``vlmrl.algos.estimators`` (built-in, registered or from a file), called as verl
     calls it (``index``: each sample's prompt; GDPO also gets the reward ``components``, ReMax the ``baselines``)."""
     config = config or EstimatorConfig(adv_estimator=estimator)
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("algorithm.adv_estimator=gae needs the critic's values")
+    if estimator_needs(estimator).critic and values is None:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs the critic's values")
+    if estimator in OWN_CONVENTION:  # GAE: its own calling convention (as verl's trainer calls it)
         return gae(token_rewards, values, mask, config.gamma, config.lam)
     fn = get_adv_estimator_fn(estimator)
-    kwargs = extra_inputs(estimator, token_rewards.dtype, components, baselines, old_logprobs, sum_pi_squared)
+    kwargs = extra_inputs(estimator, token_rewards.dtype, components, baselines, old_logprobs, sum_pi_squared, values)
     m = mask.to(token_rewards.dtype)
     out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip

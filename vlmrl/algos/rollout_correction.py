@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vlmrl.algos.losses import masked_mean, masked_sum
+from vlmrl.algos.core import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",

@@ -23,6 +23,7 @@ from vlmrl.config.network import prometheus_problems, ray_auth_problem
 from vlmrl.config.plan import (
     critic_plan,
     launcher_of,
+    needs_of,
     per_node,
     planned_device,
     planned_world,
@@ -33,7 +34,7 @@ from vlmrl.config.plan import (
     token_budgets,
 )
 from vlmrl.config.reward_model import reward_model_environment, reward_model_problems
-from vlmrl.config.schema import GROUP_ESTIMATORS, SEQUENCE_ESTIMATORS, RewardConfig, VLMRLConfig
+from vlmrl.config.schema import RewardConfig, RolloutConfig, VLMRLConfig
 
 
 def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
@@ -44,12 +45,23 @@ def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
 def check_values(cfg: VLMRLConfig) -> list[str]:
     """Problems of the config's values (no devices; the one file read is the Prometheus token file it names, whose
     owner-only permissions are part of the setting); every one says how to fix it."""
-    from vlmrl.algorithms import load_plugins
-    from vlmrl.algos.estimators import get_adv_estimator_fn
-    from vlmrl.algos.losses import get_policy_loss
+    p = number_problems(cfg) + algorithm_problems(cfg) + token_budget_problems(cfg)
+    p += multi_turn_problems(cfg) + video_problems(cfg) + ppo_problems(cfg) + engine_problems(cfg)
+    p += reward_problems(cfg.reward) + reward_model_problems(cfg)
+    tr = cfg.trainer
+    if tr.val_only and not cfg.data.val_files:
+        p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
+    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
+        p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
+    if "prometheus" in list(tr.logger or []):
+        p += prometheus_problems(tr.prometheus.host, tr.prometheus.port, tr.prometheus.token_file)
+    return p
 
+
+def number_problems(cfg: VLMRLConfig) -> list[str]:
+    """Sizes, counts, rates and bounds that must be positive, finite or in a range."""
     p: list[str] = []
-    arr, data, tr, alg = cfg.actor_rollout_ref, cfg.data, cfg.trainer, cfg.algorithm
+    arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
     actor, ro = arr.actor, arr.rollout
     lr = actor.optim.lr
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -85,15 +97,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     for key in ("worker_timeout_s", "worker_startup_timeout_s"):
         if not (math.isfinite(getattr(tr, key)) and getattr(tr, key) > 0):
             p.append(f"trainer.{key}={getattr(tr, key)}: must be a finite number of seconds > 0.")
-    if not (math.isfinite(ro.temperature) and ro.temperature >= 0):
-        p.append(f"actor_rollout_ref.rollout.temperature={ro.temperature}: must be >= 0.")
-    elif ro.temperature == 0 and ro.n > 1:
-        p.append(
-            f"actor_rollout_ref.rollout.temperature=0 with rollout.n={ro.n}: greedy decoding gives {ro.n} identical "
-            "samples per prompt (no reward variance, no learning); use a temperature > 0 (e.g. 1.0)."
-        )
-    if not 0 < ro.top_p <= 1:
-        p.append(f"actor_rollout_ref.rollout.top_p={ro.top_p}: must be in (0, 1].")
+    p += sampling_problems(ro)
     for key, value in (
         ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
         ("actor_rollout_ref.actor.clip_ratio", actor.clip_ratio),
@@ -106,13 +110,39 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     ):
         if not math.isfinite(value):
             p.append(f"{key}={value}: must be finite.")
+    return p
+
+
+def sampling_problems(ro: RolloutConfig) -> list[str]:
+    """The rollout's temperature and top-p."""
+    p: list[str] = []
+    if not (math.isfinite(ro.temperature) and ro.temperature >= 0):
+        p.append(f"actor_rollout_ref.rollout.temperature={ro.temperature}: must be >= 0.")
+    elif ro.temperature == 0 and ro.n > 1:
+        p.append(
+            f"actor_rollout_ref.rollout.temperature=0 with rollout.n={ro.n}: greedy decoding gives {ro.n} identical "
+            "samples per prompt (no reward variance, no learning); use a temperature > 0 (e.g. 1.0)."
+        )
+    if not 0 < ro.top_p <= 1:
+        p.append(f"actor_rollout_ref.rollout.top_p={ro.top_p}: must be in (0, 1].")
+    return p
+
+
+def algorithm_problems(cfg: VLMRLConfig) -> list[str]:
+    """The plugins, the estimator (and what it declares it needs), the policy loss, the algorithm class."""
+    from vlmrl.algorithms import load_plugins  # torch (as in vlmrl.config.plan.needs_of)
+    from vlmrl.algos.estimators import Needs, estimator_needs
+    from vlmrl.algos.losses import get_policy_loss
+
+    p: list[str] = []
+    alg, actor, ro = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     try:
         load_plugins(alg.plugins)
     except (FileNotFoundError, ImportError, ValueError, SyntaxError) as e:
         p.append(f"algorithm.plugins: {type(e).__name__}: {e}")
+    needs = Needs()
     try:
-        if alg.adv_estimator != "gae":
-            get_adv_estimator_fn(alg.adv_estimator)
+        needs = estimator_needs(alg.adv_estimator)
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
         p.append(f"algorithm.adv_estimator: {e}")
     try:
@@ -130,11 +160,19 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     if alg.gdpo_reward_weights is not None and len(alg.gdpo_reward_weights) != len(alg.gdpo_reward_keys or []):
         p.append(f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
                  f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key.")  # fmt: skip
-    if alg.adv_estimator in GROUP_ESTIMATORS and ro.n < 2:
+    if needs.group and ro.n < 2:
         p.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
             f"set actor_rollout_ref.rollout.n >= 2 (got {ro.n})."
         )
+    return p
+
+
+def token_budget_problems(cfg: VLMRLConfig) -> list[str]:
+    """Token budgets of the dynamic batch sizes, and the generation batch."""
+    p: list[str] = []
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    actor, ro = arr.actor, arr.rollout
     _positive(p, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)
     for key, budget in (
         ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu),
@@ -149,15 +187,19 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
                 f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
                 f"data.max_response_length = {longest} tokens; set the budget to at least that."
             )
-    p += multi_turn_problems(cfg)
-    p += video_problems(cfg)
-    p += ppo_problems(cfg)
     if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
         p.append(
             f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
             f" prompts per batch (also with algorithm.filter_groups; max_num_gen_batches bounds the extra batches); "
             f"unset it or set it to {data.train_batch_size}."
         )
+    return p
+
+
+def engine_problems(cfg: VLMRLConfig) -> list[str]:
+    """The rollout engine's own settings: vLLM's multimodal cache off, no other engine's settings."""
+    p: list[str] = []
+    ro = cfg.actor_rollout_ref.rollout
     cache_problem = cache_kept_on(dict((ro.engine_kwargs or {}).get("vllm") or {}))
     if cache_problem:
         p.append(cache_problem + ".")
@@ -167,13 +209,6 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.rollout.engine_kwargs: {sorted(other_engines)} are settings of other rollout engines; "
             "vlmrl runs vLLM (engine_kwargs.vllm.*) or transformers (rollout.name=hf)."
         )
-    p += reward_problems(cfg.reward) + reward_model_problems(cfg)
-    if tr.val_only and not data.val_files:
-        p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
-    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
-        p.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>.")
-    if "prometheus" in list(tr.logger or []):
-        p += prometheus_problems(tr.prometheus.host, tr.prometheus.port, tr.prometheus.token_file)
     return p
 
 
@@ -243,8 +278,9 @@ def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
 def ppo_problems(cfg: VLMRLConfig) -> list[str]:
     """The critic's, GAE's and the in-reward KL's settings."""
     alg, c, p = cfg.algorithm, cfg.critic, []
-    if alg.adv_estimator == "gae" and c.enable is False:
-        p.append("algorithm.adv_estimator=gae needs the critic's values: drop critic.enable=False (or set True).")
+    if needs_of(cfg).critic and c.enable is False:
+        p.append(f"algorithm.adv_estimator={alg.adv_estimator} needs the critic's values: drop critic.enable=False "
+                 "(or set True).")  # fmt: skip
     for key, value in (("algorithm.gamma", alg.gamma), ("algorithm.lam", alg.lam)):
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             p.append(f"{key}={value}: must be between 0 and 1.")
@@ -302,10 +338,10 @@ def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], 
     kl = [k for k in keys if k == "algorithm.kl_penalty" or k.startswith("algorithm.kl_ctrl.")]
     if kl and not alg.use_kl_in_reward:
         notices.append(f"{', '.join(kl)}: the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl")
-    builtin = alg.adv_estimator in SEQUENCE_ESTIMATORS  # a user's estimator gets gamma and lam in its config
-    if "algorithm.lam" in keys and alg.adv_estimator != "gae" and builtin:
+    reads = needs_of(cfg).reads  # what the estimator declares it reads (a user's: both, by default)
+    if "algorithm.lam" in keys and "lam" not in reads:
         notices.append(f"algorithm.lam: GAE's lambda; algorithm.adv_estimator={alg.adv_estimator} does not use it")
-    if "algorithm.gamma" in keys and builtin:
+    if "algorithm.gamma" in keys and "gamma" not in reads:
         notices.append(f"algorithm.gamma: algorithm.adv_estimator={alg.adv_estimator} scores whole responses (no "
                        "discounting)")  # fmt: skip
     return problems, notices

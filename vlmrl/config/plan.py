@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, RolloutCorrectionConfig, VLMRLConfig
+
+if TYPE_CHECKING:
+    from vlmrl.algos.estimators import Needs
 
 
 def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
@@ -111,10 +114,22 @@ def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]
     return out
 
 
+def needs_of(cfg: VLMRLConfig) -> Needs:
+    """What ``algorithm.adv_estimator`` declares it needs (``vlmrl.algos.estimators.Needs``); the default for a name
+    that does not resolve (the config's check reports that name)."""
+    # torch: loaded when a check or the trainer asks, not by importing vlmrl.config
+    from vlmrl.algos.estimators import Needs, estimator_needs
+
+    try:
+        return estimator_needs(cfg.algorithm.adv_estimator)
+    except (ValueError, FileNotFoundError, AttributeError, ImportError):
+        return Needs()
+
+
 def critic_enabled(cfg: VLMRLConfig) -> bool:
-    """Whether the run builds a critic: ``critic.enable``, else (verl's rule) when the estimator is GAE."""
+    """Whether the run builds a critic: ``critic.enable``, else (verl's rule) when the estimator needs one (GAE)."""
     enable = cfg.critic.enable
-    return cfg.algorithm.adv_estimator == "gae" if enable is None else bool(enable)
+    return needs_of(cfg).critic if enable is None else bool(enable)
 
 
 def reference_needed(cfg: VLMRLConfig) -> bool:

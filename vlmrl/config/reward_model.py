@@ -166,7 +166,7 @@ def reward_model_environment(cfg: Any) -> list[str]:
             f"reward_model.model.path={path!r} is a {mt!r} model; reward models are {', '.join(SUPPORTED_MODEL_TYPES)}."
         ]
     if rm.style == "discriminative":
-        from vlmrl.reward_model.discriminative import require_score_head
+        from vlmrl.models.value_head import require_score_head
 
         try:
             require_score_head(path)

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from vlmrl.algos.loss_settings import AGG_MODES, PolicyLossConfig  # noqa: F401 (re-exported)
 from vlmrl.config.critic import CriticConfig, KLCtrlConfig
 from vlmrl.config.reward_model import RewardModelConfig
 from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
@@ -22,19 +23,6 @@ from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
     RolloutPoolConfig,
     WrapPolicyConfig,
 )
-
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-"""verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
-SEQUENCE_ESTIMATORS = frozenset(
-    {"grpo", "grpo_vectorized", "dr_grpo", "rloo", "rloo_vectorized", "opo", "gpg", "grpo_passk",
-     "reinforce_plus_plus_baseline", "gdpo", "remax"}
-)  # fmt: skip
-"""Built-in estimators whose advantage is one number per sample (``vlmrl.algos.estimators``): the trainer computes
-them from the scores and response lengths alone, before any log-prob is known. Others (``gae``,
-``reinforce_plus_plus`` with its discounting, a user's estimator) run per token after the workers' forward."""
-GROUP_ESTIMATORS = SEQUENCE_ESTIMATORS - {"remax"}
-"""Built-in estimators that compare the samples of a prompt (they need rollout.n >= 2): the sequence-level ones but
-ReMax (its baseline is a greedy rollout)."""
 
 # ----------------------------------------------------------------------------------------------------------- data
 
@@ -128,28 +116,6 @@ class ModelConfig:
     exclude_modules: str | None = None
     """Modules LoRA leaves out, as verl's regex over module names. The vision tower is always left out (verl's
     scripts pass ``.*visual.*``, which is accepted); any other pattern is applied on top (peft's exclude_modules)."""
-
-
-@dataclass
-class PolicyLossConfig:
-    """``actor_rollout_ref.actor.policy_loss``: which policy loss, and the settings of the ones that have any (verl's
-    keys and defaults)."""
-
-    loss_mode: str = "vanilla"
-    """vanilla (PPO clip + dual clip; also spelled ppo) | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | dro |
-    cispo | dppo_tv | dppo_kl (``vlmrl.algos.losses``), a name a user's file registers, or ``path/to/file.py:fn``."""
-    clip_cov_ratio: float = 0.0002
-    """clip_cov: share of the tokens whose gradient is cut."""
-    clip_cov_lb: float = 1.0
-    """clip_cov: lower bound of the covariance of the tokens it may cut."""
-    clip_cov_ub: float = 5.0
-    """clip_cov: upper bound of that covariance."""
-    kl_cov_ratio: float = 0.0002
-    """kl_cov: share of the tokens that get the KL penalty."""
-    ppo_kl_coef: float = 0.1
-    """kl_cov: coefficient of that penalty."""
-    dro_beta: float | None = None
-    """dro: the quadratic log-ratio penalty (required, > 0)."""
 
 
 @dataclass

@@ -99,9 +99,26 @@ class RLDataset:
         self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
         self.video_key = data_cfg.video_key
         self.video_pad_id = qwen_vl.vision_token_ids(self.tokenizer).video_pad
-        vp = getattr(processor, "video_processor", None) or ip
+        self.video_rules = self._video_rules(processor, data_cfg)
+
+        self._pool: Any = None
+        self._first_filtered: dict[str, str] = {}
+        self._token_lock = threading.Lock()
+        self._text_cache = LRU(1024)
+        self._ids_cache = LRU(1024)
+        self.sources = [ParquetSource(f, self.image_key, cache_row_groups, self.video_key) for f in self.files]
+        self._check_columns()
+        self._scan(sw)
+        if verbose:
+            print(self.format_report())
+
+    # ------------------------------------------------------------------------------------------------ construction
+
+    def _video_rules(self, processor: Any, data_cfg: DataConfig) -> VideoRules:
+        """How this model's video processor sizes and samples a video (``data.video_*`` bounds)."""
+        vp = getattr(processor, "video_processor", None) or processor.image_processor
         family = family_of_processor(processor)
-        self.video_rules = VideoRules(
+        return VideoRules(
             qwen_vl.patch_factor(vp),
             *qwen_vl.pixel_bounds(vp, data_cfg.video_min_pixels, data_cfg.video_max_pixels),
             data_cfg.video_total_pixels,
@@ -110,12 +127,8 @@ class RLDataset:
             functools.partial(timestamp_tokens, self.tokenizer, family) if family.video_timestamps else None,
         )
 
-        self._pool: Any = None
-        self._first_filtered: dict[str, str] = {}
-        self._token_lock = threading.Lock()
-        self._text_cache = LRU(1024)
-        self._ids_cache = LRU(1024)
-        self.sources = [ParquetSource(f, self.image_key, cache_row_groups, self.video_key) for f in self.files]
+    def _check_columns(self) -> None:
+        """Every file has the prompt and reward columns, and ``extra_info`` (when present) holds a dict per record."""
         for s in self.sources:
             if self.prompt_key not in s.columns:
                 raise DataError(f"{s.path}: no column {self.prompt_key!r} (data.prompt_key); it has {s.columns}")
@@ -127,19 +140,10 @@ class RLDataset:
             info = s.meta.schema.field("extra_info").type if "extra_info" in s.columns else pa.null()
             if not (pa.types.is_struct(info) or pa.types.is_map(info) or pa.types.is_null(info)):
                 raise DataError(f"{s.path}: column 'extra_info' is {info}, expected a struct (a dict per record)")
-        self._scan(sw)
-        if verbose:
-            print(self.format_report())
-
-    # ------------------------------------------------------------------------------------------------ construction
 
     def _scan(self, sw: Timer) -> None:
         """Check and measure every record; keep the ones that fit; fill ``self.report``."""
-        kept_src: list[np.ndarray] = []
-        kept_row: list[np.ndarray] = []
-        lengths: list[np.ndarray] = []
-        n_imgs: list[np.ndarray] = []
-        n_vids: list[np.ndarray] = []
+        kept: list[tuple[np.ndarray, ...]] = []  # per chunk: source, row, length, images, videos of the kept
         reasons: Counter[str] = Counter()
         truncated = 0
         rows_read = 0
@@ -150,91 +154,101 @@ class RLDataset:
                     entries = entries[: max(0, self.max_samples - rows_read)]
                     if not entries:
                         break
-                stop = start + len(entries)
-                prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
-                rewards = src.meta.column(REWARD_KEY).slice(start, stop - start).to_pylist()
-                texts, counts, vcounts, image_tokens = [], [], [], []
-                for k, (prompt, (ents, vents), reward) in enumerate(zip(prompts, entries, rewards)):
-                    r = start + k
-                    problem = ground_truth_problem(reward)
-                    if problem is not None:
-                        raise DataError(
-                            f"{where(src.path, r)}: {problem}; a record without an answer cannot be scored (drop or "
-                            "fix it: the preprocess scripts reject such rows into rejects.jsonl)"
-                        )
-                    text, n = self._render_checked(src, r, prompt, ents, vents)
-                    texts.append(text)
-                    counts.append(n)
-                    vcounts.append(len(vents))
-                    tokens = [self._image_tokens(src, r, j, e) for j, e in enumerate(ents)]
-                    tokens += [self._video_tokens(src, r, j, e) for j, e in enumerate(vents)]
-                    image_tokens.append(None if None in tokens else sum(tokens))
-                ids = self._tokenize(texts)
-                rows = np.arange(start, stop)
-                length = np.empty(len(rows), dtype=np.int64)
-                keep = np.ones(len(rows), dtype=bool)
-                for k, (tid, n, nv, itok) in enumerate(zip(ids, counts, vcounts, image_tokens)):
-                    r = start + k
-                    if itok is None:  # an image these pixel bounds cannot resize: dropped here, not at sampling
-                        keep[k] = False
-                        reasons["unresizable_image"] += 1
-                        length[k] = 0
-                        continue
-                    for pad_id, what, want in ((self.image_pad_id, "image", n), (self.video_pad_id, "video", nv)):
-                        pads = sum(1 for t in tid if t == pad_id)
-                        if pads != want:
-                            raise DataError(
-                                f"{where(src.path, r)}: the rendered prompt has {pads} {what} pad token(s) for {want} "
-                                f"{what}(s) (a literal {what} pad in the text, or a chat template that drops {what} "
-                                "parts)"
-                            )
-                    length[k] = len(tid) - n - nv + itok
-                    if length[k] <= self.max_prompt_length:
-                        continue
-                    if n + nv > 0:
-                        if not self.filter_overlong:
-                            raise DataError(
-                                f"{where(src.path, r)}: prompt is {length[k]} tokens ({itok} of them image and video "
-                                f"tokens) > data.max_prompt_length={self.max_prompt_length}; a prompt with images or "
-                                "videos is never truncated: set data.filter_overlong_prompts=true, raise "
-                                "max_prompt_length or lower data.max_pixels / data.video_max_pixels"
-                            )
-                        keep[k] = False
-                        reasons["overlong_with_images"] += 1
-                    elif self.filter_overlong:
-                        keep[k] = False
-                        reasons["overlong_text"] += 1
-                    elif self.truncation == "error":
-                        raise DataError(
-                            f"{where(src.path, r)}: text-only prompt is {length[k]} tokens > "
-                            f"data.max_prompt_length={self.max_prompt_length} and data.truncation=error; set "
-                            "data.filter_overlong_prompts=true or data.truncation=left|right"
-                        )
-                    else:
-                        truncated += 1
-                        length[k] = self.max_prompt_length
-                kept_src.append(np.full(int(keep.sum()), si, dtype=np.int32))
-                kept_row.append(rows[keep])
-                lengths.append(length[keep])
-                n_imgs.append(np.asarray(counts, dtype=np.int32)[keep])
-                n_vids.append(np.asarray(vcounts, dtype=np.int32)[keep])
+                rows = np.arange(start, start + len(entries))
+                counts, vcounts, length, keep, cut = self._measure(src, start, entries, reasons)
+                truncated += cut
+                images, videos = np.asarray(counts, dtype=np.int32), np.asarray(vcounts, dtype=np.int32)
+                kept.append((np.full(int(keep.sum()), si, dtype=np.int32), rows[keep], length[keep], images[keep],
+                             videos[keep]))  # fmt: skip
                 rows_read += len(rows)
-                start = stop
-        self._src = np.concatenate(kept_src) if kept_src else np.zeros(0, np.int32)
-        self._row = np.concatenate(kept_row) if kept_row else np.zeros(0, np.int64)
-        self.prompt_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        """Prompt length in tokens (image tokens included) of each kept record."""
-        self.num_images = np.concatenate(n_imgs) if n_imgs else np.zeros(0, np.int32)
-        """Images of each kept record."""
-        self.num_videos = np.concatenate(n_vids) if n_vids else np.zeros(0, np.int32)
-        """Videos of each kept record."""
-        filtered = sum(reasons.values())
-        self.report: dict[str, Any] = {
+                start += len(entries)
+        dtypes = (np.int32, np.int64, np.int64, np.int32, np.int32)
+        joined = [np.concatenate([k[i] for k in kept]) if kept else np.zeros(0, d) for i, d in enumerate(dtypes)]
+        self._src, self._row, self.prompt_lengths, self.num_images, self.num_videos = joined
+        """(``prompt_lengths``: tokens, image tokens included; ``num_images``, ``num_videos``: of each kept record.)"""
+        self.report: dict[str, Any] = self._report(rows_read, reasons, truncated, sw)
+
+    def _measure(self, src: ParquetSource, start: int, entries: list[Any], reasons: Counter[str]) -> tuple[
+            list[int], list[int], np.ndarray, np.ndarray, int]:  # fmt: skip
+        """One chunk of ``src``'s records from row ``start`` (``entries``: their images and videos), checked and
+        measured: image and video counts, prompt lengths, which are kept (the others counted in ``reasons``), and
+        how many text-only prompts are truncated."""
+        stop = start + len(entries)
+        prompts = src.meta.column(self.prompt_key).slice(start, stop - start).to_pylist()
+        rewards = src.meta.column(REWARD_KEY).slice(start, stop - start).to_pylist()
+        texts, counts, vcounts, image_tokens = [], [], [], []
+        for k, (prompt, (ents, vents), reward) in enumerate(zip(prompts, entries, rewards)):
+            r = start + k
+            problem = ground_truth_problem(reward)
+            if problem is not None:
+                raise DataError(
+                    f"{where(src.path, r)}: {problem}; a record without an answer cannot be scored (drop or "
+                    "fix it: the preprocess scripts reject such rows into rejects.jsonl)"
+                )
+            text, n = self._render_checked(src, r, prompt, ents, vents)
+            texts.append(text)
+            counts.append(n)
+            vcounts.append(len(vents))
+            tokens = [self._image_tokens(src, r, j, e) for j, e in enumerate(ents)]
+            tokens += [self._video_tokens(src, r, j, e) for j, e in enumerate(vents)]
+            image_tokens.append(None if None in tokens else sum(tokens))
+        ids = self._tokenize(texts)
+        length = np.zeros(len(entries), dtype=np.int64)
+        keep = np.ones(len(entries), dtype=bool)
+        truncated = 0
+        for k, (tid, n, nv, itok) in enumerate(zip(ids, counts, vcounts, image_tokens)):
+            if itok is None:  # an image these pixel bounds cannot resize: dropped here, not at sampling
+                keep[k] = False
+                reasons["unresizable_image"] += 1
+                continue
+            length[k], verdict = self._fit(src, start + k, tid, n, nv, itok)
+            if verdict == "truncated":
+                truncated += 1
+            elif verdict != "kept":
+                keep[k] = False
+                reasons[verdict] += 1
+        return counts, vcounts, length, keep, truncated
+
+    def _fit(self, src: ParquetSource, r: int, tid: list[int], n: int, nv: int, itok: int) -> tuple[int, str]:
+        """Record ``r``'s prompt length and what becomes of it: kept, truncated (text only, to the limit) or the
+        reason it is filtered; raises for a prompt the settings cannot take (naming the file and row)."""
+        for pad_id, what, want in ((self.image_pad_id, "image", n), (self.video_pad_id, "video", nv)):
+            pads = sum(1 for t in tid if t == pad_id)
+            if pads != want:
+                raise DataError(
+                    f"{where(src.path, r)}: the rendered prompt has {pads} {what} pad token(s) for {want} "
+                    f"{what}(s) (a literal {what} pad in the text, or a chat template that drops {what} parts)"
+                )
+        length = len(tid) - n - nv + itok
+        if length <= self.max_prompt_length:
+            return length, "kept"
+        if n + nv > 0:
+            if not self.filter_overlong:
+                raise DataError(
+                    f"{where(src.path, r)}: prompt is {length} tokens ({itok} of them image and video "
+                    f"tokens) > data.max_prompt_length={self.max_prompt_length}; a prompt with images or "
+                    "videos is never truncated: set data.filter_overlong_prompts=true, raise "
+                    "max_prompt_length or lower data.max_pixels / data.video_max_pixels"
+                )
+            return length, "overlong_with_images"
+        if self.filter_overlong:
+            return length, "overlong_text"
+        if self.truncation == "error":
+            raise DataError(
+                f"{where(src.path, r)}: text-only prompt is {length} tokens > "
+                f"data.max_prompt_length={self.max_prompt_length} and data.truncation=error; set "
+                "data.filter_overlong_prompts=true or data.truncation=left|right"
+            )
+        return self.max_prompt_length, "truncated"
+
+    def _report(self, rows_read: int, reasons: Counter[str], truncated: int, sw: Timer) -> dict[str, Any]:
+        """What the scan found (``format_report`` prints it)."""
+        return {
             "split": self.split,
             "files": list(self.files),
             "rows_read": rows_read,
             "kept": len(self),
-            "filtered": filtered,
+            "filtered": sum(reasons.values()),
             "filtered_by_reason": dict(sorted(reasons.items())),
             "first_filtered": dict(self._first_filtered),
             "truncated_text_prompts": truncated,
@@ -383,22 +397,7 @@ class RLDataset:
         messages, n = build_messages(row[self.prompt_key], self.system_prompt)
         if n != len(entries):
             raise DataError(f"{n} <image> placeholder(s) but {len(entries)} image(s)")
-        images, sizes, sources = [], [], []
-        for j, entry in enumerate(entries):
-            try:
-                raw = decode_image(entry, src.base_dir)
-                sizes.append(raw.size)
-                resized = qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds)
-                images.append(resized)
-                if self.keep_source_images and resized.size != raw.size:
-                    sources.append(raw)  # RGB (decode_image), kept for the tools
-                else:
-                    sources += [resized] if self.keep_source_images else []
-                    raw.close()
-            except DataError as e:
-                raise DataError(f"image {j}: {e}") from None
-            except ValueError as e:
-                raise DataError(f"image {j}: {e}") from None
+        images, sizes, sources = self._images(src, entries)
         videos = []
         for j, entry in enumerate(src.videos(r)):
             try:
@@ -438,6 +437,27 @@ class RLDataset:
             source_images=sources,
             videos=videos,
         )
+
+    def _images(self, src: ParquetSource, entries: list[Any]) -> tuple[list[Any], list[tuple[int, int]], list[Any]]:
+        """A record's images decoded and resized to the pixel bounds; their original sizes; and, for the tools, the
+        images as they were (RGB) when resizing changed them."""
+        images, sizes, sources = [], [], []
+        for j, entry in enumerate(entries):
+            try:
+                raw = decode_image(entry, src.base_dir)
+                sizes.append(raw.size)
+                resized = qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds)
+                images.append(resized)
+                if self.keep_source_images and resized.size != raw.size:
+                    sources.append(raw)  # RGB (decode_image), kept for the tools
+                else:
+                    sources += [resized] if self.keep_source_images else []
+                    raw.close()
+            except DataError as e:
+                raise DataError(f"image {j}: {e}") from None
+            except ValueError as e:
+                raise DataError(f"image {j}: {e}") from None
+        return images, sizes, sources
 
     # --------------------------------------------------------------------------------------------------- report
 

@@ -301,7 +301,7 @@ def packed_logits(
     if not packing.supports_packing(model):
         raise ValueError(
             "use_remove_padding=True needs the model loaded with vlmrl's varlen attention "
-            f"(attn_implementation={packing.VARLEN!r}, as workers.policy.load_model does)"
+            f"(attn_implementation={packing.VARLEN!r}, as models.trainable.load_model does)"
         )
     feats, extra = _vision_features(model, mb)
     B, R = mb.responses.shape

@@ -8,7 +8,7 @@ sequence (``pack_rows``). Each sequence keeps its own M-RoPE positions (built on
 their pads appear). Attention stays within a sequence: the row's :class:`Segments` travel to every decoder layer's
 attention function through transformers' keyword arguments (``vlmrl_segments``; not as ``cu_seq_lens_q``, which
 another attention implementation would read without the shared prompts). The attention function is vlmrl's
-:data:`VARLEN`, registered with transformers and used by every model vlmrl loads (``workers.policy.load_model``):
+:data:`VARLEN`, registered with transformers and used by every model vlmrl loads (``models.trainable.load_model``):
 
 - a packed row, on CUDA in half precision with ``flash_attn`` installed: flash-attention's varlen kernel;
 - a packed row otherwise: the segments gathered into padded blocks (prompts, responses; segments of similar length

@@ -407,6 +407,41 @@ def encoder_outputs(
     return out
 
 
+def _row_positions(b: int, kinds: list[int], grids: dict[int, Any], seconds: Any, merge: int,
+                   tps: float | None) -> list[Any]:  # fmt: skip
+    """One row's positions, piece by piece ([3, n] arrays): text runs, then each vision item's (t, h, w) grid
+    (``kinds``: 0 text, 1 image pad, 2 video pad, of the row's real tokens; ``grids``: each kind's grid rows)."""
+    import numpy as np
+
+    pieces: list[np.ndarray] = []
+    nxt, i = 0, 0
+    while i < len(kinds):
+        kind = kinds[i]
+        if kind == 0:
+            j = i
+            while j < len(kinds) and kinds[j] == 0:
+                j += 1
+            pieces.append(np.broadcast_to(np.arange(j - i), (3, j - i)) + nxt)
+            nxt += j - i
+            i = j
+            continue
+        try:
+            t, h, w = next(grids[kind])
+        except StopIteration:
+            raise ValueError(f"row {b}: more {('image', 'video')[kind - 1]} pads than grid rows") from None
+        h, w = h // merge, w // merge
+        grid = np.indices((t, h, w)).reshape(3, -1)
+        if kind == 2 and tps is not None:
+            factor = next(seconds, 1.0) * tps
+            grid[0] = (np.arange(t) * factor).astype(np.int64).repeat(h * w)
+        if kinds[i : i + t * h * w] != [kind] * (t * h * w):
+            raise ValueError(f"row {b}: a vision item of {t * h * w} tokens does not match its pads")
+        pieces.append(grid + nxt)
+        nxt = int(pieces[-1].max()) + 1
+        i += t * h * w
+    return pieces
+
+
 def rope_index(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -446,33 +481,7 @@ def rope_index(
     mask = attention_mask.bool().cpu()
     out = torch.zeros(3, *input_ids.shape, dtype=torch.long)
     for b in range(input_ids.shape[0]):
-        kinds = types[b][mask[b]].tolist()
-        pieces: list[np.ndarray] = []
-        nxt, i = 0, 0
-        while i < len(kinds):
-            kind = kinds[i]
-            if kind == 0:
-                j = i
-                while j < len(kinds) and kinds[j] == 0:
-                    j += 1
-                pieces.append(np.broadcast_to(np.arange(j - i), (3, j - i)) + nxt)
-                nxt += j - i
-                i = j
-                continue
-            try:
-                t, h, w = next(grids[kind])
-            except StopIteration:
-                raise ValueError(f"row {b}: more {('image', 'video')[kind - 1]} pads than grid rows") from None
-            h, w = h // merge, w // merge
-            grid = np.indices((t, h, w)).reshape(3, -1)
-            if kind == 2 and tps is not None:
-                factor = next(seconds, 1.0) * tps
-                grid[0] = (np.arange(t) * factor).astype(np.int64).repeat(h * w)
-            if kinds[i : i + t * h * w] != [kind] * (t * h * w):
-                raise ValueError(f"row {b}: a vision item of {t * h * w} tokens does not match its pads")
-            pieces.append(grid + nxt)
-            nxt = int(pieces[-1].max()) + 1
-            i += t * h * w
+        pieces = _row_positions(b, types[b][mask[b]].tolist(), grids, seconds, merge, tps)
         if pieces:
             out[:, b, mask[b]] = torch.from_numpy(np.concatenate(pieces, axis=1).astype(np.int64))
     return out.to(input_ids.device)

@@ -97,3 +97,16 @@ def checkpoint_params(folder: str | Path) -> int | None:
                     k *= d
                 total += k
     return total
+
+
+def require_score_head(path: str) -> str:
+    """The name of the score head stored in ``path`` (a local folder); ValueError when it holds none: a chat model
+    is a judge (reward_model.style=generative), not a discriminative reward model."""
+    found = saved_value_head(path)
+    if found is None:
+        raise ValueError(
+            f"reward_model.model.path={path} holds no score head (score.weight, as token- or sequence-classification "
+            "reward models save it): a discriminative reward model needs one (train one with python -m "
+            "vlmrl.reward_model.train); a chat model can judge instead: reward_model.style=generative"
+        )
+    return found[1]

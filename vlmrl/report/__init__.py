@@ -21,9 +21,9 @@ from pathlib import Path
 
 from vlmrl.report import data
 from vlmrl.report.data import ReportError, RunData, load_run, read_input
+from vlmrl.report.gallery import write_atomically
 from vlmrl.report.health import Finding, check_health, health_summary
 from vlmrl.report.panels import PANELS, has_data, matching, render, stage_medians
-from vlmrl.trainer.gallery import write_atomically
 
 __all__ = [
     "RunData",

@@ -87,6 +87,15 @@ def check_health(
     ``drift_threshold``: largest acceptable mean |engine - trainer| log-prob gap; ``dominant_share``: the share of
     the step time above which one stage is said to dominate."""
     found: list[Finding] = []
+    _entropy(rows, window, found)
+    _reward(rows, window, found)
+    _learning_signal(rows, window, found)
+    _drift(rows, drift_threshold, found)
+    _stages(rows, window, dominant_share, found)
+    return found
+
+
+def _entropy(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
     # entropy collapse: the policy stopped exploring
     ent = _series(rows, "actor/entropy")
     if len(ent) >= window:
@@ -99,6 +108,9 @@ def check_health(
                 "a larger actor.entropy_coeff, a lower learning rate, clip-higher (actor.clip_ratio_high above "
                 "clip_ratio_low), a higher rollout.temperature",
             ))  # fmt: skip
+
+
+def _reward(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
     # the reward gives no signal: every sample scores 0, or every sample scores the maximum
     rew = _series(rows, "reward/mean")
     if len(rew) >= window:
@@ -119,6 +131,10 @@ def check_health(
                 "stop here (a checkpoint is the model), or train on harder data",
                 severity="info",
             ))  # fmt: skip
+
+
+def _learning_signal(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
+    rew = _series(rows, "reward/mean")
     # groups whose samples all scored the same: no gradient from them
     # (groups that all scored alike because the model solves them, reward >= 0.9, are a learned task, not a problem)
     mean_at = dict(rew)
@@ -147,6 +163,9 @@ def check_health(
                 "a larger critic.optim.lr or critic.ppo_epochs, trainer.critic_warmup steps before the actor learns, "
                 "rewards of a scale the value head can reach (normalised), algorithm.lam below 1",
             ))  # fmt: skip
+
+
+def _drift(rows: list[dict[str, Any]], drift_threshold: float, found: list[Finding]) -> None:
     # engine vs trainer log-probs of the same tokens (the one-step off-policy trainer's batches come from the weights
     # one update back: only its on-policy steps, async/staleness 0, say whether the engine matches the trainer)
     stale = {step for step, v in _series(rows, "async/staleness") if v > 0}
@@ -161,6 +180,9 @@ def check_health(
             "actor's (bf16 vs fp32), a weight push that failed, an image processed differently (data.max_pixels); "
             "on-policy importance correction (an old-log-prob pass) hides but does not fix it",
         ))  # fmt: skip
+
+
+def _stages(rows: list[dict[str, Any]], window: int, dominant_share: float, found: list[Finding]) -> None:
     # one stage takes most of every step (the first step is the warm-up: not counted)
     # (a timing value that is not a finite number counts as 0: the report says how many it skipped)
     timed = [r for r in rows if (finite(r.get("timing/step_s")) or 0.0) > 0][1:]
@@ -175,7 +197,6 @@ def check_health(
                     f"{key.split('/')[1][:-2]} takes {med:.0%} of the step time (median)", fix,
                     severity="info",
                 ))  # fmt: skip
-    return found
 
 
 def health_summary(rows: list[dict[str, Any]], **kw: Any) -> str:

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
-from vlmrl.trainer.step import split_even
+from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, split_even
 
 __all__ = ["RewardModel"]
 

@@ -28,20 +28,7 @@ from vlmrl.models.inputs import (
     process_response_images,
     to_device,
 )
-from vlmrl.models.value_head import add_value_head, saved_value_head
-
-
-def require_score_head(path: str) -> str:
-    """The name of the score head stored in ``path`` (a local folder); ValueError when it holds none: a chat model
-    is a judge (reward_model.style=generative), not a discriminative reward model."""
-    found = saved_value_head(path)
-    if found is None:
-        raise ValueError(
-            f"reward_model.model.path={path} holds no score head (score.weight, as token- or sequence-classification "
-            "reward models save it): a discriminative reward model needs one (train one with python -m "
-            "vlmrl.reward_model.train); a chat model can judge instead: reward_model.style=generative"
-        )
-    return found[1]
+from vlmrl.models.value_head import add_value_head, require_score_head
 
 
 class RewardModelWorker:
@@ -50,7 +37,7 @@ class RewardModelWorker:
     def __init__(self, plan: RewardModelPlan, device: str, policy_processor: Any) -> None:
         from transformers import AutoProcessor
 
-        from vlmrl.workers.policy import _fsdp_wrap, compute_dtype, load_model
+        from vlmrl.models.trainable import compute_dtype, fsdp_wrap, load_model
 
         self.plan = plan
         self.device = device
@@ -70,7 +57,7 @@ class RewardModelWorker:
         tok = self.processor.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         if dist.is_initialized():
-            self.model = _fsdp_wrap(self.model, device, plan.param_offload, True, compute_dtype(plan.dtype, device))
+            self.model = fsdp_wrap(self.model, device, plan.param_offload, True, compute_dtype(plan.dtype, device))
 
     # ------------------------------------------------------------------------------------------------ inputs
     def _rerendered(self, prompts: list[PromptSample], rollout: RolloutBatch) -> tuple[list[PromptSample], Any]:

@@ -153,8 +153,8 @@ class Judge:
                 trust_remote_code=cfg.model.trust_remote_code,
             )  # fmt: skip
         else:
+            from vlmrl.models.trainable import load_model
             from vlmrl.rollout.hf import HFRollout
-            from vlmrl.workers.policy import load_model
 
             model = load_model(path, device, cfg.model.trust_remote_code, where=f"reward_model.model.path={path}")
             model.eval().requires_grad_(False)

@@ -44,9 +44,9 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import last_token_scores
 from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
+from vlmrl.models.trainable import load_model
 from vlmrl.models.value_head import add_value_head, export_names
 from vlmrl.timing import Timer
-from vlmrl.workers.policy import load_model
 
 
 @dataclass

@@ -31,9 +31,9 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
+from vlmrl.models.trainable import load_model
 from vlmrl.reward_model.judge import judge_prompt
 from vlmrl.reward_model.train import Pairs, load_pairs, optimise
-from vlmrl.workers.policy import load_model
 
 VERDICTS = ("0", "1")
 """The verdicts taught: wrong, right."""

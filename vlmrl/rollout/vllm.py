@@ -122,6 +122,82 @@ def default_cache_off() -> dict[str, Any]:
     return translate_engine_kwargs({"disable_mm_preprocessor_cache": True})
 
 
+def _mm_processor_kwargs(limit_videos: int, pixel_bounds: tuple[int, int] | None,
+                         video_pixel_bounds: tuple[int, int] | None) -> dict[str, Any] | None:  # fmt: skip
+    """The engine's multimodal processor sizes: the data's pixel bounds (per modality when videos come)."""
+    if limit_videos > 0:
+        # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
+        # frames with the images' bounds (both seen: 32 video tokens instead of 128, or the images' size lost)
+        # frames come sampled and resized already: the engine's video processor takes them as they are, as the
+        # trainer's does (Qwen3-VL's would resize them again: it bounds a whole video's pixels)
+        mm: dict[str, Any] = {"videos_kwargs": {k: v for k, v in VIDEO_AS_GIVEN.items() if k != "do_sample_frames"}}
+        if pixel_bounds is not None:
+            mm["images_kwargs"] = {"size": {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}}
+        if video_pixel_bounds is not None:
+            mm["videos_kwargs"]["size"] = {
+                "shortest_edge": video_pixel_bounds[0],
+                "longest_edge": video_pixel_bounds[1],
+            }
+        return mm
+    if pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
+        lo, hi = pixel_bounds
+        return {"size": {"shortest_edge": lo, "longest_edge": hi}}
+    return None
+
+
+def engine_args(
+    model_path: str,
+    rollout_cfg: Any,
+    max_model_len: int,
+    limit_images: int,
+    limit_videos: int,
+    device: str,
+    seed: int,
+    distributed: bool,
+    tensor_parallel_size: int,
+    trust_remote_code: bool,
+    pixel_bounds: tuple[int, int] | None,
+    video_pixel_bounds: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """``vllm.LLM``'s arguments for a rollout engine (``VLLMRollout`` documents the parameters): the rollout's
+    settings, the media limits and processor sizes of the data, vLLM's multimodal cache off, ``engine_kwargs.vllm``."""
+    dtype = rollout_cfg.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=dtype,
+        enforce_eager=rollout_cfg.enforce_eager,
+        max_model_len=max_model_len,
+        limit_mm_per_prompt={"image": max(1, limit_images), "video": max(0, limit_videos)},
+        seed=seed,
+        trust_remote_code=trust_remote_code,
+        tensor_parallel_size=tensor_parallel_size,
+        enable_prefix_caching=True,
+        load_format=rollout_cfg.load_format,
+    )
+    mm = _mm_processor_kwargs(limit_videos, pixel_bounds, video_pixel_bounds)
+    if mm is not None:
+        kwargs["mm_processor_kwargs"] = mm
+    if device == "cuda":
+        kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = bool(rollout_cfg.free_cache_engine)
+    if rollout_cfg.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = rollout_cfg.max_num_batched_tokens
+    if rollout_cfg.enable_chunked_prefill is not None:
+        kwargs["enable_chunked_prefill"] = rollout_cfg.enable_chunked_prefill
+    if distributed:
+        # inside the torch.distributed world the trainer built: one engine per group of tensor_parallel_size
+        # consecutive ranks (vLLM's external data parallelism across the groups), every rank of a group calls
+        # it with the same prompts and seed
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    elif tensor_parallel_size != 1:
+        raise ValueError("a tensor-parallel engine runs inside the trainer's process group (distributed=True)")
+    kwargs.update(default_cache_off())
+    kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
+    return kwargs
+
+
 class VLLMRollout:
     """The vLLM rollout engine of a hybrid worker."""
 
@@ -150,55 +226,10 @@ class VLLMRollout:
                 per_run_shm_names()
 
         self.device = device
-        dtype = rollout_cfg.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if device == "cuda" else "float32"
         self.sleep_enabled = device == "cuda" and bool(rollout_cfg.free_cache_engine)
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
-            dtype=dtype,
-            enforce_eager=rollout_cfg.enforce_eager,
-            max_model_len=max_model_len,
-            limit_mm_per_prompt={"image": max(1, limit_images), "video": max(0, limit_videos)},
-            seed=seed,
-            trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=True,
-            load_format=rollout_cfg.load_format,
-        )
-        if limit_videos > 0:
-            # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
-            # frames with the images' bounds (both seen: 32 video tokens instead of 128, or the images' size lost)
-            # frames come sampled and resized already: the engine's video processor takes them as they are, as the
-            # trainer's does (Qwen3-VL's would resize them again: it bounds a whole video's pixels)
-            mm: dict[str, Any] = {"videos_kwargs": {k: v for k, v in VIDEO_AS_GIVEN.items() if k != "do_sample_frames"}}
-            if pixel_bounds is not None:
-                mm["images_kwargs"] = {"size": {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}}
-            if video_pixel_bounds is not None:
-                mm["videos_kwargs"]["size"] = {
-                    "shortest_edge": video_pixel_bounds[0],
-                    "longest_edge": video_pixel_bounds[1],
-                }
-            kwargs["mm_processor_kwargs"] = mm
-        elif pixel_bounds is not None:  # the engine's processor resizes with the data's bounds (a no-op on our images)
-            lo, hi = pixel_bounds
-            kwargs["mm_processor_kwargs"] = {"size": {"shortest_edge": lo, "longest_edge": hi}}
-        if device == "cuda":
-            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = self.sleep_enabled
-        if rollout_cfg.max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = rollout_cfg.max_num_batched_tokens
-        if rollout_cfg.enable_chunked_prefill is not None:
-            kwargs["enable_chunked_prefill"] = rollout_cfg.enable_chunked_prefill
-        if distributed:
-            # inside the torch.distributed world the trainer built: one engine per group of tensor_parallel_size
-            # consecutive ranks (vLLM's external data parallelism across the groups), every rank of a group calls
-            # it with the same prompts and seed
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        elif tensor_parallel_size != 1:
-            raise ValueError("a tensor-parallel engine runs inside the trainer's process group (distributed=True)")
-        kwargs.update(default_cache_off())
-        kwargs.update(translate_engine_kwargs(dict((rollout_cfg.engine_kwargs or {}).get("vllm") or {})))
+        kwargs = engine_args(model_path, rollout_cfg, max_model_len, limit_images, limit_videos, device, seed,
+                             distributed, tensor_parallel_size, trust_remote_code, pixel_bounds,
+                             video_pixel_bounds)  # fmt: skip
         sw = Timer.start()
         gc.freeze()  # vLLM collects garbage several times while it starts: the objects that exist now are not garbage
         self.llm = LLM(**kwargs)

@@ -38,13 +38,13 @@ from vlmrl.data.dataset import RLDataset
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images, to_device
+from vlmrl.models.trainable import load_model
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.rollout.multi_turn import MultiTurnAgent, multi_turn_metrics
 from vlmrl.timing import Timer
 from vlmrl.tools.config import tool_schemas
 from vlmrl.tools.runner import ToolRunner
 from vlmrl.userfiles import load_callable
-from vlmrl.workers.policy import load_model
 
 Teacher = Callable[[int, str, Any, random.Random], str]
 """``write_turn(turn, conversation, sample, rng) -> text`` of the assistant's next turn."""
@@ -74,6 +74,25 @@ class TeacherEngine:
             ids = ids[: r.max_tokens]
             out.append(TurnOutput(ids, [0.0] * len(ids), finish))
         return out
+
+
+def _imitation_step(model: torch.nn.Module, opt: torch.optim.Optimizer, agent: MultiTurnAgent, processor: Any,
+                    prompts: list[Any], max_response_length: int, device: str) -> tuple[torch.Tensor, Any]:  # fmt: skip
+    """One step on the teacher's trajectories of ``prompts`` (the tools run for real): the mean negative log-prob of
+    the model's tokens; the loss and the rollout."""
+    tokenizer = processor.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=max_response_length))
+    images = process_images(processor, prompts)
+    x = to_device(build_inputs(prompts, rb, images, pad, process_response_images(processor, rb)), device)
+    lp, _, extra = response_logprobs(model, x, qwen_vl.vision_token_ids(tokenizer))
+    mask = x.response_mask.float()
+    loss = -(lp * mask).sum() / mask.sum().clamp(min=1.0) + extra
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss, rb
 
 
 def warm_start(
@@ -112,8 +131,6 @@ def warm_start(
         engine = TeacherEngine(teacher, tokenizer, seed)
         agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length,
                                max_images=ds.max_images_per_prompt + mt.max_tool_images)  # fmt: skip
-        vision = qwen_vl.vision_token_ids(tokenizer)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         rng = random.Random(seed)
         sw = Timer.start()
@@ -121,17 +138,7 @@ def warm_start(
         first_loss = float("nan")
         for step in range(1, steps + 1):
             prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
-            rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=max_response_length))  # the tools run for real
-            images = process_images(processor, prompts)
-            x = build_inputs(prompts, rb, images, pad, process_response_images(processor, rb))
-            x = to_device(x, device)
-            lp, _, extra = response_logprobs(model, x, vision)
-            mask = x.response_mask.float()
-            loss = -(lp * mask).sum() / mask.sum().clamp(min=1.0) + extra
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss, rb = _imitation_step(model, opt, agent, processor, prompts, max_response_length, device)
             mtm = multi_turn_metrics(rb.trajectories)
             first_loss = loss.item() if step == 1 else first_loss
             last = {"step": step, "first_loss": first_loss, "loss": loss.item(),

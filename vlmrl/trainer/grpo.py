@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,17 @@ from vlmrl import rng
 from vlmrl.algorithms import load_plugins
 from vlmrl.algos import filter_groups
 from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
-from vlmrl.algos.estimators import NEEDS_PI2, SEQUENCE_LEVEL, EstimatorConfig, sequence_advantages
+from vlmrl.algos.estimators import EstimatorConfig, sequence_advantages
 from vlmrl.algos.losses import LossConfig
 from vlmrl.algos.ppo import make_kl_controller
-from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
+from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
-from vlmrl.config.plan import critic_plan, launcher_of, rollout_plan, separate_pools, tp_size, worker_plan
+from vlmrl.config.plan import critic_plan, launcher_of, needs_of, rollout_plan, separate_pools, tp_size, worker_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
+from vlmrl.report.gallery import write_gallery
 from vlmrl.reward_model import RewardModel
 from vlmrl.scoring import RewardError, RewardManager, RewardOutput
 from vlmrl.startup import stage
@@ -55,8 +56,8 @@ from vlmrl.supervise import HangError
 from vlmrl.timing import StartupClock, Timer
 from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
-from vlmrl.trainer.gallery import write_gallery
-from vlmrl.trainer.offpolicy import OffPolicyRollout, chunk_prompts, gather_leaders
+from vlmrl.trainer.offpolicy import OffPolicyRollout
+from vlmrl.trainer.rollouts import Draw, HybridRollouts, Rollouts
 from vlmrl.trainer.step import (
     StepData,
     after_train_step,
@@ -69,7 +70,8 @@ from vlmrl.trainer.step import (
     token_targets,
 )
 from vlmrl.trainer.tracking import Tracker, plot_curve
-from vlmrl.workers.group import WorkerError, make_worker_group
+from vlmrl.workers.group import WorkerError
+from vlmrl.workers.launch import make_worker_group
 
 # ------------------------------------------------------------------------------------------------------ helpers
 
@@ -105,8 +107,8 @@ class Trainer:
         self.step = 0
         self.updates = 0
         """Policy updates done (the step's own counts once it trained; a resumed run starts at its step)."""
-        self.offpolicy: OffPolicyRollout | None = None
-        """The rollout pool of ``hybrid_engine=False`` (None: the hybrid engine)."""
+        self.rollouts: Rollouts
+        """Where the step's batches come from: the hybrid engine, or the rollout pool of ``hybrid_engine=False``."""
         self._warned_flat = False
         self.started = time.time()
         """The run's start (wall clock): ``timeline/*`` metrics are seconds since."""
@@ -117,6 +119,26 @@ class Trainer:
             raise
 
     def _start(self) -> None:
+        """The start-up's stages, in order (the clock marks each)."""
+        self._start_data()
+        self._start_algorithm()
+        self._start_output()
+        self._start_workers()
+        self.clock.mark("workers")
+        cfg, tr = self.cfg, self.cfg.trainer
+        if cfg.reward_model.enable:
+            rm = cfg.reward_model
+            with stage(f"could not start the reward model ({rm.style}, {rm.model.path})",
+                       "check reward_model.model.path and reward_model.rollout.*"):  # fmt: skip
+                self.reward_model = RewardModel(cfg, self.group, self.world, self.group.device, self.limits, tr.seed)
+        if self.resume_from is not None:
+            with stage(f"could not resume from the checkpoint {self.resume_from}",
+                       "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
+                self._load_checkpoint(self.resume_from)
+        self.clock.mark("reward model and resume")
+
+    def _start_data(self) -> None:
+        """The processor, the tools' schemas, the datasets (checked against the config) and the sampler."""
         cfg, arr, tr = self.cfg, self.cfg.actor_rollout_ref, self.cfg.trainer
         path, tools_file = arr.model.path, arr.rollout.multi_turn.tool_config_path
         with stage(f"could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
@@ -138,6 +160,10 @@ class Trainer:
         self.sampler = BatchSampler(len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                     drop_last=True)  # fmt: skip
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
+
+    def _start_algorithm(self) -> None:
+        """The algorithm class, the critic's plan, the in-reward KL, the estimator's needs and the reward."""
+        cfg = self.cfg
         alg = cfg.algorithm
         load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
         self.algorithm = build_algorithm(alg.name, dict(alg.params),
@@ -147,8 +173,9 @@ class Trainer:
         self.critic = critic_plan(cfg)
         self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
                                           alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
-        self.token_level = self.critic is not None or self.kl_ctrl is not None or (
-            alg.adv_estimator not in SEQUENCE_LEVEL)  # fmt: skip
+        self.needs = needs_of(cfg)
+        """What the estimator declared it needs (``vlmrl.algos.estimators.Needs``): read here, never its name."""
+        self.token_level = self.critic is not None or self.kl_ctrl is not None or not self.needs.sequence_level
         """Per-token advantages computed after the workers' log-probs and values (PPO path; REINFORCE++ too: verl
         whitens its discounted returns over the batch's tokens, which needs each response's generated tokens; and a
         user's estimator, which gets the real response masks as in verl)."""
@@ -157,6 +184,10 @@ class Trainer:
         self.clock.mark("reward")
         self.reward_model: RewardModel | None = None
         """``reward_model.enable``: scores every sample before the rewards run (their ``reward_model`` component)."""
+
+    def _start_output(self) -> None:
+        """The output folder, the checkpoint to resume from, and the loggers."""
+        cfg, tr = self.cfg, self.cfg.trainer
         self.out_dir = Path(tr.default_local_dir)
         with stage(f"could not create trainer.default_local_dir={tr.default_local_dir}", "check it"):
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,18 +202,6 @@ class Trainer:
                                    OmegaConf.to_container(OmegaConf.structured(cfg)), fresh=self.resume_state is None,
                                    prometheus=tr.prometheus)  # fmt: skip
         self.clock.mark("loggers")
-        self._start_workers()
-        self.clock.mark("workers")
-        if cfg.reward_model.enable:
-            rm = cfg.reward_model
-            with stage(f"could not start the reward model ({rm.style}, {rm.model.path})",
-                       "check reward_model.model.path and reward_model.rollout.*"):  # fmt: skip
-                self.reward_model = RewardModel(cfg, self.group, self.world, self.group.device, self.limits, tr.seed)
-        if self.resume_from is not None:
-            with stage(f"could not resume from the checkpoint {self.resume_from}",
-                       "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
-                self._load_checkpoint(self.resume_from)
-        self.clock.mark("reward model and resume")
 
     def _data_facts(self) -> DataFacts:
         """What the datasets say that the config cannot (``config.checks.data_problems`` reads it)."""
@@ -216,18 +235,19 @@ class Trainer:
                 self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan), first_gpu=self.world)
             tp = tp_size(cfg)
             with stage("the weight-sync group of the two pools did not form"):
-                self.offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
+                self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
             where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
             engines = (f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
                        if arr.rollout.name == "vllm" else f"{pool.world} HF rollout model(s)")  # fmt: skip
             print(
                 f"[vlmrl] one-step off-policy: {self.world} training worker(s) (rank@node: {nodes}) and "
                 f"{pool.world} rollout worker(s) (rank@node: {where}) on {self.group.device} ready in "
-                f"{sw.elapsed:.1f} s; {engines}; weights synced by a collective ({self.offpolicy.mb:.1f} MB); "
+                f"{sw.elapsed:.1f} s; {engines}; weights synced by a collective ({offpolicy.mb:.1f} MB); "
                 f"{len(self.train_ds)} training prompts, {self.total_steps} steps",
                 flush=True,
             )
             return
+        self.rollouts = HybridRollouts(self.group, self.tp)
         engines = (f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
                    if arr.rollout.name == "vllm" else "HF rollout on the policy")  # fmt: skip
         print(
@@ -282,7 +302,7 @@ class Trainer:
             state = {
                 "step": self.step,
                 # with a batch in flight: the sampler before it was drawn (a resumed run generates it again)
-                "sampler": self.offpolicy.checkpoint_sampler(sampler) if self.offpolicy else sampler,
+                "sampler": self.rollouts.checkpoint_sampler(sampler),
                 "rng": rng.state(),
                 "world": self.world,
             }
@@ -307,93 +327,54 @@ class Trainer:
             yield from self.sampler
             self.sampler.set_epoch(self.sampler.epoch + 1)
 
-    def rollout(self, prompts: list[PromptSample], validate: bool = False, k: int = 0) -> RolloutBatch:
-        """Generate on every engine (prompts split evenly over the engine groups; the ranks of a tensor-parallel
-        group all get their group's prompts) and gather in order, one copy per group. With a rollout pool: once
-        its generation in flight is done, with the trainer's current weights (``k``: the step's k-th batch)."""
-        if self.offpolicy is not None:
-            self.offpolicy.drain()
-            self.offpolicy.sync(self.updates)
-            return self.offpolicy.generate_now(self.step, prompts, k, validate)
-        return gather_leaders(self.group.generate(chunk_prompts(prompts, self.world, self.tp), validate), self.tp)
+    def _draw(self, batches: Iterator[list[int]], timer: Timer) -> Draw:
+        """How the rollout side draws a batch's prompts (timed as data), with the sampler's state before them."""
 
-    def offpolicy_batch(self, batches: Iterator[list[int]], timer: Timer, launch: bool) -> tuple[
-            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
-        """The one-step off-policy trainer's batch of this step: the one generated while the previous step trained
-        (generated now on the first step, after a resume, or after a fallback); then the trainer's weights go into
-        the engines and (``launch``) the next step's batch starts generating. The ``async/*`` metrics."""
-        op = self.offpolicy
-        assert op is not None
-        metrics = {"timing/param_sync_s": 0.0}
-        if op.inflight is None:  # nothing was launched for this step (first step, resumed run)
-            metrics |= op.sync(self.updates)
-            self._launch(batches, timer, self.step)
-        fallback = op.fallback_due and op.inflight is not None and op.inflight.version != self.updates
-        with timer("wait_prev_gen"):
-            gen, rb = op.take()
-        version = gen.version
-        metrics |= op.sync(self.updates)
-        if fallback:  # the behaviour policy drifted too far: the same prompts again, from the current weights
-            with timer("rollout"):
-                rb, version = op.generate_now(self.step, gen.prompts, 0), self.updates
-        op.fallback_due = False
-        if launch:
-            self._launch(batches, timer, self.step + 1)
-        metrics |= {
-            "async/staleness": float(self.updates - version),
-            "async/fallback": float(fallback),
-            "timing/gen_s": float(rb.timing.get("generate_s", 0.0)),
-            "timeline/gen_start": rb.timing.get("start_time", 0.0),  # the rollout pool's, while the last update ran
-            "timeline/gen_end": rb.timing.get("end_time", 0.0),
-        }
-        return gen.prompts, rb, metrics
+        def draw() -> tuple[list[PromptSample], dict[str, Any]]:
+            with timer("data"):
+                state = self.sampler.state_dict()
+                return self.train_ds.get_batch(next(batches), self.cfg.data.dataloader_num_workers), state
 
-    def _launch(self, batches: Iterator[list[int]], timer: Timer, step: int) -> None:
-        """Draw ``step``'s prompts and start generating them on the rollout pool (none after the last step)."""
-        if step > self.total_steps:
-            return
-        with timer("data"):
-            state = self.sampler.state_dict()
-            prompts = self.train_ds.get_batch(next(batches), self.cfg.data.dataloader_num_workers)
-        self.offpolicy.launch(step, prompts, state)  # type: ignore[union-attr]
+        return draw
 
     def collect(self, batches: Iterator[list[int]], timer: Timer) -> tuple[StepData, dict[str, float]]:
-        """One step's data: prompts → rollout → reward samples → scores (timed as data, rollout, reward). With
-        ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) more batches are rolled out until
+        """One step's data: prompts → rollout → reward samples → scores (timed as data, rollout, reward), the same
+        for both rollout sides (``trainer/rollouts.py``; the rollout pool's ``async/*`` metrics in the second dict).
+        With ``algorithm.filter_groups.enable`` (DAPO dynamic sampling) more batches are rolled out until
         ``train_batch_size`` groups vary on the metric (or ``max_num_gen_batches`` were tried), and the step takes
-        ``choose_groups``' pick of them; the second dict holds the ``filter_groups/*`` metrics (and, with a rollout
-        pool, the ``async/*`` ones: ``offpolicy_batch``)."""
-        cfg = self.cfg
-        fg = cfg.algorithm.filter_groups
-        remax = cfg.algorithm.adv_estimator == "remax"
-        extra: dict[str, float] = {}
+        ``choose_groups``' pick of them (the ``filter_groups/*`` metrics)."""
+        fg = self.cfg.algorithm.filter_groups
+        draw, extra = self._draw(batches, timer), {}
+        last = self.step >= self.total_steps
+        # the next step's batch may start with the step's own, unless more generation comes first
+        launch = not (fg.enable or self.needs.baseline_rollout or last)
 
-        def one_batch() -> StepData:
-            if self.offpolicy is not None and not collected:  # generated while the previous step trained
-                # the next batch starts now, unless more generation comes first (dynamic sampling, ReMax's baseline)
-                prompts, rb, metrics = self.offpolicy_batch(batches, timer, launch=not (fg.enable or remax))
+        def one_batch(k: int) -> StepData:
+            if k == 0:  # (with a rollout pool: the batch generated while the previous step trained)
+                prompts, rb, metrics = self.rollouts.next_batch(draw, timer, self.step, self.updates, launch)
                 extra.update(metrics)
             else:
-                with timer("data"):
-                    prompts = self.train_ds.get_batch(next(batches), cfg.data.dataloader_num_workers)
+                prompts, _ = draw()
                 with timer("rollout"):
-                    rb = self.rollout(prompts, k=len(collected))
+                    rb = self.rollouts.generate(prompts, self.step, self.updates, k)
             samples, scored = self.score(prompts, rb, timer, extra)
-            baselines = None
-            if remax:  # its baseline: each prompt's greedy rollout, scored
-                with timer("baseline"):
-                    greedy = self.rollout(prompts, validate=True)
-                    _, ref = self.score(prompts, greedy, None, extra)
-                    per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
-                    baselines = per_prompt.repeat_interleave(rb.n).tolist()
-            return StepData(prompts, rb, samples, scored, baselines)
+            return StepData(prompts, rb, samples, scored, self._baselines(prompts, rb, timer, extra))
 
-        collected: list[StepData] = []
-        collected.append(one_batch())
-        if not fg.enable:
-            self._launch_if_idle(batches, timer)
-            return collected[0], extra
-        bs = cfg.data.train_batch_size
+        collected = [one_batch(0)]
+        chosen = None
+        if fg.enable:
+            chosen, metrics = self._sample_dynamically(collected, one_batch)
+            extra |= metrics
+        if not last:
+            self.rollouts.launch_next(draw, self.step + 1)
+        return (collected[0] if chosen is None else assemble(collected, chosen)), extra
+
+    def _sample_dynamically(self, collected: list[StepData], one_batch: Callable[[int], StepData]) -> tuple[
+            list[tuple[int, int]], dict[str, float]]:  # fmt: skip
+        """DAPO's dynamic sampling: batches are added to ``collected`` until enough groups vary on the metric (or
+        ``max_num_gen_batches`` were tried); the (batch, group) pairs the step takes and the ``filter_groups/*``
+        metrics."""
+        fg, bs = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
 
         def varying(d: StepData) -> list[bool]:
             try:
@@ -403,16 +384,26 @@ class Trainer:
 
         varies = [varying(collected[0])]
         while not filter_groups.enough(varies, bs) and not 0 < fg.max_num_gen_batches <= len(collected):
-            collected.append(one_batch())
+            collected.append(one_batch(len(collected)))
             varies.append(varying(collected[-1]))
         kept = sum(sum(v) for v in varies)
-        metrics = extra | {
+        return filter_groups.choose_groups(varies, bs), {
             "filter_groups/gen_batches": float(len(collected)),
             "filter_groups/kept_ratio": kept / (len(collected) * bs),
             "filter_groups/filled": float(max(0, bs - kept)),
         }
-        self._launch_if_idle(batches, timer)
-        return assemble(collected, filter_groups.choose_groups(varies, bs)), metrics
+
+    def _baselines(self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer,
+                   metrics: dict[str, float]) -> list[float] | None:  # fmt: skip
+        """The estimator's baseline when it declares one (``Needs.baseline_rollout``, ReMax's): each prompt's greedy
+        rollout, scored, repeated over the prompt's samples."""
+        if not self.needs.baseline_rollout:
+            return None
+        with timer("baseline"):
+            greedy = self.rollouts.generate(prompts, self.step, self.updates, validate=True)
+            _, ref = self.score(prompts, greedy, None, metrics)
+            per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
+            return per_prompt.repeat_interleave(rb.n).tolist()
 
     def score(self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer | None,
               metrics: dict[str, float]) -> tuple[list[RewardSample], RewardOutput]:  # fmt: skip
@@ -429,16 +420,11 @@ class Trainer:
         with timer("reward"):
             return samples, self.rewards.score(samples)
 
-    def _launch_if_idle(self, batches: Iterator[list[int]], timer: Timer) -> None:
-        """With a rollout pool and nothing in flight: start the next step's batch (after dynamic sampling's or
-        ReMax's further generation)."""
-        if self.offpolicy is not None and self.offpolicy.inflight is None:
-            self._launch(batches, timer, self.step + 1)
-
     # ----------------------------------------------------------------------------------------------------- fit
     def fit(self) -> dict[str, float]:
         """Train for ``total_steps``; returns the last step's metrics (plus the final validation). Each stage of a
-        step is one call here; ``step.py`` holds the pure functions between them."""
+        step is one call here, the same for the hybrid engine and a rollout pool (``trainer/rollouts.py``);
+        ``step.py`` holds the pure functions between them."""
         tr = self.cfg.trainer
         if tr.val_only:
             return self.log(self.validate())
@@ -453,83 +439,81 @@ class Trainer:
             self.step += 1
             timer = Timer()
             with timer("step"):
-                # prompts → rollout → rewards (→ dynamic sampling); with a rollout pool: wait for the batch generated
-                # during the previous step → weight sync → the next batch launched → rewards
-                step, sampling = self.collect(batches, timer)
-                if self.offpolicy is None:
-                    with timer("sleep"):  # the engines give their device memory to the update (GPU; CPU: nothing)
-                        self.group.sleep_engines()
+                step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ more batches)
+                self.rollouts.before_update(timer)  # (the hybrid engine's engines sleep)
                 scored = before_train_step(self.algorithm, step, self.step)  # the algorithm's hook: may reshape rewards
-                if not self.token_level:  # GRPO family: one advantage per sample, from the scores alone
-                    with timer("advantages"):
-                        adv = self.advantages(scored)
-                    shards = plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp)
-                    ppo = {}
-                else:  # PPO: old/ref log-probs and values first (kept on the workers), then per-token advantages
-                    shards = plan_shards(step, None, self.world, self.mini_samples, self.tp)
-                    with timer("values"):
-                        pi2 = self.cfg.algorithm.adv_estimator in NEEDS_PI2
-                        prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None or pi2, need_pi2=pi2)
-                    with timer("advantages"):
-                        tokens = gather_prepared(shards, prepared, len(step.samples))
-                        adv_tok, returns, ppo = token_targets(scored, tokens, self.cfg.algorithm, self.kl_ctrl)
-                        adv = (adv_tok * tokens.mask).sum(-1) / tokens.mask.sum(-1).clamp(min=1.0)
-                    shards = attach_token_targets(
-                        shards,
-                        prepared,
-                        adv_tok,
-                        returns,
-                        self.critic_mini_samples,
-                        update_actor=self.step >= self.cfg.trainer.critic_warmup,
-                    )
-                with timer("train"):  # (old/ref log-probs and) the update, each worker on exactly its shard
-                    state = self.algorithm.state_dict()
-                    for shard in shards:
-                        shard.algorithm_state = state
-                        shard.rewards = [scored.scores.scores[i] for i in shard.samples]
-                    updated = self.group.update(shards)
-                    self.updates += 1
-                if self.offpolicy is None:
-                    with timer("push"):  # the new weights into the engines, which wake for the next rollout
-                        self.group.push_weights()
+                shards, adv, ppo = self.prepare(step, scored, timer)
+                updated = self.update(shards, scored, timer)
+                self.rollouts.after_update(timer)  # (the hybrid engine's: the new weights pushed)
             metrics = step_metrics(step, adv, updated, timer, epoch=self.sampler.epoch) | sampling | ppo | startup
             startup = {}
-            metrics |= after_train_step(self.algorithm, metrics, self.step)  # the algorithm's hook, algorithm/* metrics
-            self._check_drift(metrics)
-            self._warn_if_flat(metrics)
-            if tr.rollout_data_dir:
-                self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
-            if self.val_ds is not None and (self._due(tr.test_freq) or self.step == self.total_steps):
-                metrics.update(self.validate())
-            if self._due(tr.save_freq) or (tr.save_freq > 0 and self.step == self.total_steps):
-                with timer("checkpoint"):
-                    self.save_checkpoint()
-                metrics["timing/checkpoint_s"] = timer["checkpoint"]
-            last = self.log(metrics)
+            last = self.end_step(step, adv, metrics, timer)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['timing/step_s']:.2f}")
         bar.close()
         return last
 
+    def prepare(self, step: StepData, scored: StepData, timer: Timer) -> tuple[
+            list[TrainShard], torch.Tensor, dict[str, float]]:  # fmt: skip
+        """Each worker's shard and the samples' advantages (and the PPO metrics). A sequence-level estimator without
+        a critic or in-reward KL (the GRPO family): one advantage per sample, from the scores alone. Otherwise (the
+        PPO preparation): old/ref log-probs and values first (kept on the workers), then per-token advantages."""
+        if not self.token_level:
+            with timer("advantages"):
+                adv = self.advantages(scored)
+            return plan_shards(step, adv.tolist(), self.world, self.mini_samples, self.tp), adv, {}
+        shards = plan_shards(step, None, self.world, self.mini_samples, self.tp)
+        with timer("values"):
+            pi2 = self.needs.policy_probs
+            prepared = self.group.prepare(shards, need_old=self.kl_ctrl is not None or pi2, need_pi2=pi2)
+        with timer("advantages"):
+            tokens = gather_prepared(shards, prepared, len(step.samples))
+            adv_tok, returns, ppo = token_targets(scored, tokens, self.cfg.algorithm, self.kl_ctrl)
+            adv = (adv_tok * tokens.mask).sum(-1) / tokens.mask.sum(-1).clamp(min=1.0)
+        actor = self.step >= self.cfg.trainer.critic_warmup
+        shards = attach_token_targets(shards, prepared, adv_tok, returns, self.critic_mini_samples, update_actor=actor)
+        return shards, adv, ppo
+
+    def update(self, shards: list[TrainShard], scored: StepData, timer: Timer) -> list[dict[str, float]]:
+        """(Old/ref log-probs and) the update, each worker on exactly its shard, with the algorithm's state."""
+        with timer("train"):
+            state = self.algorithm.state_dict()
+            for shard in shards:
+                shard.algorithm_state = state
+                shard.rewards = [scored.scores.scores[i] for i in shard.samples]
+            updated = self.group.update(shards)
+            self.updates += 1
+        return updated
+
+    def end_step(self, step: StepData, adv: torch.Tensor, metrics: dict[str, float], timer: Timer) -> dict[
+            str, float]:  # fmt: skip
+        """After the update: the algorithm's hook (``algorithm/*`` metrics), the rollout side's and the run's
+        checks, the samples' dump, the validation and the checkpoint when due; logs the metrics and returns them."""
+        tr = self.cfg.trainer
+        metrics |= after_train_step(self.algorithm, metrics, self.step)
+        self.rollouts.after_step(metrics, self.cfg.async_training.fallback_kl)
+        self._warn_if_flat(metrics)
+        if tr.rollout_data_dir:
+            self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
+        if self.val_ds is not None and (self._due(tr.test_freq) or self.step == self.total_steps):
+            metrics.update(self.validate())
+        if self._due(tr.save_freq) or (tr.save_freq > 0 and self.step == self.total_steps):
+            with timer("checkpoint"):
+                self.save_checkpoint()
+            metrics["timing/checkpoint_s"] = timer["checkpoint"]
+        return self.log(metrics)
+
     def _startup_done(self) -> dict[str, float]:
         """The first step begins: print the start-up's stages (the slowest worker's own split beside ``workers``);
         its total, as the first step's ``timing/startup_s``."""
         self.clock.mark("validation")
-        infos = [*self.group.infos, *(self.pool.infos if self.offpolicy is not None else [])]
+        infos = [*self.group.infos, *self.rollouts.infos]
         slow = max(infos, key=lambda i: i.get("process_s", 0.0), default={})
         detail = {"workers": f"the slowest ready {slow['process_s']:.1f} s after its process started: engine "
                              f"{slow.get('engine_s', 0.0):.1f}, model {slow.get('model_s', 0.0):.1f}"} if (
             "process_s" in slow and launcher_of(self.cfg) != "inline") else None  # fmt: skip
         print(f"[vlmrl] {self.clock.line(detail)}", flush=True)
         return {"timing/startup_s": self.clock.total}
-
-    def _check_drift(self, metrics: dict[str, float]) -> None:
-        """One-step off-policy: when this step's KL between the behaviour policy and the trainer's old log-probs
-        (``rollout_corr/k3_kl``) exceeds ``async_training.fallback_kl``, the next step waits for a fresh generation
-        from the current weights instead of the batch generated meanwhile."""
-        limit = self.cfg.async_training.fallback_kl
-        if self.offpolicy is not None and limit is not None and metrics.get("rollout_corr/k3_kl", 0.0) > limit:
-            self.offpolicy.fallback_due = True
 
     def _due(self, freq: int) -> bool:
         """Whether a ``*_freq`` stage runs after this step (before the last step; the last step is handled by the
@@ -586,7 +570,7 @@ class Trainer:
         for start in range(0, len(self.val_ds), bs):
             indices = list(range(start, min(start + bs, len(self.val_ds))))
             prompts = self.val_ds.get_batch(indices, self.cfg.data.dataloader_num_workers)
-            rb = self.rollout(prompts, validate=True)
+            rb = self.rollouts.generate(prompts, self.step, self.updates, validate=True)
             samples, scored = self.score(prompts, rb, None, rm_metrics)
             if self.cfg.trainer.validation_data_dir:
                 self._dump_samples(self.cfg.trainer.validation_data_dir, samples, scored, None, append=start > 0)

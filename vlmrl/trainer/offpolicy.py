@@ -23,22 +23,8 @@ from typing import Any
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.timing import Timer
+from vlmrl.trainer.rollouts import Draw, Rollouts, chunk_prompts, gather_leaders
 from vlmrl.workers.group import Pending, WorkerError, WorkerGroup
-
-
-def chunk_prompts(prompts: list[Any], world: int, tp: int) -> list[list[Any]]:
-    """Rank r's prompts: the prompts split evenly (or, when they do not divide, in ceil-sized chunks with empty
-    tails) over the ``world // tp`` engine groups, every rank of a tensor-parallel group getting its group's."""
-    groups = world // tp
-    k = -(-len(prompts) // groups)
-    chunks = [prompts[i * k : (i + 1) * k] for i in range(groups)]
-    return [chunks[rank // tp] for rank in range(world)]
-
-
-def gather_leaders(parts: list[RolloutBatch], tp: int) -> RolloutBatch:
-    """One copy of each engine group's samples (its first rank's), in rank order."""
-    leaders = parts[::tp]
-    return RolloutBatch.concat([p for p in leaders if len(p) or p is leaders[0]])
 
 
 def batch_seed(seed: int, step: int, k: int = 0) -> int:
@@ -61,8 +47,8 @@ class InFlight:
     seed: int
 
 
-class OffPolicyRollout:
-    """The rollout pool, its weight sync and the one batch in flight."""
+class OffPolicyRollout(Rollouts):
+    """The rollout pool, its weight sync and the one batch in flight (``vlmrl.trainer.rollouts``' interface)."""
 
     def __init__(self, trainer: WorkerGroup, pool: WorkerGroup, tp: int, seed: int) -> None:
         """Form the weight-sync group (training rank 0 + every rollout worker) and push the initial weights, so
@@ -143,3 +129,67 @@ class OffPolicyRollout:
     def checkpoint_sampler(self, current: dict[str, Any]) -> dict[str, Any]:
         """The sampler state a checkpoint records: before the in-flight batch was drawn (``current`` if none)."""
         return self.inflight.sampler_state if self.inflight is not None else current
+
+    # ------------------------------------------------------------------------------- the trainer's stages
+    @property
+    def infos(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.pool.infos
+
+    def next_batch(self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool) -> tuple[
+            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
+        """The batch generated while the previous step trained (generated now on the first step, after a resume,
+        or after a fallback); then the trainer's weights go into the engines and (``launch``) the next step's batch
+        starts generating. The ``async/*`` metrics."""
+        metrics = {"timing/param_sync_s": 0.0}
+        if self.inflight is None:  # nothing was launched for this step (first step, resumed run)
+            metrics |= self.sync(updates)
+            self.launch_next(draw, step)
+        fallback = self.fallback_due and self.inflight is not None and self.inflight.version != updates
+        with timer("wait_prev_gen"):
+            gen, rb = self.take()
+        version = gen.version
+        metrics |= self.sync(updates)
+        if fallback:  # the behaviour policy drifted too far: the same prompts again, from the current weights
+            with timer("rollout"):
+                rb, version = self.generate_now(step, gen.prompts, 0), updates
+        self.fallback_due = False
+        if launch:
+            self.launch_next(draw, step + 1)
+        return (
+            gen.prompts,
+            rb,
+            metrics
+            | {
+                "async/staleness": float(updates - version),
+                "async/fallback": float(fallback),
+                "timing/gen_s": float(rb.timing.get("generate_s", 0.0)),
+                "timeline/gen_start": rb.timing.get("start_time", 0.0),  # the rollout pool's, while the last update ran
+                "timeline/gen_end": rb.timing.get("end_time", 0.0),
+            },
+        )
+
+    def generate(self, prompts: list[PromptSample], step: int, updates: int, k: int = 0,
+                 validate: bool = False) -> RolloutBatch:  # fmt: skip
+        """Once the generation in flight is done, with the trainer's current weights."""
+        self.drain()
+        self.sync(updates)
+        return self.generate_now(step, prompts, k, validate)
+
+    def before_update(self, timer: Timer) -> None:
+        """Nothing: the pool keeps generating the next batch while the update runs."""
+
+    def after_update(self, timer: Timer) -> None:
+        """Nothing: the new weights reach the pool by ``sync`` before its next generation."""
+
+    def launch_next(self, draw: Draw, step: int) -> None:
+        """Draw ``step``'s prompts and start generating them, unless a batch is in flight already."""
+        if self.inflight is None:
+            prompts, state = draw()
+            self.launch(step, prompts, state)
+
+    def after_step(self, metrics: dict[str, float], fallback_kl: float | None) -> None:
+        """When this step's KL between the behaviour policy and the trainer's old log-probs (``rollout_corr/k3_kl``)
+        exceeds ``async_training.fallback_kl``, the next step waits for a fresh generation from the current weights
+        instead of the batch generated meanwhile."""
+        if fallback_kl is not None and metrics.get("rollout_corr/k3_kl", 0.0) > fallback_kl:
+            self.fallback_due = True

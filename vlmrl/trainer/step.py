@@ -13,7 +13,6 @@ PPO path: ──plan_shards──▶ list[TrainShard] ──WorkerGroup.prepare�
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ import torch
 from vlmrl.algos.algorithm import AlgorithmError, RLAlgorithm, call_hook
 from vlmrl.algos.estimators import EstimatorConfig
 from vlmrl.algos.ppo import KLController, explained_variance, kl_in_reward, masked_mean, token_advantages, token_scores
-from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard
+from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard, split_even
 from vlmrl.config import AlgorithmConfig
 from vlmrl.rollout.multi_turn import multi_turn_metrics
 from vlmrl.scoring.manager import RewardOutput
@@ -38,14 +37,6 @@ class StepData:
     scores: RewardOutput
     baselines: list[float] | None = None
     """Per sample: its prompt's greedy-rollout reward (ReMax's baseline; None for other estimators)."""
-
-
-def split_even(items: list[Any], parts: int) -> list[list[Any]]:
-    """Split into ``parts`` contiguous chunks of equal size (one more item in each of the first ``len(items) %
-    parts`` chunks when they do not divide evenly; some chunks are empty when there are fewer items than parts)."""
-    k, r = divmod(len(items), parts)
-    bounds = [i * k + min(i, r) for i in range(parts + 1)]
-    return [items[bounds[i] : bounds[i + 1]] for i in range(parts)]
 
 
 def assemble(collected: list[StepData], chosen: list[tuple[int, int]]) -> StepData:

@@ -1,11 +1,9 @@
 """The FSDP2 critic (value model) of actor-critic PPO, on the same hybrid worker as policy, reference and engine.
 
-A Qwen2.5-VL backbone with a value head (``models.value_head``) sharded like the actor (``policy._fsdp_wrap``), its
-own AdamW, schedule, gradient clipping and checkpoint folder; values in micro-batches (fixed sizes or token budgets)
-through the policy's forward (``models.forward.response_values``: the same vision features, M-RoPE positions and
-dummy vision pass), and the clipped value loss (``algos.ppo.value_loss``) in ``critic.ppo_epochs`` passes of
-mini-batches.
-"""
+A Qwen2.5-VL backbone with a value head (``models.value_head``) sharded like the actor (``models.trainable.fsdp_wrap``),
+its own AdamW, schedule, gradient clipping and checkpoint folder; values in micro-batches (fixed sizes or token budgets)
+through the policy's forward (``models.forward.response_values``: the same vision features, M-RoPE positions and dummy
+vision pass), and the clipped value loss (``algos.ppo.value_loss``) in ``critic.ppo_epochs`` passes of mini-batches."""
 
 from __future__ import annotations
 
@@ -17,22 +15,22 @@ from vlmrl.config.plan import CriticPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_values
 from vlmrl.models.inputs import ModelInputs, to_device
-from vlmrl.models.value_head import add_value_head
-from vlmrl.timing import Timer
-from vlmrl.workers import micro_batches
-from vlmrl.workers.policy import (
-    _fsdp_wrap,
+from vlmrl.models.trainable import (
     adamw,
     clip_and_step,
     compute_dtype,
+    fsdp_wrap,
     global_sums,
     load_model,
     load_trainable,
     lr_lambda,
     save_trainable,
-    token_micro_batches,
     warmup_steps,
 )
+from vlmrl.models.value_head import add_value_head
+from vlmrl.timing import Timer
+from vlmrl.workers import micro_batches
+from vlmrl.workers.policy import token_micro_batches
 
 
 class CriticWorker:
@@ -61,7 +59,7 @@ class CriticWorker:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         fc = plan.fsdp
         if dist.is_initialized():
-            self.model = _fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward,
+            self.model = fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward,
                                     compute_dtype(fc.dtype, device), fc.wrap_policy.min_num_params)  # fmt: skip
         oc = plan.optim
         params = [p for p in self.model.parameters() if p.requires_grad]

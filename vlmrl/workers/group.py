@@ -21,8 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
-from vlmrl.config import VLMRLConfig
-from vlmrl.config.plan import WorkerPlan, launcher_of
 from vlmrl.startup import StartupFailure
 
 
@@ -167,19 +165,3 @@ class WorkerGroup(ABC):
     def load_checkpoint(self, folder: str) -> list[float]:
         """Every rank restores its shard from ``folder`` and pushes the weights into its engine."""
         return self.call("checkpoint load", "load_checkpoint", [(folder,)] * self.world)
-
-
-def make_worker_group(cfg: VLMRLConfig, plan: WorkerPlan, first_gpu: int = 0) -> WorkerGroup:
-    """The worker group the config asks for (``trainer.launcher``: ``config.plan.launcher_of``); every worker is
-    told ``plan`` (its ``role`` says which pool: hybrid, actor or rollout). ``first_gpu``: a second pool on this
-    machine takes the GPUs after the first's."""
-    kind = launcher_of(cfg)
-    if kind == "ray":
-        from vlmrl.workers.launch_ray import RayWorkerGroup
-
-        return RayWorkerGroup(cfg, plan)
-    from vlmrl.workers.launch_local import InlineWorkerGroup, ProcessWorkerGroup
-
-    if kind == "inline":
-        return InlineWorkerGroup(cfg, plan)
-    return ProcessWorkerGroup(cfg, plan, first_gpu=first_gpu)

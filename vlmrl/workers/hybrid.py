@@ -107,19 +107,7 @@ class HybridWorker:
         who = f"{'rollout worker' if self.role == 'rollout' else 'worker'} {rank}"
         engine, policy = self.role != "actor", self.role != "rollout"  # what this worker holds
         self.engine_group = rank // self.tp  # the ranks rank // tp * tp ... + tp - 1 share one engine
-        self.device = check_device(plan.device)
-        if self.device == "cuda":
-            torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
-        else:
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
-            with stage(f"{who} could not join the workers' process group",
-                       "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
-                       "clusters)"):  # fmt: skip
-                dist.init_process_group(
-                    "nccl" if self.device == "cuda" else "gloo", init_method=init_method, rank=rank,
-                    world_size=plan.world, timeout=datetime.timedelta(seconds=arr.nccl_timeout),
-                )  # fmt: skip
+        self._join(plan, rank, init_method, who)
         with stage(f"{who} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
             self._load_processor(plan)
         if arr.rollout.name == "vllm" and engine:
@@ -134,6 +122,43 @@ class HybridWorker:
         torch.manual_seed(plan.seed + self.engine_group)
         with stage(f"{who} could not import algorithm.plugins", "check each file or module it lists"):
             load_plugins(plan.plugins)
+        self._load_models(plan, who, policy)
+        self._prepared: tuple[Any, Any, Any, dict[str, float]] | None = None
+        if arr.rollout.name == "hf" and engine:
+            from vlmrl.rollout.hf import HFRollout
+
+            self.engine = HFRollout(self.policy.model if policy else self.hf_model, self.processor)
+        self.train_spec, self.val_spec = sampling_specs(arr.rollout, plan.max_response_length)
+        mt = arr.rollout.multi_turn
+        if mt.enable and engine:
+            hint = "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"
+            with stage(f"{who} could not load the tools of {mt.tool_config_path}", hint):
+                self.agent = self._agent(plan)
+        self.rollouts = RolloutStore()
+        self.startup_s = sw.elapsed
+        self.ready_at = time.time()
+
+    def _join(self, plan: WorkerPlan, rank: int, init_method: str, who: str) -> None:
+        """The device, and the workers' process group (gloo on CPU, NCCL on GPU)."""
+        arr = plan.arr
+        self.device = check_device(plan.device)
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES)
+        else:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
+            with stage(f"{who} could not join the workers' process group",
+                       "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
+                       "clusters)"):  # fmt: skip
+                dist.init_process_group(
+                    "nccl" if self.device == "cuda" else "gloo", init_method=init_method, rank=rank,
+                    world_size=plan.world, timeout=datetime.timedelta(seconds=arr.nccl_timeout),
+                )  # fmt: skip
+
+    def _load_models(self, plan: WorkerPlan, who: str, policy: bool) -> None:
+        """The models this worker holds: the policy and reference (or a rollout worker's own HF copy), the critic,
+        the reward model."""
+        arr, path = plan.arr, plan.arr.model.path
         self.policy: Any = None
         model_sw = Timer.start()
         with stage(f"{who} could not load the model from {path}",
@@ -147,7 +172,7 @@ class HybridWorker:
                                            rollout_correction=plan.rollout_correction,
                                            algorithm=plan.algorithm)  # fmt: skip
             elif arr.rollout.name == "hf":  # a rollout worker's own copy of the model, generating only
-                from vlmrl.workers.policy import load_model
+                from vlmrl.models.trainable import load_model
 
                 self.hf_model = load_model(path, self.device, arr.model.trust_remote_code).eval()
                 self.hf_model.requires_grad_(False)
@@ -171,20 +196,6 @@ class HybridWorker:
                 from vlmrl.reward_model.discriminative import RewardModelWorker
 
                 self.reward_model = RewardModelWorker(rmp, self.device, self.processor)
-        self._prepared: tuple[Any, Any, Any, dict[str, float]] | None = None
-        if arr.rollout.name == "hf" and engine:
-            from vlmrl.rollout.hf import HFRollout
-
-            self.engine = HFRollout(self.policy.model if policy else self.hf_model, self.processor)
-        self.train_spec, self.val_spec = sampling_specs(arr.rollout, plan.max_response_length)
-        mt = arr.rollout.multi_turn
-        if mt.enable and engine:
-            hint = "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"
-            with stage(f"{who} could not load the tools of {mt.tool_config_path}", hint):
-                self.agent = self._agent(plan)
-        self.rollouts = RolloutStore()
-        self.startup_s = sw.elapsed
-        self.ready_at = time.time()
 
     def _load_processor(self, plan: WorkerPlan) -> None:
         from transformers import AutoProcessor
