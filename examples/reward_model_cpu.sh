@@ -28,7 +28,9 @@ fi
 "$PY" -m vlmrl.reward_model.train --model "$MODEL" --data "$OUT/pairs/train.parquet" \
   --val-data "$OUT/pairs/test.parquet" --output "$OUT/reward_model" --steps "$rm_steps" --seed 1
 
+# reward_model.micro_batch_size_per_gpu=64: a worker's 64 samples in one forward (on a CPU the tiny model's forward
+# is mostly per-call cost; 8, the default, makes 8 forwards a step)
 OUT="$OUT" exec bash "$ROOT/examples/quickstart_cpu.sh" reward.function=null reward_model.enable=True \
-  reward_model.model.path="$OUT/reward_model" trainer.seed=1 \
+  reward_model.model.path="$OUT/reward_model" reward_model.micro_batch_size_per_gpu=64 trainer.seed=1 \
   'reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, weight: 0.0}]' \
   ${run[@]+"${run[@]}"} "$@"

@@ -323,6 +323,7 @@ def _rank_in_a_collective(rank: int, rendezvous: str, model: str, data: str, res
     del worker
 
 
+@pytest.mark.slow  # 12 s measured (tests/durations.json)
 @pytest.mark.serial  # a bound on elapsed time
 def test_a_collective_a_worker_never_joins_fails_after_nccl_timeout(tiny_model_dir: str, synth, tmp_path) -> None:
     """README, Reliability: a worker stuck in a collective is reported after ``actor_rollout_ref.nccl_timeout``. Two

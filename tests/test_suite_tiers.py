@@ -109,13 +109,16 @@ def test_no_test_outside_the_slow_tier_took_longer_than_10_s(request: pytest.Fix
 
 def test_the_tiers_fit_their_budgets_on_a_clean_clone() -> None:
     """benchmarks/results/suite.json, the last clean-clone run of ``bash scripts/test.sh --all``: the contributor
-    tier's pytest runs within 10 minutes, both within 40, the contributor tier at least 80 % of the tests."""
+    tier's pytest runs within 10 minutes, both within 40, the contributor tier at least 80 % of the tests, and every
+    test passed but this file's own: run in that measurement, they judged the measurement before it (the committed
+    tests/durations.json and suite.json of the time), which this one replaces; they judge this one here."""
     run = _last_run()
     parts, tiers = run["parts_s"], run["tiers"]
     assert parts["fast"] <= CONTRIBUTOR_BUDGET_S, parts
     assert parts["fast"] + parts["slow"] <= ALL_BUDGET_S, parts
     assert tiers["fast"]["tests"] >= SHARE * (tiers["fast"]["tests"] + tiers["slow"]["tests"]), tiers
-    assert run["failed"] == run["errors"] == 0, run["failed_tests"]
+    others = [t for t in run["failed_tests"] if not t.startswith("tests.test_suite_tiers::")]
+    assert not others and run["errors"] == 0, run["failed_tests"]
 
 
 def test_the_contributor_tier_as_marked_now_fits_its_budget(request: pytest.FixtureRequest) -> None:
