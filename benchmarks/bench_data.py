@@ -36,6 +36,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import common  # noqa: E402
 
 
 def _diagram(rng: random.Random, size: tuple[int, int]) -> bytes:
@@ -344,7 +346,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"datasets.map {base['map_rps']:.0f}; rows {base['rows_rps']:.0f}")  # fmt: skip
     result = {
         "benchmark": "data",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": common.now(),
+        **common.provenance(),
         "machine": machine(),
         "versions": versions(),
         "config": {"rows": a.rows, "image_size": [w, h], "num_proc": procs, "pixel_bounds": list(bounds)},
@@ -353,6 +356,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "dataset": {"ours": ours, "datasets": base},
         },
     }
+    missing = common.provenance_problems(result)
+    if missing:
+        raise SystemExit(f"bench_data: {a.results} not written: the result does not record {', '.join(missing)}")
     Path(a.results).parent.mkdir(parents=True, exist_ok=True)
     Path(a.results).write_text(json.dumps(result, indent=2) + "\n")
     write_readme_section(Path(a.readme), markdown(result))

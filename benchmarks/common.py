@@ -571,14 +571,52 @@ def _count_lines(path: Path) -> int:
 # ------------------------------------------------------------------------------------------------ output
 
 
+def provenance(root: Path = ROOT, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a measurement ran: the checkout's commit, whether its tracked files had uncommitted changes (``dirty``),
+    and the command (``python benchmarks/<bench>.py <arguments>``); commit and dirty are None outside a git
+    checkout."""
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    args = list(sys.argv if argv is None else argv)
+    script = args[0] if args else ""
+    try:
+        script = os.path.relpath(script, root) if script else "?"
+    except ValueError:  # another drive (Windows)
+        pass
+    return {
+        "commit": head.stdout.strip() or None if head.returncode == 0 else None,
+        "dirty": bool(status.stdout.strip()) if status.returncode == 0 and head.returncode == 0 else None,
+        "command": " ".join(["python", script, *args[1:]]),
+    }
+
+
+PROVENANCE = ("date", "commit", "dirty", "command", "machine")
+"""What every results file records; ``write_result`` refuses a result without any of them."""
+
+
+def provenance_problems(result: dict[str, Any]) -> list[str]:
+    """The provenance fields a result lacks (``machine`` needs its CPU model)."""
+    missing = [k for k in PROVENANCE if result.get(k) is None or result.get(k) == ""]
+    if "machine" not in missing and not (result["machine"] or {}).get("cpu"):
+        missing.append("machine.cpu")
+    return missing
+
+
 def result_head(name: str, **more_versions: str) -> dict[str, Any]:
-    """The fields every results file starts with: the benchmark's name, the date, the machine and the versions (plus
-    ``more_versions``, e.g. a compared library's)."""
-    return {"benchmark": name, "date": now(), "machine": machine(), "versions": {**versions(), **more_versions}}
+    """The fields every results file starts with: the benchmark's name, the date, the commit, whether the checkout
+    was dirty, the command, the machine and the versions (plus ``more_versions``, e.g. a compared library's)."""
+    return {"benchmark": name, "date": now(), **provenance(), "machine": machine(),
+            "versions": {**versions(), **more_versions}}  # fmt: skip
 
 
 def write_result(name: str, result: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` (atomically) and return its path."""
+    """Write ``benchmarks/results/<name>.json`` (atomically) and return its path; refuses a result that does not
+    record its date, commit, dirty flag, command and machine (``PROVENANCE``: run it from a git checkout)."""
+    missing = provenance_problems(result)
+    if missing:
+        raise ValueError(f"benchmarks/results/{name}.json not written: the result does not record {', '.join(missing)} "
+                         "(result_head records them; run the benchmark from a git checkout)")  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")

@@ -1,0 +1,41 @@
+"""Every results file records what it measured: the date, the commit, whether the checkout had uncommitted changes,
+the command and the machine (benchmarks/common.py's ``result_head``); the writer refuses a result without them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import common  # noqa: E402
+
+
+def test_a_result_head_records_commit_dirty_command_and_machine() -> None:
+    head = common.result_head("example")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert head["commit"] == commit.strip() and isinstance(head["dirty"], bool)
+    assert head["command"].startswith("python ") and head["machine"]["cpu"]
+    assert common.provenance_problems(head) == []
+    mine = common.provenance(ROOT, ["benchmarks/bench_quickstart.py", "--runs", "3"])
+    assert mine["command"] == "python benchmarks/bench_quickstart.py --runs 3"
+
+
+def test_the_writer_refuses_a_result_that_does_not_say_what_it_measured(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    good = common.result_head("example") | {"value": 1.0}
+    assert json.loads(common.write_result("example", good).read_text())["value"] == 1.0
+    for key in ("commit", "dirty", "command", "date"):
+        bad = {k: v for k, v in good.items() if k != key}
+        with pytest.raises(ValueError, match=rf"example.json not written: the result does not record {key}"):
+            common.write_result("example", bad)
+    with pytest.raises(ValueError, match="machine.cpu"):
+        common.write_result("example", good | {"machine": {"cpu": ""}})
+    outside = common.provenance(tmp_path, ["x.py"])  # no git checkout there: nothing to record, nothing written
+    assert outside["commit"] is None and outside["dirty"] is None
+    with pytest.raises(ValueError, match="commit, dirty"):
+        common.write_result("example", good | outside)
