@@ -172,3 +172,25 @@ def test_export_takes_trust_remote_code_from_its_command_line_only(
     assert seen == [False], "the checkpoint's own config must not turn remote code on"
     assert (tmp_path / "a" / "config.json").is_file()
     assert os.path.getsize(tmp_path / "a" / "model.safetensors") > 1000
+
+
+def test_export_refuses_an_interpolation_in_a_checkpoints_config(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint's config.yaml is data: ``${oc.env:...}`` in the model path is refused naming the key, and the
+    environment variable's value is neither used nor printed (OmegaConf.load resolved it)."""
+    from vlmrl.export import main as export
+
+    ckpt = copy_of(run, tmp_path)
+    cfg_file = ckpt / "config.yaml"
+    text = cfg_file.read_text()
+    monkeypatch.setenv("VLMRL_TEST_SECRET", "s3cr3t-value")
+    for line in text.splitlines():
+        if line.strip().startswith("path:"):
+            cfg_file.write_text(text.replace(line, line.split("path:")[0] + "path: ${oc.env:VLMRL_TEST_SECRET}/m", 1))
+            break
+    assert "${oc.env:VLMRL_TEST_SECRET}" in cfg_file.read_text()
+    assert export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "out")]) == 2
+    out = capsys.readouterr()
+    assert "actor_rollout_ref.model.path holds an interpolation" in out.err, out.err
+    assert "s3cr3t-value" not in out.out + out.err and not (tmp_path / "out").exists()

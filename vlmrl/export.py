@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +26,39 @@ from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def saved_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``config.yaml`` as data: plain YAML (no tags), and no interpolation in what export reads (the
+    model settings of the actor and the critic). The trainer writes it resolved, so a ``${...}`` there (an environment
+    variable, a resolver) is refused naming its key, never resolved: a checkpoint from elsewhere must not read this
+    machine's environment into a model path."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: not a readable config ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a config (a mapping of settings)")
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(value, str) and "${" in value:
+            raise ValueError(f"{path}: {key} holds an interpolation (${{...}}); a saved config is data, resolved when "
+                             "it was written: give the base model with --model")  # fmt: skip
+
+    for key in ("actor_rollout_ref.model", "critic.model"):  # what export reads
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        walk(node, key)
+    return data
 
 
 def export_checkpoint(
@@ -53,7 +87,7 @@ def export_checkpoint(
         src = latest
     if dtype not in _DTYPES:
         raise ValueError(f"--dtype {dtype!r}: use one of {sorted(_DTYPES)}")
-    cfg = OmegaConf.load(src / "config.yaml")
+    cfg = OmegaConf.create(saved_config(src / "config.yaml"))
     mcfg = cfg.actor_rollout_ref.model
     key, base = "actor_rollout_ref.model.path", str(mcfg.path)
     if critic:
