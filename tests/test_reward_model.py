@@ -69,6 +69,37 @@ def test_explicit_chosen_rejected_columns_are_the_pairs(tiny_model_dir, colour, 
         load_pairs(str(tmp_path / "half.parquet"), processor)
 
 
+def test_pairs_that_cannot_teach_and_empty_inputs_are_refused(tiny_model_dir, colour, tmp_path, capsys):
+    """A null chosen or rejected, or a pair whose two responses are the same, is refused naming the file and row;
+    a file with no records and ``--steps 0`` exit 2 before anything trains or is written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoProcessor
+
+    from vlmrl.reward_model.train import load_pairs, main
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    table = pq.read_table(colour / "train.parquet").slice(0, 8)
+    truths = [r["ground_truth"] for r in table["reward_model"].to_pylist()]
+    for rejected, message in (
+        ([*["purple"] * 5, None, "x", "y"], "row 5: rejected is null"),
+        ([*["purple"] * 3, truths[3], *["x"] * 4], "row 3: chosen and rejected are the same"),
+    ):
+        path = tmp_path / "bad.parquet"
+        pq.write_table(table.append_column("chosen", pa.array(truths)).append_column("rejected",
+                       pa.array(rejected, pa.string())), path)  # fmt: skip
+        with pytest.raises(ValueError, match=f"{path} {message}"):
+            load_pairs(str(path), processor)
+    pq.write_table(table.slice(0, 0), tmp_path / "empty.parquet")
+    out = tmp_path / "rm"
+    args = ["--model", tiny_model_dir, "--data", str(colour / "train.parquet"), "--output", str(out)]
+    assert main([*args, "--val-data", str(tmp_path / "empty.parquet"), "--steps", "1"]) == 2
+    assert "empty.parquet: no records" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--steps", "0"])
+    assert stop.value.code == 2 and "--steps must be >= 1, got 0" in capsys.readouterr().err and not out.exists()
+
+
 def test_labelled_candidates_are_labelled_by_the_reward_function(tiny_model_dir, colour):
     """Without pair columns, each pair is a candidate the label function (the ``synthetic`` rule) calls right
     and one it calls wrong, for the record's own answer; the candidates are what a policy writes (plain tokens,

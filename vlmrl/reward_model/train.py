@@ -162,12 +162,21 @@ def load_pairs(path: str, processor: Any, label: str = "synthetic") -> Pairs:
     from vlmrl.scoring.loading import make_reward_fn
 
     ds = RLDataset(path, processor, DataConfig(train_files=path, max_prompt_length=4096), split="train")
+    if len(ds) == 0:
+        raise ValueError(f"{path}: no records to train or score on")
     names = pq.read_schema(path).names
     chosen = rejected = None
     if "chosen" in names and "rejected" in names:
         table = pq.read_table(path, columns=["chosen", "rejected"])
-        chosen = [str(x) for x in table["chosen"].to_pylist()]
-        rejected = [str(x) for x in table["rejected"].to_pylist()]
+        chosen, rejected = table["chosen"].to_pylist(), table["rejected"].to_pylist()
+        for row, (c, r) in enumerate(zip(chosen, rejected)):
+            if c is None or r is None:
+                raise ValueError(f"{path} row {row}: {'chosen' if c is None else 'rejected'} is null; a preference "
+                                 "pair needs both responses (an empty string is an empty response)")  # fmt: skip
+            if str(c) == str(r):
+                raise ValueError(f"{path} row {row}: chosen and rejected are the same response: the pair teaches "
+                                 "nothing (its loss is log 2 whatever the model)")  # fmt: skip
+        chosen, rejected = [str(x) for x in chosen], [str(x) for x in rejected]
     elif "chosen" in names or "rejected" in names:
         raise ValueError(f"{path}: has one of the chosen / rejected columns; a preference pair needs both")
     return Pairs(ds, chosen, rejected, processor.tokenizer, None if chosen is not None else make_reward_fn(label))
@@ -327,8 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the reward function that labels candidate responses (registry name or file.py:fn)",
     )
     a = ap.parse_args(argv)
-    train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
-                       lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record)  # fmt: skip
+    for flag in ("steps", "batch_size", "pairs_per_record"):
+        if getattr(a, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    try:
+        train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
+                           lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record)  # fmt: skip
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vlmrl.reward_model.train: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
