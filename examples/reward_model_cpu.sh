@@ -26,7 +26,7 @@ if [[ ${SMOKE:-0} == 1 ]]; then
 fi
 "$PY" preprocess/synthetic.py --output-dir "$OUT/pairs" --families colour "${sizes[@]}" --image-size 112 --seed 0
 "$PY" -m vlmrl.reward_model.train --model "$MODEL" --data "$OUT/pairs/train.parquet" \
-  --val-data "$OUT/pairs/test.parquet" --output "$OUT/reward_model" --steps "$rm_steps" --seed 1
+  --val-data "$OUT/pairs/test.parquet" --output "$OUT/reward_model" --steps "$rm_steps" --seed 1 --overwrite
 
 # reward_model.micro_batch_size_per_gpu=64: a worker's 64 samples in one forward (on a CPU the tiny model's forward
 # is mostly per-call cost; 8, the default, makes 8 forwards a step)

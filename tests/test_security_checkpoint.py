@@ -194,3 +194,27 @@ def test_export_refuses_an_interpolation_in_a_checkpoints_config(
     out = capsys.readouterr()
     assert "actor_rollout_ref.model.path holds an interpolation" in out.err, out.err
     assert "s3cr3t-value" not in out.out + out.err and not (tmp_path / "out").exists()
+
+
+def test_a_folder_that_holds_a_model_is_not_overwritten_without_the_flag(
+    run: Path, tiny_model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """export, the reward-model trainer and the judge trainer refuse an --output that holds a model (a base model's
+    folder would lose its weights), naming it, before anything loads; --overwrite replaces it."""
+    import shutil
+
+    from vlmrl.export import main as export
+    from vlmrl.reward_model.train import main as train_rm
+    from vlmrl.reward_model.train_judge import main as train_judge
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    before = {p.name: p.stat().st_mtime_ns for p in base.iterdir()}
+    assert export(["--checkpoint", str(run), "--output", str(base)]) == 2
+    assert f"{base} already holds a model" in capsys.readouterr().err
+    rm = ["--model", tiny_model_dir, "--data", str(tmp_path / "unread.parquet"), "--output", str(base)]
+    assert train_rm(rm) == 2 and "--overwrite to replace it" in capsys.readouterr().err
+    assert train_judge(rm) == 2 and f"{base} already holds a model" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in base.iterdir()} == before
+    assert export(["--checkpoint", str(run), "--output", str(base), "--overwrite"]) == 0
+    assert (base / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from vlmrl.models import qwen_vl
-from vlmrl.models.trainable import load_model
+from vlmrl.models.trainable import check_output_folder, load_model
 from vlmrl.safe_load import UnsafeCheckpointError, safe_dcp_load
 from vlmrl.timing import Timer
 from vlmrl.trainer import checkpoint as ckpt
@@ -69,6 +69,7 @@ def export_checkpoint(
     model_path: str | None = None,
     trust_remote_code: bool = False,
     critic: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Write the policy of ``checkpoint`` (a ``global_step_N`` folder, or a run folder: its latest checkpoint) as an HF
     model folder at ``output``; returns ``output``.
@@ -79,6 +80,7 @@ def export_checkpoint(
     from omegaconf import OmegaConf
     from transformers import AutoProcessor
 
+    check_output_folder(output, overwrite)  # (before anything loads)
     src = Path(checkpoint)
     if not ckpt.is_complete(src):
         latest = ckpt.find_resume(src)
@@ -149,15 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint's config cannot turn it on)",
     )  # fmt: skip
     ap.add_argument("--critic", action="store_true", help="export the critic (value model) instead of the policy")
+    ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
     sw = Timer.start()
 
     try:
         out = export_checkpoint(
             a.checkpoint, a.output, a.dtype, model_path=a.model, trust_remote_code=a.trust_remote_code,
-            critic=a.critic,
+            critic=a.critic, overwrite=a.overwrite,
         )  # fmt: skip
-    except (FileNotFoundError, ValueError, UnsafeCheckpointError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2
     print(f"[vlmrl] exported {a.checkpoint} -> {out} ({sw.elapsed:.1f} s)")

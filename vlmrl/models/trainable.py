@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -241,3 +242,15 @@ def clip_and_step(
 def warmup_steps(oc: Any, total_steps: int) -> int:
     """Warm-up steps of an optimizer config (``lr_warmup_steps``, else the ratio of the run's steps)."""
     return oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
+
+
+def check_output_folder(output: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse to write a model into ``output`` when it already holds one (a ``config.json`` or ``*.safetensors``),
+    unless ``overwrite`` (``--overwrite``): an output folder that is a base model's, or another run's, would lose its
+    weights and config. FileExistsError naming the folder and the flag."""
+    folder = Path(output)
+    held = [p.name for p in (folder.glob("*.safetensors") if folder.is_dir() else [])][:3]
+    held += ["config.json"] if (folder / "config.json").is_file() else []
+    if held and not overwrite:
+        raise FileExistsError(f"{folder} already holds a model ({', '.join(held)}): give another --output, or "
+                              "--overwrite to replace it")  # fmt: skip

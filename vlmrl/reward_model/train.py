@@ -44,7 +44,7 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import last_token_scores
 from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
-from vlmrl.models.trainable import load_model
+from vlmrl.models.trainable import check_output_folder, load_model
 from vlmrl.models.value_head import add_value_head, export_names
 from vlmrl.timing import Timer
 
@@ -270,6 +270,7 @@ def train_reward_model(
     label: str = "synthetic",
     pairs_per_record: int = 3,
     log_every: int = 50,
+    overwrite: bool = False,
 ) -> dict[str, float]:
     """Train a reward model on ``data``'s pairs, save it to ``output`` and return its figures (first and last loss,
     train and held-out pair accuracy, seconds). ``pairs_per_record``: labelled candidates drawn per record and step
@@ -277,6 +278,7 @@ def train_reward_model(
     from safetensors.torch import save_file
     from transformers import AutoProcessor
 
+    check_output_folder(output, overwrite)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     processor = AutoProcessor.from_pretrained(model_path)
@@ -335,14 +337,16 @@ def main(argv: list[str] | None = None) -> int:
         default="synthetic",
         help="the reward function that labels candidate responses (registry name or file.py:fn)",
     )
+    ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
     for flag in ("steps", "batch_size", "pairs_per_record"):
         if getattr(a, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     try:
         train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
-                           lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record)  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
+                           lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record,
+                           overwrite=a.overwrite)  # fmt: skip
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"vlmrl.reward_model.train: {e}", file=sys.stderr)
         return 2
     return 0

@@ -31,7 +31,7 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
-from vlmrl.models.trainable import load_model
+from vlmrl.models.trainable import check_output_folder, load_model
 from vlmrl.reward_model.judge import judge_prompt
 from vlmrl.reward_model.train import Pairs, load_pairs, optimise
 
@@ -87,10 +87,12 @@ def train_judge(
     label: str = "synthetic",
     template: str = DEFAULT_JUDGE_TEMPLATE,
     log_every: int = 100,
+    overwrite: bool = False,
 ) -> dict[str, float]:
     """Fine-tune ``model_path`` to judge ``data``'s candidates; save it to ``output``; its figures."""
     from transformers import AutoProcessor
 
+    check_output_folder(output, overwrite)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     processor = AutoProcessor.from_pretrained(model_path)
@@ -151,9 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="synthetic", help="the reward function that labels candidates")
     ap.add_argument("--template", default=DEFAULT_JUDGE_TEMPLATE, help="reward_model.judge.prompt_template")
+    ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
-    train_judge(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                seed=a.seed, label=a.label, template=a.template)  # fmt: skip
+    try:
+        train_judge(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
+                    lr=a.lr, seed=a.seed, label=a.label, template=a.template, overwrite=a.overwrite)  # fmt: skip
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"vlmrl.reward_model.train_judge: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
