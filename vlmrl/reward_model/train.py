@@ -275,7 +275,6 @@ def train_reward_model(
     """Train a reward model on ``data``'s pairs, save it to ``output`` and return its figures (first and last loss,
     train and held-out pair accuracy, seconds). ``pairs_per_record``: labelled candidates drawn per record and step
     (explicit pairs: 1)."""
-    from safetensors.torch import save_file
     from transformers import AutoProcessor
 
     check_output_folder(output, overwrite)
@@ -307,17 +306,24 @@ def train_reward_model(
         out["heldout_pairs"] = float(len(val.ds))
         print(f"[reward_model] held-out pair accuracy {out['heldout_pair_accuracy']:.3f} "
               f"({len(val.ds)} pairs)", flush=True)  # fmt: skip
-    folder = Path(output)
+    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr,
+            "label": label, "pairs_per_record": pairs_per_record, **out}  # fmt: skip
+    _save(model, processor, Path(output), info)
+    return out
+
+
+def _save(model: torch.nn.Module, processor: Any, folder: Path, info: dict[str, Any]) -> None:
+    """The reward model's folder: its config, the weights with the score head (hub names), the processor and
+    ``vlmrl_reward_model.json`` (how it was trained, its figures)."""
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     model.eval().to("cpu")
     model.config.save_pretrained(folder)
     tensors = {k: v.detach().contiguous() for k, v in export_names(model.state_dict()).items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     processor.save_pretrained(folder)
-    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr,
-            "label": label, "pairs_per_record": pairs_per_record, **out}  # fmt: skip
     (folder / "vlmrl_reward_model.json").write_text(json.dumps(info, indent=2))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
