@@ -140,7 +140,8 @@ def _export_critic(model: torch.nn.Module, path: str, src: Path, out: Path, dtyp
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m vlmrl.export --checkpoint DIR --output DIR [--dtype float32|bfloat16|float16]``."""
+    """CLI: ``python -m vlmrl.export --checkpoint DIR --output DIR [--dtype float32|bfloat16|float16]
+    [--overwrite]``."""
     ap = argparse.ArgumentParser(prog="python -m vlmrl.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a global_step_N folder, or a run folder (its latest)")
     ap.add_argument("--output", required=True, help="folder for the HF model")

@@ -1,7 +1,7 @@
 """Train a discriminative reward model from preference pairs (Bradley–Terry, as TRL's RewardTrainer).
 
     python -m vlmrl.reward_model.train --model BASE_DIR --data train.parquet --val-data test.parquet \
-        --output RM_DIR [--steps 300] [--batch-size 16] [--lr 1e-3] [--label synthetic]
+        --output RM_DIR [--steps 300] [--batch-size 16] [--lr 1e-3] [--label synthetic] [--overwrite]
 
 The model is the base Qwen2.5-VL with a one-output score head in place of the language-model head, read at the
 response's last token (``models.forward.last_token_scores``: the same forward the trainer's reward model runs); it

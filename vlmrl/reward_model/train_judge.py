@@ -1,7 +1,7 @@
 """Teach a VLM to judge: supervised fine-tuning on verdicts, for ``reward_model.style=generative``.
 
     python -m vlmrl.reward_model.train_judge --model BASE_DIR --data train.parquet --val-data test.parquet \
-        --output JUDGE_DIR [--steps 600] [--batch-size 16] [--lr 1e-3] [--label synthetic]
+        --output JUDGE_DIR [--steps 600] [--batch-size 16] [--lr 1e-3] [--label synthetic] [--overwrite]
 
 A real judge is an instruct VLM that already answers "is this right?"; a tiny random model is not, so this makes one
 the way a judge is fine-tuned: from examples. Each step takes ``--batch-size`` records and, for each, one candidate
