@@ -244,6 +244,20 @@ def warmup_steps(oc: Any, total_steps: int) -> int:
     return oc.lr_warmup_steps if oc.lr_warmup_steps >= 0 else int(oc.lr_warmup_steps_ratio * total_steps)
 
 
+def optimizer_and_schedule(
+    model: torch.nn.Module, oc: Any, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model``'s trainable (sharded) parameters with an optimizer config's lr, betas and weight decay,
+    and its learning-rate schedule (warm-up, then constant or cosine) over ``total_steps``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = adamw(params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay)
+    warmup = warmup_steps(oc, total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
+    )
+    return optimizer, scheduler
+
+
 def check_output_folder(output: str | os.PathLike, overwrite: bool = False) -> None:
     """Refuse to write a model into ``output`` when it already holds one (a ``config.json`` or ``*.safetensors``),
     unless ``overwrite`` (``--overwrite``): an output folder that is a base model's, or another run's, would lose its

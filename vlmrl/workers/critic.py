@@ -16,16 +16,14 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_values
 from vlmrl.models.inputs import ModelInputs, to_device
 from vlmrl.models.trainable import (
-    adamw,
     clip_and_step,
     compute_dtype,
     fsdp_wrap,
     global_sums,
     load_model,
     load_trainable,
-    lr_lambda,
+    optimizer_and_schedule,
     save_trainable,
-    warmup_steps,
 )
 from vlmrl.models.value_head import add_value_head
 from vlmrl.timing import Timer
@@ -61,13 +59,7 @@ class CriticWorker:
         if dist.is_initialized():
             self.model = fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward,
                                     compute_dtype(fc.dtype, device), fc.wrap_policy.min_num_params)  # fmt: skip
-        oc = plan.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = adamw(params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay)
-        warmup = warmup_steps(oc, total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
-        )
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, plan.optim, total_steps)
         # optimizer state in host memory between steps (critic.fsdp.optimizer_offload; param_offload keeps it there)
         self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
 

@@ -25,16 +25,14 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.forward import forward_token_counts, response_logprobs, response_logprobs_and_pi2, vision_patch_count
 from vlmrl.models.inputs import ModelInputs, to_device
 from vlmrl.models.trainable import (
-    adamw,
     clip_and_step,
     compute_dtype,
     fsdp_wrap,
     global_sums,
     load_model,
     load_trainable,
-    lr_lambda,
+    optimizer_and_schedule,
     save_trainable,
-    warmup_steps,
 )
 from vlmrl.timing import Timer
 from vlmrl.workers import micro_batches
@@ -140,13 +138,7 @@ class PolicyWorker:
         self.actor_cfg = arr.actor
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self._load_models(arr, device, reference)
-        oc = arr.actor.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = adamw(params, lr=oc.lr, betas=tuple(oc.betas), weight_decay=oc.weight_decay)
-        warmup = warmup_steps(oc, total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, warmup, total_steps, oc.warmup_style, oc.min_lr_ratio)
-        )
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, arr.actor.optim, total_steps)
         self.loss_config = LossConfig.from_actor(arr.actor)
         if rollout_correction is not None and rollout_correction.bypass_mode:  # as verl's apply_bypass_mode
             self.loss_config.policy_loss.loss_mode = "bypass_mode"
