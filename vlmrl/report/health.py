@@ -88,8 +88,9 @@ def check_health(
     the step time above which one stage is said to dominate."""
     found: list[Finding] = []
     _entropy(rows, window, found)
-    _reward(rows, window, found)
-    _learning_signal(rows, window, found)
+    rew = _series(rows, "reward/mean")
+    _reward(rew, window, found)
+    _learning_signal(rows, rew, window, found)
     _drift(rows, drift_threshold, found)
     _stages(rows, window, dominant_share, found)
     return found
@@ -110,9 +111,8 @@ def _entropy(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> N
             ))  # fmt: skip
 
 
-def _reward(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
-    # the reward gives no signal: every sample scores 0, or every sample scores the maximum
-    rew = _series(rows, "reward/mean")
+def _reward(rew: list[tuple[int, float]], window: int, found: list[Finding]) -> None:
+    # the reward gives no signal: every sample scores 0, or every sample scores the maximum (``rew``: reward/mean)
     if len(rew) >= window:
         zero = _first_stretch(rew, lambda v: v <= 0.01, window)
         if zero:
@@ -133,8 +133,8 @@ def _reward(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> No
             ))  # fmt: skip
 
 
-def _learning_signal(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
-    rew = _series(rows, "reward/mean")
+def _learning_signal(rows: list[dict[str, Any]], rew: list[tuple[int, float]], window: int,
+                     found: list[Finding]) -> None:  # fmt: skip
     # groups whose samples all scored the same: no gradient from them
     # (groups that all scored alike because the model solves them, reward >= 0.9, are a learned task, not a problem)
     mean_at = dict(rew)
