@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -136,14 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for k in range(1, n + 1)]  # fmt: skip
     for r in runs:
         print(f"[bench_startup] run {r['run']}: {r['total_s']:.1f} s to the first step {r['parts_s']}", flush=True)
-    git = ["git", "-C", str(common.ROOT)]
+    prov = common.provenance()
     entry = {
-        "commit": subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "dirty": bool(
-            subprocess.run(
-                [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-            ).stdout.strip()
-        ),  # fmt: skip
+        "commit": prov["commit"],
+        "dirty": prov["dirty"],
         "date": common.now(),
         "machine": common.machine(),
         "runs_asked": n,

@@ -68,11 +68,6 @@ GPU_ONLY = {
 """site-packages entries that only a GPU uses, by group (torch's CUDA libraries are counted in ``torch_cuda``)."""
 
 
-def git(*args: str) -> str:
-    """A read-only git command in the checkout; its stdout."""
-    return subprocess.run(["git", "-C", str(common.ROOT), *args], check=True, capture_output=True, text=True).stdout
-
-
 def venv_sizes(venv: Path) -> dict[str, Any]:
     """Disk space of a virtual environment, and of its GPU-only parts by group."""
     site = next(venv.glob("lib/python3*/site-packages"), None)
@@ -282,8 +277,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return write_durations(a.durations_from)
     if a.quick and not a.pytest_args:
         a.pytest_args = ["tests/test_algos.py"]
-    commit = git("rev-parse", "HEAD").strip()
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+    prov = common.provenance()  # the checkout as the clone is taken: what it measures
+    commit, dirty = prov["commit"], prov["dirty"]
+    if commit is None:
+        raise SystemExit("bench_suite: run it from a git checkout (it clones HEAD)")
     if dirty:
         print("[bench_suite] the checkout has uncommitted changes: the clone measures HEAD without them", flush=True)
     n = 1 if a.quick else a.runs
@@ -303,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         summary[f"tests/{tier}"] = common.spread([r["tiers"][tier]["tests"] for r in runs])
     res = {
         **common.result_head("suite"),
-        "commit": commit,
+        "commit": commit,  # (as the clone was taken, whatever the checkout is now)
         "dirty": dirty,
         "config": {
             "runs": n,
