@@ -1,5 +1,5 @@
-"""Every figure README.md states as a measurement comes from a committed results file (issue 30: "every figure
-reproducible, every claim tested").
+"""Every figure the README and the docs pages (``docs/``) state as a measurement comes from a committed results file
+(issue 30: "every figure reproducible, every claim tested").
 
 ``FIGURES`` ties each measured figure of the README to the file under ``benchmarks/results/`` and the field it comes
 from, with the formatting the README uses; the tests check that the README shows exactly that value, so re-measuring
@@ -35,23 +35,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+"""The documentation the checks cover: the README and every page of the docs site (``docs/``)."""
+SEP = "\n\n\x00\n\n"
+"""What joins the files into one text for the checks (no context or phrase can match across it)."""
 RESULTS = ROOT / "benchmarks" / "results"
-COMMANDS = {
-    "quickstart.json": "python benchmarks/bench_quickstart.py",
-    "tool_zoom.json": "python benchmarks/bench_tool_zoom.py",
-    "suite.json": "python benchmarks/bench_suite.py",
-    "trl.json": "python benchmarks/bench_trl.py",
-    "video.json": "python benchmarks/bench_video.py",
-    "push.json": "python benchmarks/bench_push.py",
-    "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
-    "ppo.json": "python benchmarks/bench_ppo.py",
-    "async.json": "python benchmarks/bench_async.py",
-    "gpu.json": "bash benchmarks/gpu_check.sh",
-    "trl_sizes.json": "python benchmarks/bench_trl.py --model-size tiny,20m,100m",
-    "packing.json": "python benchmarks/bench_packing.py",
-    "families.json": "python benchmarks/bench_families.py",
-}
-"""The command that writes each results file the README quotes (benchmarks/README.md has their arguments)."""
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import COMMANDS  # noqa: E402  (the command that writes each results file)
+
+sys.path.pop(0)
 MEASURING_SUITE = os.environ.get("VLMRL_MEASURING_SUITE") == "1"
 
 NUM = r"\d[\d,]*(?:\.\d+)?"
@@ -284,6 +276,10 @@ FIGURES: list[Figure] = [
     F(GP, at("algos", "grpo", "peak_memory_allocated_gb"), "HF rollout, peak {v} GiB allocated", ".1f"),
     F(GP, at("algos", "ppo", "steps_run"), "critic offloaded to the CPU, ran {v} of its {*} steps", "d"),
     F(GP, at("config", "steps"), "critic offloaded to the CPU, ran {*} of its {v} steps", "d"),
+    # the README's status table
+    F(GP, at("algos", "grpo", "steps_run"), "saves and resumes; {v} at the Qwen2.5-VL-3B shape", "d", " steps"),
+    F(GP, at("algos", "ppo", "steps_run"), "offloaded, saves and resumes; {v} of {*} at the 3B shape", "d"),
+    F(GP, at("config", "steps"), "offloaded, saves and resumes; {*} of {v} at the 3B shape", "d", " steps"),
     F(PP, at("machine", "cpu_count"), "the quick start's task and recipe on {v} CPU cores, GRPO and PPO", "d"),
     F(PP, at("seeds", 0), "alternating, seeds {v} and {*}, {*} steps each", "d"),
     F(PP, at("seeds", 1), "alternating, seeds {*} and {v}, {*} steps each", "d"),
@@ -716,6 +712,11 @@ def _default(where: str, name: str) -> Any:
 
 CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
+        "H200, 27 Nov 2026",
+        "benchmarks/results/gpu.json: machine.gpu and date (the README's status table names that session)",
+        lambda: _load(GP)["machine"]["gpu"] == "NVIDIA H200" and _load(GP)["date"].startswith("2026-11-27"),
+    ),
+    (
         "the test sets 15 and requires the report between 15 and 60 s after the freeze",
         "tests/test_reliability_run.py: worker_timeout_s=15 and 15 <= took < 60",
         lambda: (
@@ -864,7 +865,18 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def _readme() -> str:
-    return README.read_text()
+    """The README and the docs pages, joined by ``SEP``."""
+    return SEP.join(p.read_text() for p in DOCS)
+
+
+def _where(text: str, offset: int) -> str:
+    """``file:line`` of ``offset`` in the joined text."""
+    start = 0
+    for path, part in zip(DOCS, text.split(SEP), strict=True):
+        if offset <= start + len(part):
+            return f"{path.relative_to(ROOT)}:{part.count(chr(10), 0, offset - start) + 1}"
+        start += len(part) + len(SEP)
+    return "?"
 
 
 def _check(fig: Figure, text: str) -> tuple[list[tuple[int, int]], str | None]:
@@ -872,7 +884,8 @@ def _check(fig: Figure, text: str) -> tuple[list[tuple[int, int]], str | None]:
     where = f"{fig.file} {fig.field} (context {fig.context!r})"
     found = list(fig.pattern().finditer(text))
     if len(found) != 1:
-        return [m.span("v") for m in found], f"{len(found)} places in README.md match the context of {where}"
+        places = ", ".join(_where(text, m.start("v")) for m in found)
+        return [m.span("v") for m in found], f"{len(found)} places in the docs ({places}) match the context of {where}"
     span = found[0].span("v")
     if fig.file == SU and MEASURING_SUITE:
         return [span], None
@@ -882,7 +895,7 @@ def _check(fig: Figure, text: str) -> tuple[list[tuple[int, int]], str | None]:
         return [span], f"{where}: {type(e).__name__}: {e}"
     got = re.sub(r"\s+", " ", found[0].group("v"))
     if got != want:
-        return [span], f"README.md says {got!r} where {where} gives {want!r}"
+        return [span], f"{_where(text, span[0])} says {got!r} where {where} gives {want!r}"
     return [span], None
 
 
@@ -959,8 +972,7 @@ def _untied(text: str) -> list[str]:
         for m in rx.finditer(masked):
             for a, b in _numbers(masked, m.span()):
                 if not any(x <= a and b <= y for x, y in covered):
-                    line = text.count("\n", 0, a) + 1
-                    out.append(f"README.md:{line}: {m.group(0)!r} in ...{' '.join(text[a - 60 : b + 30].split())}...")
+                    out.append(f"{_where(text, a)}: {m.group(0)!r} in ...{' '.join(text[a - 60 : b + 30].split())}...")
     return sorted(set(out))
 
 
@@ -990,7 +1002,7 @@ def test_no_number_in_the_readme_is_untied() -> None:
     a tied figure or an allowlisted non-measurement: a new figure fails here until it is tied."""
     untied = _untied(_readme())
     assert not untied, (
-        "numbers in README.md that no results file backs: tie each in FIGURES (a results file and its field) or, "
+        "numbers in the docs that no results file backs: tie each in FIGURES (a results file and its field) or, "
         "when it is not a measurement, add it to ALLOWED with the reason:\n" + "\n".join(untied)
     )
 
@@ -1003,16 +1015,18 @@ def test_the_allowlist_has_nothing_stale() -> None:
 @pytest.mark.parametrize(("phrase", "where", "check"), CLAIMS, ids=[c[1].split(":")[0] for c in CLAIMS])
 def test_readme_bounds_and_settings_match_where_they_live(phrase: str, where: str, check: Callable[[], bool]) -> None:
     """A bound or setting the README quotes is in the README and holds in the test or file named."""
-    assert re.search(_loose(phrase), _readme()), f"README.md no longer says {phrase!r}"
-    assert check(), f"README.md says {phrase!r}, but {where} does not hold"
+    assert re.search(_loose(phrase), _readme()), f"the docs no longer say {phrase!r}"
+    assert check(), f"the docs say {phrase!r}, but {where} does not hold"
 
 
 # --------------------------------------------------------------------------------------------- --update
 
 
-def update(readme: Path = README) -> list[str]:
-    """Write every tied figure's value from its results file into the README; returns what changed."""
-    text = readme.read_text()
+def update(docs: Sequence[Path] = DOCS) -> list[str]:
+    """Write every tied figure's value from its results file into the README and the docs pages; returns what
+    changed."""
+    docs = list(docs)
+    text = SEP.join(p.read_text() for p in docs)
     changes = []
     missing = sorted({f.file for f in FIGURES if not (RESULTS / f.file).exists()})
     for name in missing:
@@ -1033,12 +1047,16 @@ def update(readme: Path = README) -> list[str]:
         if re.sub(r"\s+", " ", text[a:b]) != want:
             changes.append(f"{fig.file} {fig.field}: {' '.join(text[a:b].split())!r} -> {want!r}")
             text = text[:a] + want + text[b:]
-    readme.write_text(text)
+    for path, part in zip(docs, text.split(SEP), strict=True):
+        if path.read_text() != part:
+            path.write_text(part)
     return changes
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_readme_figures.py --update  (writes the results' values into README.md)")
+        sys.exit(
+            "usage: python tests/test_readme_figures.py --update  (writes the results' values into README.md and docs/)"
+        )
     for line in update():
         print(line)

@@ -312,9 +312,9 @@ def test_defaults_the_readme_says_follow_verl_equal_verls_own() -> None:
 
 
 def test_the_readme_states_the_defaults_these_tests_check() -> None:
-    """README_FOLLOWS_VERL and README_DIFFERS are the README's defaults paragraph: each value is stated there, and
-    every deliberate difference the paragraph names (a backticked ``key=value``) is one of them."""
-    text = (REPO / "README.md").read_text()
+    """README_FOLLOWS_VERL and README_DIFFERS are the defaults paragraph (docs/configuration.md): each value is
+    stated there, and every deliberate difference the paragraph names (a backticked ``key=value``) is one of them."""
+    text = (REPO / "docs" / "configuration.md").read_text()
     start = text.index("Defaults follow verl's")
     para = re.sub(r"\s+", " ", text[start : text.index("\n\n", start)])
     assert set(README_SAYS) == set(README_FOLLOWS_VERL) | set(README_DIFFERS)
