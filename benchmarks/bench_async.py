@@ -58,9 +58,25 @@ TEACHER = Path(__file__).resolve().parent / "long_tail_teacher.py"
 def warm_model(work: Path, model: Path, data: Path) -> Path:
     """The long-tailed workload's model: the tiny one warm-started on the teacher's answers."""
     out = work / "long_tail_model"
-    cmd = [common.PY, "-m", "vlmrl.testing.warm_start", "--model", str(model), "--output", str(out),
-           "--data", str(data / "train.parquet"), "--teacher", f"{TEACHER}:write_turn", "--steps", "200",
-           "--max-response-length", "128", "--max-assistant-turns", "1"]  # fmt: skip
+    cmd = [
+        common.PY,
+        "-m",
+        "vlmrl.testing.warm_start",
+        "--model",
+        str(model),
+        "--output",
+        str(out),
+        "--data",
+        str(data / "train.parquet"),
+        "--teacher",
+        f"{TEACHER}:write_turn",
+        "--steps",
+        "200",
+        "--max-response-length",
+        "128",
+        "--max-assistant-turns",
+        "1",
+    ]
     subprocess.run(cmd, check=True, env=common.bench_env(2), capture_output=True, cwd=common.ROOT, timeout=900)
     return out
 
@@ -71,20 +87,38 @@ def qwen25_vl_7b_params() -> int:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg = Qwen2_5_VLConfig(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, tie_word_embeddings=False,
-        vision_config={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                       "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31], "window_size": 112},
-    )  # fmt: skip
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        vision_config={
+            "depth": 32,
+            "hidden_size": 1280,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "out_hidden_size": 3584,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+            "window_size": 112,
+        },
+    )
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
 def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path, data: Path) -> dict[str, Any]:
-    overrides = [f"trainer.seed={seed}", f"data.seed={seed}", f"data.val_files={data / 'test.parquet'}",
-                 "trainer.val_before_train=False", "trainer.test_freq=-1",
-                 *MODES[mode], *WORKLOADS[workload]]  # fmt: skip
+    overrides = [
+        f"trainer.seed={seed}",
+        f"data.seed={seed}",
+        f"data.val_files={data / 'test.parquet'}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        *MODES[mode],
+        *WORKLOADS[workload],
+    ]
     res = common.uncontended(
         lambda: common.vlmrl_train(work / f"{workload}_{mode}_{seed}", data, model, steps, overrides, timeout_s=1800),
         f"{workload} {mode} seed {seed}",
@@ -147,7 +181,7 @@ def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
                 "param_sync_mb",
                 "param_sync_ms_per_mb_median",
                 "broadcast_mb_per_s_median",
-            )  # fmt: skip
+            )
             if any(r.get(k) is not None for r in mine)
         }
         for k in ("reward_last10", "val_end"):
@@ -157,22 +191,39 @@ def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    head = ["workload", "mode", "steps/s", "speed-up", "generation (s)", "update (s)", "waited (s)", "sync (s)",
-            "reward, last 10 steps", "validation at end", "response length mean / max"]  # fmt: skip
+    head = [
+        "workload",
+        "mode",
+        "steps/s",
+        "speed-up",
+        "generation (s)",
+        "update (s)",
+        "waited (s)",
+        "sync (s)",
+        "reward, last 10 steps",
+        "validation at end",
+        "response length mean / max",
+    ]
     rows = []
     for w in WORKLOADS:
         s = res["summary"][w]
         for mode in MODES:
             m = s[mode]
-            rows.append([
-                w.replace("_", "-"), "hybrid (2 workers)" if mode == "hybrid" else "one-step off-policy (1 + 1)",
-                f"{m['steps_per_s']:.2f}", f"{s['speedup']:.2f}x" if mode == "async" else "1.00x",
-                m.get("generate_s_median"), m.get("update_s_median"), m.get("wait_prev_gen_s_median", "-"),
-                m.get("param_sync_s_median", "-"),
-                f"{m['reward_last10']:.3f} [{m['reward_last10_range'][0]:.3f}-{m['reward_last10_range'][1]:.3f}]",
-                f"{m['val_end']:.3f} [{m['val_end_range'][0]:.3f}-{m['val_end_range'][1]:.3f}]",
-                f"{m['response_length_mean']:.1f} / {m['response_length_max']:.0f}",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    w.replace("_", "-"),
+                    "hybrid (2 workers)" if mode == "hybrid" else "one-step off-policy (1 + 1)",
+                    f"{m['steps_per_s']:.2f}",
+                    f"{s['speedup']:.2f}x" if mode == "async" else "1.00x",
+                    m.get("generate_s_median"),
+                    m.get("update_s_median"),
+                    m.get("wait_prev_gen_s_median", "-"),
+                    m.get("param_sync_s_median", "-"),
+                    f"{m['reward_last10']:.3f} [{m['reward_last10_range'][0]:.3f}-{m['reward_last10_range'][1]:.3f}]",
+                    f"{m['val_end']:.3f} [{m['val_end_range'][0]:.3f}-{m['val_end_range'][1]:.3f}]",
+                    f"{m['response_length_mean']:.1f} / {m['response_length_max']:.0f}",
+                ]
+            )
     sync = res["sync"]
     return (
         "Command: `python benchmarks/bench_async.py` (seeds "
@@ -228,8 +279,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "qwen25_vl_7b_s_at_ms_per_mb": gb * 1024 * ms_per_mb / 1000,
         "qwen25_vl_7b_s_at_broadcast": gb * 1024 / bw,
     }
-    res = {**common.result_head("async"), "seeds": seeds, "steps": steps, "runs": runs, "summary": summary,
-           "sync": sync}  # fmt: skip
+    res = {
+        **common.result_head("async"),
+        "seeds": seeds,
+        "steps": steps,
+        "runs": runs,
+        "summary": summary,
+        "sync": sync,
+    }
     default = args.seeds == "1,2,3" and args.steps == 40 and not args.quick
     common.publish("async", SECTION, res, markdown(res), check_dir=None if default else work)
     return res

@@ -157,8 +157,13 @@ def bench_dataset_ours(path: Path, processor: Any, data_cfg: Any, threads: int) 
         ds.get_batch(range(start, min(start + 16, len(ds))), num_workers=threads)
     dt_threads = time.perf_counter() - t
     n = len(ds)
-    return {"construct_s": construct, "construct_rps": n / construct, "iter_rps": n / dt, "threads": threads,
-            "iter_threads_rps": n / dt_threads}  # fmt: skip
+    return {
+        "construct_s": construct,
+        "construct_rps": n / construct,
+        "iter_rps": n / dt,
+        "threads": threads,
+        "iter_threads_rps": n / dt_threads,
+    }
 
 
 def _same_work(processor: Any, bounds: tuple[int, int], factor: int):
@@ -168,8 +173,11 @@ def _same_work(processor: Any, bounds: tuple[int, int], factor: int):
     def work(prompt: list[dict], images: list[Any]) -> int:
         messages = []
         for m in prompt:
-            parts = [{"type": "image"} if s == "<image>" else {"type": "text", "text": s}
-                     for s in re.split("(<image>)", m["content"]) if s]  # fmt: skip
+            parts = [
+                {"type": "image"} if s == "<image>" else {"type": "text", "text": s}
+                for s in re.split("(<image>)", m["content"])
+                if s
+            ]
             messages.append({"role": m["role"], "content": parts})
         resized = [qwen_vl.resize_image(im, factor, *bounds) for im in images]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -224,8 +232,13 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "loadavg_1m_at_end": round(load[0], 2) if load else None}  # fmt: skip
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "loadavg_1m_at_end": round(load[0], 2) if load else None,
+    }
 
 
 def versions() -> dict[str, str]:
@@ -342,8 +355,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         factor = qwen_vl.patch_factor(processor.image_processor)
         ours = bench_dataset_ours(path, processor, cfg, threads=max(2, os.cpu_count() or 2))
         base = bench_dataset_datasets(path, processor, bounds, factor, root / "hf_cache", cfg.max_prompt_length)
-        print(f"dataset: ours {ours['iter_rps']:.0f} rec/s (construct {ours['construct_s']:.2f} s); "
-              f"datasets.map {base['map_rps']:.0f}; rows {base['rows_rps']:.0f}")  # fmt: skip
+        print(
+            f"dataset: ours {ours['iter_rps']:.0f} rec/s (construct {ours['construct_s']:.2f} s); "
+            f"datasets.map {base['map_rps']:.0f}; rows {base['rows_rps']:.0f}"
+        )
     result = {
         "benchmark": "data",
         "date": common.now(),

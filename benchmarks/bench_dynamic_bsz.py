@@ -139,8 +139,15 @@ def main() -> int:
             "pg_loss_last": losses[name],
         }
     real = int(sum(p.values()) + sum(r.values()))
-    result = {"when": now(), "machine": machine(), "versions": versions(), "config": vars(a), "budget": budget,
-              "real_tokens": real, "results": rows_out}  # fmt: skip
+    result = {
+        "when": now(),
+        "machine": machine(),
+        "versions": versions(),
+        "config": vars(a),
+        "budget": budget,
+        "real_tokens": real,
+        "results": rows_out,
+    }
     write_result("dynamic_bsz", result)
     f, b = rows_out["fixed"], rows_out["budget"]
     body = [
@@ -172,7 +179,7 @@ def main() -> int:
                     f"{f['update_s'] / b['update_s']:.2f}x",
                 ],
             ],
-        ),  # fmt: skip
+        ),
         "",
         machine_line(result),
         "Raw numbers: `benchmarks/results/dynamic_bsz.json`.",

@@ -66,9 +66,15 @@ def exactness(family: str) -> dict[str, Any]:
     proc = AutoProcessor.from_pretrained(path)
     tiny = Tiny(family, path, proc, FAMS[family])
     model = tiny.model().eval()
-    engine = VLLMRollout(path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=2, limit_videos=1,
-                         pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
-                         video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor))  # fmt: skip
+    engine = VLLMRollout(
+        path,
+        rollout_cfg=RolloutConfig(),
+        max_model_len=512,
+        limit_images=2,
+        limit_videos=1,
+        pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
+        video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
+    )
     try:
         prompts = prompts_of(proc)
         spec = SamplingSpec(n=3, max_tokens=10)
@@ -89,9 +95,14 @@ def learn(family: str, data: Path, out: Path, steps: int, test_freq: int) -> dic
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     model = ensure_tiny_model(0, FAMILY_SPECS[family])
-    run = vlmrl_train(out, data, model, steps,
-                      [f"data.val_files={data / 'test.parquet'}", f"trainer.test_freq={test_freq}"],
-                      timeout_s=1800)  # fmt: skip
+    run = vlmrl_train(
+        out,
+        data,
+        model,
+        steps,
+        [f"data.val_files={data / 'test.parquet'}", f"trainer.test_freq={test_freq}"],
+        timeout_s=1800,
+    )
     rows = run["rows"]
     val = {str(r["step"]): r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     train = [r for r in rows if r.get("step", 0) > 0 and "reward/mean" in r]
@@ -113,24 +124,46 @@ def markdown(res: dict[str, Any]) -> str:
     for name, f in res["families"].items():
         gaps = max(f["exactness"]["fresh_gap"].values()), max(f["exactness"]["pushed_gap"].values())
         img, vid = f["image"], f["video"]
-        rows.append([
-            name, f"{f['exactness']['params']['total'] / 1e6:.2f} M", f"{gaps[0]:.1e}", f"{gaps[1]:.1e}",
-            " / ".join(f"{v:.2f}" for v in img["val"].values()), str(img["hit_0.9_step"] or "not reached"),
-            f"{img['step_s']:.2f}", " / ".join(f"{v:.2f}" for v in vid["val"].values()), f"{vid['step_s']:.2f}",
-        ])  # fmt: skip
-    return "\n".join([
-        f"`python benchmarks/bench_families.py` ({res['date']}). Each family's tiny model. Exactness: the largest "
-        "|vLLM - trainer| log-prob over 3 samples of an image, two-image, video, image + video and text-only prompt "
-        "(shared-prompt, full-sequence and packed forwards), on a fresh engine and after a push of perturbed weights. "
-        f"Learning: the quick start's recipe on the colour task ({c['steps']} steps) and the video colour task "
-        f"({c['video_steps']} steps), greedy validation at the steps shown.",
-        "",
-        table(["family", "parameters", "engine gap", "gap after push", f"colour val (steps {c['image_val_steps']})",
-               "5-step mean >= 0.9 at step", "s/step", f"video val (steps {c['video_val_steps']})", "video s/step"],
-              rows),  # fmt: skip
-        "",
-        machine_line(res),
-    ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{f['exactness']['params']['total'] / 1e6:.2f} M",
+                f"{gaps[0]:.1e}",
+                f"{gaps[1]:.1e}",
+                " / ".join(f"{v:.2f}" for v in img["val"].values()),
+                str(img["hit_0.9_step"] or "not reached"),
+                f"{img['step_s']:.2f}",
+                " / ".join(f"{v:.2f}" for v in vid["val"].values()),
+                f"{vid['step_s']:.2f}",
+            ]
+        )
+    return "\n".join(
+        [
+            f"`python benchmarks/bench_families.py` ({res['date']}). Each family's tiny model. Exactness: the largest "
+            "|vLLM - trainer| log-prob over 3 samples of an image, two-image, video, image + video and text-only "
+            "prompt (shared-prompt, full-sequence and packed forwards), on a fresh engine and after a push of "
+            "perturbed weights. "
+            f"Learning: the quick start's recipe on the colour task ({c['steps']} steps) and the video colour task "
+            f"({c['video_steps']} steps), greedy validation at the steps shown.",
+            "",
+            table(
+                [
+                    "family",
+                    "parameters",
+                    "engine gap",
+                    "gap after push",
+                    f"colour val (steps {c['image_val_steps']})",
+                    "5-step mean >= 0.9 at step",
+                    "s/step",
+                    f"video val (steps {c['video_val_steps']})",
+                    "video s/step",
+                ],
+                rows,
+            ),
+            "",
+            machine_line(res),
+        ]
+    )
 
 
 README_LABELS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
@@ -143,14 +176,31 @@ def readme_table(res: dict[str, Any]) -> str:
     rows = []
     for name, f in res["families"].items():
         ex, img, vid = f["exactness"], f["image"], f["video"]
-        rows.append([
-            README_LABELS[name], f"{ex['params']['total'] / 1e6:.2f} M", f"{max(ex['fresh_gap'].values()) * 1e6:.1f}",
-            f"{max(ex['pushed_gap'].values()) * 1e6:.1f}", " / ".join(f"{v:.2f}" for v in img["val"].values()),
-            f"{img['step_s']:.2f} s", " / ".join(f"{v:.2f}" for v in vid["val"].values()), f"{vid['step_s']:.2f} s",
-        ])  # fmt: skip
-    return table(["tiny model", "parameters", "engine gap (1e-6)", "after a push (1e-6)",
-                  f"colour: validation at steps {c['image_val_steps']}", "s/step",
-                  f"video colour: validation at steps {c['video_val_steps']}", "s/step"], rows)  # fmt: skip
+        rows.append(
+            [
+                README_LABELS[name],
+                f"{ex['params']['total'] / 1e6:.2f} M",
+                f"{max(ex['fresh_gap'].values()) * 1e6:.1f}",
+                f"{max(ex['pushed_gap'].values()) * 1e6:.1f}",
+                " / ".join(f"{v:.2f}" for v in img["val"].values()),
+                f"{img['step_s']:.2f} s",
+                " / ".join(f"{v:.2f}" for v in vid["val"].values()),
+                f"{vid['step_s']:.2f} s",
+            ]
+        )
+    return table(
+        [
+            "tiny model",
+            "parameters",
+            "engine gap (1e-6)",
+            "after a push (1e-6)",
+            f"colour: validation at steps {c['image_val_steps']}",
+            "s/step",
+            f"video colour: validation at steps {c['video_val_steps']}",
+            "s/step",
+        ],
+        rows,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,14 +225,22 @@ def main(argv: list[str] | None = None) -> int:
     names = a.families.split(",")
     res: dict[str, Any] = result_head("families")
     iv, vv = a.steps // 4, a.video_steps // 2
-    res["config"] = {"families": names, "steps": a.steps, "video_steps": a.video_steps,
-                     "image_val_steps": " / ".join(str(s) for s in range(0, a.steps + 1, iv)),
-                     "video_val_steps": " / ".join(str(s) for s in range(0, a.video_steps + 1, vv))}  # fmt: skip
+    res["config"] = {
+        "families": names,
+        "steps": a.steps,
+        "video_steps": a.video_steps,
+        "image_val_steps": " / ".join(str(s) for s in range(0, a.steps + 1, iv)),
+        "video_val_steps": " / ".join(str(s) for s in range(0, a.video_steps + 1, vv)),
+    }
     res["families"] = {}
     for name in names:
         print(f"[bench_families] {name}", flush=True)
-        ex = run_json_worker([PY, __file__, "--exactness", name, "--out", str(work / f"{name}.json")],
-                             env=bench_env(1), out=work / f"{name}.json", what=f"exactness {name}")  # fmt: skip
+        ex = run_json_worker(
+            [PY, __file__, "--exactness", name, "--out", str(work / f"{name}.json")],
+            env=bench_env(1),
+            out=work / f"{name}.json",
+            what=f"exactness {name}",
+        )
         res["families"][name] = {
             "exactness": ex,
             "image": learn(name, image, work / f"run-{name}-colour", a.steps, iv),

@@ -74,10 +74,13 @@ def build_model(out: Path) -> tuple[Path, int]:
 ALGOS = {
     "grpo": [],
     "ppo": [
-        "algorithm.adv_estimator=gae", "critic.optim.lr=1e-5", "critic.model.enable_gradient_checkpointing=true",
-        "critic.fsdp.param_offload=true", "critic.fsdp.optimizer_offload=true",
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=1e-5",
+        "critic.model.enable_gradient_checkpointing=true",
+        "critic.fsdp.param_offload=true",
+        "critic.fsdp.optimizer_offload=true",
     ],
-}  # fmt: skip
+}
 
 
 def prepare(a: argparse.Namespace) -> tuple[Path, int, float, Path]:
@@ -89,11 +92,24 @@ def prepare(a: argparse.Namespace) -> tuple[Path, int, float, Path]:
     data = work / "data"
     if not (data / "train.parquet").exists():
         subprocess.run(
-            [PY, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(data), "--families", "colour",
-             "--image-size", str(a.image_size), "--train-size", str(a.prompts * (a.steps + 1)), "--test-size", "16",
-             "--no-progress"],
-            check=True, cwd=ROOT,
-        )  # fmt: skip
+            [
+                PY,
+                str(ROOT / "preprocess" / "synthetic.py"),
+                "--output-dir",
+                str(data),
+                "--families",
+                "colour",
+                "--image-size",
+                str(a.image_size),
+                "--train-size",
+                str(a.prompts * (a.steps + 1)),
+                "--test-size",
+                "16",
+                "--no-progress",
+            ],
+            check=True,
+            cwd=ROOT,
+        )
     return model, params, build_s, data
 
 
@@ -101,26 +117,40 @@ def run_algo(a: argparse.Namespace, algo: str, model: Path, data: Path) -> dict:
     """Train ``a.steps`` steps with ``algo``; the per-step medians (first two steps left out) and the raw rows."""
     out = Path(a.work_dir) / f"run_{algo}"
     cmd = [
-        PY, "-m", "vlmrl.train",
-        f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
-        f"data.train_batch_size={a.prompts}", "data.max_prompt_length=1024",
+        PY,
+        "-m",
+        "vlmrl.train",
+        f"data.train_files={data / 'train.parquet'}",
+        "data.val_files=null",
+        f"data.train_batch_size={a.prompts}",
+        "data.max_prompt_length=1024",
         f"data.max_response_length={a.response}",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-        "actor_rollout_ref.actor.optim.lr=1e-6", f"actor_rollout_ref.actor.ppo_mini_batch_size={a.prompts}",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={a.prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.micro}",
-        "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={a.n}",
+        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.n={a.n}",
         "actor_rollout_ref.rollout.ignore_eos=true",
-        "trainer.device=cuda", "trainer.launcher=inline", f"trainer.total_training_steps={a.steps}",
-        "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
-        "trainer.save_freq=-1", "reward.function=synthetic", *ALGOS[algo],
-    ]  # fmt: skip
+        "trainer.device=cuda",
+        "trainer.launcher=inline",
+        f"trainer.total_training_steps={a.steps}",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={out}",
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        "reward.function=synthetic",
+        *ALGOS[algo],
+    ]
     # streamed to a file as it runs (a run killed by a time limit still leaves its progress behind)
     log = Path(a.work_dir) / f"run_{algo}.log"
     print(f"[bench_gpu] {algo}: training {a.steps} steps, output in {log}", flush=True)
     t1 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=f,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=f, stderr=subprocess.STDOUT
+        )
     wall = time.perf_counter() - t1
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-4000:].strip()
@@ -227,7 +257,7 @@ def report(result: dict) -> None:
                 "peak reserved GiB",
             ],
             rows,
-        ),  # fmt: skip
+        ),
         "",
         *([("; ".join(failed) + ": see `benchmarks/results/gpu.json`."), ""] if failed else []),
         "vLLM could not be installed on that machine (its wheel pins another torch), so the rollout is HF `generate`; "

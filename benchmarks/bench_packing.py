@@ -97,16 +97,24 @@ def run_size(a: argparse.Namespace, size: str, data: Path) -> list[dict[str, Any
             positions_padded = pad["work/update_tokens"] + pad["work/update_padding_tokens"]
             positions_packed = pk["work/update_tokens"] + pk["work/update_padding_tokens"]
             t_pad, t_pk = median(times[False]), median(times[True])
-            out.append({
-                "size": size, "params": params, "gradient_checkpointing": ckpt, "token_budget": dyn,
-                "padded_update_s": t_pad, "packed_update_s": t_pk,
-                "padded_runs_s": times[False], "packed_runs_s": times[True],
-                "padded_work": pad, "packed_work": pk,
-                "padding_share": pad["work/update_padding_tokens"] / positions_padded,
-                "positions_removed_share": 1 - positions_packed / positions_padded,
-                "time_cut": 1 - t_pk / t_pad,
-                "goal_met": 1 - t_pk / t_pad >= pad["work/update_padding_tokens"] / positions_padded,
-            })  # fmt: skip
+            out.append(
+                {
+                    "size": size,
+                    "params": params,
+                    "gradient_checkpointing": ckpt,
+                    "token_budget": dyn,
+                    "padded_update_s": t_pad,
+                    "packed_update_s": t_pk,
+                    "padded_runs_s": times[False],
+                    "packed_runs_s": times[True],
+                    "padded_work": pad,
+                    "packed_work": pk,
+                    "padding_share": pad["work/update_padding_tokens"] / positions_padded,
+                    "positions_removed_share": 1 - positions_packed / positions_padded,
+                    "time_cut": 1 - t_pk / t_pad,
+                    "goal_met": 1 - t_pk / t_pad >= pad["work/update_padding_tokens"] / positions_padded,
+                }
+            )
     return out
 
 
@@ -183,7 +191,7 @@ def markdown(result: dict[str, Any]) -> str:
                 ]
                 for r in rows
             ],
-        ),  # fmt: skip
+        ),
         "",
         machine_line(result),
         "Raw numbers: `benchmarks/results/packing.json`.",

@@ -37,8 +37,13 @@ PPO = (
 
 
 def one(algo: str, seed: int, steps: int, work: Path, model: Path, data: Path) -> dict[str, Any]:
-    overrides = [f"trainer.seed={seed}", f"data.seed={seed}", f"data.val_files={data / 'test.parquet'}",
-                 f"trainer.test_freq={min(10, steps)}", "trainer.val_before_train=False"]  # fmt: skip
+    overrides = [
+        f"trainer.seed={seed}",
+        f"data.seed={seed}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"trainer.test_freq={min(10, steps)}",
+        "trainer.val_before_train=False",
+    ]
     if algo == "ppo":
         overrides += PPO
     res = common.uncontended(
@@ -66,18 +71,36 @@ def one(algo: str, seed: int, steps: int, work: Path, model: Path, data: Path) -
     }
 
 
-HEADER = ["run", "validation reached 0.9", "step", "seconds", "training reached 0.9", "step", "seconds", "step (s)",
-          "validation at end"]  # fmt: skip
+HEADER = [
+    "run",
+    "validation reached 0.9",
+    "step",
+    "seconds",
+    "training reached 0.9",
+    "step",
+    "seconds",
+    "step (s)",
+    "validation at end",
+]
 
 
 def markdown(res: dict[str, Any]) -> str:
     rows = []
     for algo in ("grpo", "ppo"):
         s = res["summary"][algo]
-        rows.append([algo.upper() + (" + critic (GAE)" if algo == "ppo" else ""),
-                     f"{s['val_reached']}/{len(res['seeds'])}", s["val_steps_to_0.9_median"],
-                     s["seconds_to_val_0.9_median"], f"{s['reached']}/{len(res['seeds'])}", s["steps_to_0.9_median"],
-                     s["seconds_to_0.9_median"], f"{s['step_s_median']:.3f}", s["val_end_median"]])  # fmt: skip
+        rows.append(
+            [
+                algo.upper() + (" + critic (GAE)" if algo == "ppo" else ""),
+                f"{s['val_reached']}/{len(res['seeds'])}",
+                s["val_steps_to_0.9_median"],
+                s["seconds_to_val_0.9_median"],
+                f"{s['reached']}/{len(res['seeds'])}",
+                s["steps_to_0.9_median"],
+                s["seconds_to_0.9_median"],
+                f"{s['step_s_median']:.3f}",
+                s["val_end_median"],
+            ]
+        )
     return (
         "Command: `python benchmarks/bench_ppo.py` (seeds "
         + ",".join(map(str, res["seeds"]))

@@ -37,12 +37,15 @@ def samples(n: int, per_prompt: int = 8) -> list:
         colour = ("red", "green", "blue")[i % 3]
         out.append(
             RewardSample(
-                response=f"The shape is {colour}.", prompt="What colour is the shape?", ground_truth="red",
-                data_source="synthetic/colour", images=[im],
+                response=f"The shape is {colour}.",
+                prompt="What colour is the shape?",
+                ground_truth="red",
+                data_source="synthetic/colour",
+                images=[im],
                 extra_info={"family": "colour", "answer": "red", "choices": ["red", "green", "blue"]},
                 image_scales=[(1.0, 1.0)],
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -92,9 +95,16 @@ def main() -> int:
         for workers in (0, 1, 2):
             r = rows[f"{function}/{workers}"]
             extra = "-" if workers == 0 else f"{1000 * (r['step_s'] - base):+.0f} ms"
-            table_rows.append([f"`{function}`", "driver" if workers == 0 else f"{workers} process(es)",
-                               f"{r['step_s'] * 1000:.1f}", f"{r['per_sample_ms']:.2f}", extra,
-                               f"{r['startup_s']:.2f}"])  # fmt: skip
+            table_rows.append(
+                [
+                    f"`{function}`",
+                    "driver" if workers == 0 else f"{workers} process(es)",
+                    f"{r['step_s'] * 1000:.1f}",
+                    f"{r['per_sample_ms']:.2f}",
+                    extra,
+                    f"{r['startup_s']:.2f}",
+                ]
+            )
     body.append(table(["reward", "where", "ms per step", "ms per sample", "vs driver", "start-up s"], table_rows))
     body += ["", machine_line(result), "Raw numbers: `benchmarks/results/reward.json`."]
     write_readme_section("Reward scoring", "\n".join(body))

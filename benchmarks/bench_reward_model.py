@@ -29,8 +29,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-COMPONENTS = ("reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, "
-              "weight: 0.0}]")  # fmt: skip
+COMPONENTS = (
+    "reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, "
+    "weight: 0.0}]"
+)
 
 
 def validations(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
@@ -41,26 +43,43 @@ def validations(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
 def one_seed(work: Path, model: Path, pairs: Path, data: Path, seed: int, rm_steps: int, rl_steps: int) -> dict:
     """One seed: the reward model trained with it, then GRPO on its score and GRPO on the rule."""
     rm_dir = work / f"rm_{seed}"
-    cmd = [common.PY, "-m", "vlmrl.reward_model.train", "--model", str(model), "--data", str(pairs / "train.parquet"),
-           "--val-data", str(pairs / "test.parquet"), "--output", str(rm_dir), "--steps", str(rm_steps),
-           "--seed", str(seed)]  # fmt: skip
+    cmd = [
+        common.PY,
+        "-m",
+        "vlmrl.reward_model.train",
+        "--model",
+        str(model),
+        "--data",
+        str(pairs / "train.parquet"),
+        "--val-data",
+        str(pairs / "test.parquet"),
+        "--output",
+        str(rm_dir),
+        "--steps",
+        str(rm_steps),
+        "--seed",
+        str(seed),
+    ]
     proc = subprocess.run(cmd, env=common.bench_env(1), capture_output=True, text=True, cwd=common.ROOT)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     trained = json.loads((rm_dir / "vlmrl_reward_model.json").read_text())
     val = [f"data.val_files={data / 'test.parquet'}", "trainer.test_freq=40", "trainer.val_before_train=true"]
-    out: dict[str, Any] = {"reward_model_training": {k: trained[k] for k in ("first_loss", "loss",
-                                                                              "heldout_pair_accuracy",
-                                                                              "train_seconds")}}  # fmt: skip
+    out: dict[str, Any] = {
+        "reward_model_training": {
+            k: trained[k] for k in ("first_loss", "loss", "heldout_pair_accuracy", "train_seconds")
+        }
+    }
     for name, extra in (
         (
             "reward_model",
             ["reward.function=null", "reward_model.enable=True", f"reward_model.model.path={rm_dir}", COMPONENTS],
-        ),  # fmt: skip
+        ),
         ("rule", []),
     ):
-        run = common.vlmrl_train(work / f"{name}_{seed}", data, model, rl_steps, [*extra, *val, f"trainer.seed={seed}"],
-                                 timeout_s=1800)  # fmt: skip
+        run = common.vlmrl_train(
+            work / f"{name}_{seed}", data, model, rl_steps, [*extra, *val, f"trainer.seed={seed}"], timeout_s=1800
+        )
         rows = run["rows"]
         rule_key = "val/reward/rule/mean" if name == "reward_model" else "val/reward/mean"
         out[name] = {
@@ -69,7 +88,7 @@ def one_seed(work: Path, model: Path, pairs: Path, data: Path, seed: int, rm_ste
             "step_s_median": common.median([r["timing/step_s"] for r in rows if r.get("step", 0) > 1]),
             "reward_model_s_median": common.median(
                 [r.get("timing/reward_model_s", 0.0) for r in rows if r.get("step", 0) > 1]
-            ),  # fmt: skip
+            ),
         }
     return out
 
@@ -102,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": seeds,
             "pairs_train": 512,
             "pairs_heldout": 96,
-        },  # fmt: skip
+        },
         "seeds": per_seed,
     }
     runs = list(per_seed.values())
@@ -140,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for s in steps
             ],
-        )  # fmt: skip
+        )
         + f"\n\nMedian step {spread(summary['step_s_reward_model'])} s with the reward model "
         f"({spread(summary['reward_model_s'])} s of it its forward), {spread(summary['step_s_rule'])} s with the rule."
     )

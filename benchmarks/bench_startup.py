@@ -55,12 +55,24 @@ def parse_line(log: str) -> dict[str, Any]:
 def one_run(k: int, work: Path, model: Path, data: Path) -> dict[str, Any]:
     """One launch stopped after its first step: the start-up line, the command's wall time, ``timing/startup_s``."""
     out = work / f"run_{k}"
-    cmd = [common.PY, "-m", "vlmrl.train", "--config-name", "tiny_cpu", f"data.train_files={data / 'train.parquet'}",
-           f"data.val_files={data / 'test.parquet'}", f"actor_rollout_ref.model.path={model}",
-           f"trainer.default_local_dir={out}", "trainer.total_training_steps=1", "trainer.logger=[console,jsonl]",
-           "trainer.resume_mode=disable", "trainer.val_before_train=true"]  # fmt: skip
-    run = common.run_locked(cmd, env=common.bench_env(1), log=out / "train.log", timeout_s=600,
-                            what=f"start-up run {k}")  # fmt: skip
+    cmd = [
+        common.PY,
+        "-m",
+        "vlmrl.train",
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "trainer.total_training_steps=1",
+        "trainer.logger=[console,jsonl]",
+        "trainer.resume_mode=disable",
+        "trainer.val_before_train=true",
+    ]
+    run = common.run_locked(
+        cmd, env=common.bench_env(1), log=out / "train.log", timeout_s=600, what=f"start-up run {k}"
+    )
     log = Path(run["log"]).read_text(errors="replace")
     if run["returncode"] != 0:
         raise RuntimeError(f"the launch failed (exit {run['returncode']}):\n{log[-4000:]}")
@@ -97,23 +109,31 @@ def markdown(res: dict[str, Any]) -> str:
 
     rows = [["to the first step", *[med(res["labels"][lab]["summary"]["total_s"]) for lab in labels]]]
     rows += [[n, *[med(res["labels"][lab]["summary"]["parts_s"].get(n)) for lab in labels]] for n in names]
-    for key, what in (("ready_s", "slowest worker: ready after its process started"), ("engine_s", "... its vLLM "
-                      "engine"), ("model_s", "... its policy (load, FSDP2, optimizer)")):  # fmt: skip
+    for key, what in (
+        ("ready_s", "slowest worker: ready after its process started"),
+        ("engine_s", "... its vLLM engine"),
+        ("model_s", "... its policy (load, FSDP2, optimizer)"),
+    ):
         rows.append([what, *[med(res["labels"][lab]["summary"]["slowest_worker"].get(key)) for lab in labels]])
-    heads = [f"{lab} ({res['labels'][lab]['commit'][:10]}{', dirty' if res['labels'][lab]['dirty'] else ''}, "
-             f"{res['labels'][lab]['date']})" for lab in labels]  # fmt: skip
+    heads = [
+        f"{lab} ({res['labels'][lab]['commit'][:10]}{', dirty' if res['labels'][lab]['dirty'] else ''}, "
+        f"{res['labels'][lab]['date']})"
+        for lab in labels
+    ]
     first = res["labels"][labels[0]]
-    return "\n".join([
-        f"`python benchmarks/bench_startup.py --runs {first['runs_asked']} --label LABEL`: the quick start's training "
-        "command (tiny model, quick start data, 2 local CPU workers, vLLM, validation before training) to its first "
-        "step, after one launch that is not counted; median seconds of the runs, per stage as the trainer prints "
-        "them (`[vlmrl] start-up: ...`).",
-        "",
-        common.table(["stage (s)", *heads], rows),
-        "",
-        common.machine_line(res),
-        "Raw numbers: `benchmarks/results/startup.json`.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"`python benchmarks/bench_startup.py --runs {first['runs_asked']} --label LABEL`: the quick start's "
+            "training command (tiny model, quick start data, 2 local CPU workers, vLLM, validation before training) to "
+            "its first step, after one launch that is not counted; median seconds of the runs, per stage as the "
+            "trainer prints them (`[vlmrl] start-up: ...`).",
+            "",
+            common.table(["stage (s)", *heads], rows),
+            "",
+            common.machine_line(res),
+            "Raw numbers: `benchmarks/results/startup.json`.",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -131,8 +151,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = common.synthetic_data(work / "data", 4096, 96, 112)
     n = 1 if a.quick else a.runs
     one_run(0, work, model, data)  # not counted: vLLM's model-info cache, the page cache
-    runs = [common.uncontended(lambda k=k: one_run(k, work, model, data), f"start-up run {k}", a.retries)
-            for k in range(1, n + 1)]  # fmt: skip
+    runs = [
+        common.uncontended(lambda k=k: one_run(k, work, model, data), f"start-up run {k}", a.retries)
+        for k in range(1, n + 1)
+    ]
     for r in runs:
         print(f"[bench_startup] run {r['run']}: {r['total_s']:.1f} s to the first step {r['parts_s']}", flush=True)
     prov = common.provenance()
@@ -147,8 +169,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     path = common.RESULTS / "startup.json"
     res = json.loads(path.read_text()) if path.exists() and not a.quick else {}
-    res = {**common.result_head("startup"), "command": "python benchmarks/bench_startup.py --runs N --label LABEL",
-           "labels": {**res.get("labels", {}), a.label: entry}}  # fmt: skip
+    res = {
+        **common.result_head("startup"),
+        "command": "python benchmarks/bench_startup.py --runs N --label LABEL",
+        "labels": {**res.get("labels", {}), a.label: entry},
+    }
     common.publish("startup", SECTION, res, markdown(res), work if a.quick else None)
     return res
 

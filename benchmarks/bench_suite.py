@@ -54,8 +54,19 @@ PARTS = (
 """scripts/test.sh's parts, each starting at the first traced command containing its marker (its ``echo``)."""
 TIER_FILES = {"fast": ("", ".serial"), "slow": (".slow", ".slow.serial")}
 """The JUnit files of each tier, as suffixes of the ``--junitxml`` name (scripts/test.sh)."""
-UNSET = ("VLMRL_VENV", "VLMRL_CACHE", "PYTHONPATH", "VIRTUAL_ENV", "PYTHON", "BASH_ENV", "SMOKE", "OUT",
-         "RAY_ADDRESS", "VLMRL_DRY_RUN", "PYTHONHOME")  # fmt: skip
+UNSET = (
+    "VLMRL_VENV",
+    "VLMRL_CACHE",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "PYTHON",
+    "BASH_ENV",
+    "SMOKE",
+    "OUT",
+    "RAY_ADDRESS",
+    "VLMRL_DRY_RUN",
+    "PYTHONHOME",
+)
 """Environment variables of the calling shell the command does not inherit (they would change what it does)."""
 SUMMARY_LINE = r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected)\b.*? in [\d.]+s\b.*?)\s*=*$"
 """pytest's last line (``-q`` drops the ``=`` around it)."""
@@ -159,8 +170,9 @@ def one_run(k: int, a: argparse.Namespace, commit: str) -> dict[str, Any]:
     parent = Path(tempfile.mkdtemp(prefix=f"suite-{k}-", dir=a.work))
     clone = parent / "vlmrl"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(common.ROOT), str(clone)], check=True)
-    cloned = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    cloned = subprocess.run(
+        ["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     if cloned != commit:
         raise RuntimeError(f"the clone is at {cloned}, not HEAD {commit} (a detached HEAD? check out a branch)")
     browser_before = next((b for b in BROWSERS if shutil.which(b)), None)
@@ -223,17 +235,39 @@ def markdown(res: dict[str, Any]) -> str:
         "`BASH_ENV`); counts and pytest's time from the JUnit XML.",
         "",
     ]
-    header = ["run", "tests (contributor + slow)", "passed", "failed + errors", "skipped (GPU)", "command min",
-              "install min", "contributor tier min", "slow tier min", ".venv GiB", "GPU-only GiB",
-              "CPU used by others"]  # fmt: skip
+    header = [
+        "run",
+        "tests (contributor + slow)",
+        "passed",
+        "failed + errors",
+        "skipped (GPU)",
+        "command min",
+        "install min",
+        "contributor tier min",
+        "slow tier min",
+        ".venv GiB",
+        "GPU-only GiB",
+        "CPU used by others",
+    ]
     rows = []
     for r in res["runs"]:
         p, t = r["parts_s"], r["tiers"]
-        rows.append([str(r["run"]), f"{r['tests']} ({t['fast']['tests']} + {t['slow']['tests']})", str(r["passed"]),
-                     str(r["failed"] + r["errors"]), f"{r['skipped']} ({r['skipped_gpu']})",
-                     f"{r['wall_s'] / 60:.1f}", f"{p.get('install', 0) / 60:.1f}", f"{p.get('fast', 0) / 60:.1f}",
-                     f"{p.get('slow', 0) / 60:.1f}", f"{r['venv_bytes'] / 2**30:.1f}",
-                     f"{r['gpu_only_total_bytes'] / 2**30:.1f}", f"{r['foreign_cpu_frac']:.0%}"])  # fmt: skip
+        rows.append(
+            [
+                str(r["run"]),
+                f"{r['tests']} ({t['fast']['tests']} + {t['slow']['tests']})",
+                str(r["passed"]),
+                str(r["failed"] + r["errors"]),
+                f"{r['skipped']} ({r['skipped_gpu']})",
+                f"{r['wall_s'] / 60:.1f}",
+                f"{p.get('install', 0) / 60:.1f}",
+                f"{p.get('fast', 0) / 60:.1f}",
+                f"{p.get('slow', 0) / 60:.1f}",
+                f"{r['venv_bytes'] / 2**30:.1f}",
+                f"{r['gpu_only_total_bytes'] / 2**30:.1f}",
+                f"{r['foreign_cpu_frac']:.0%}",
+            ]
+        )
     lines.append(common.table(header, rows))
     r0 = res["runs"][0]
     g = r0["gpu_only_bytes"]
@@ -244,8 +278,10 @@ def markdown(res: dict[str, Any]) -> str:
         f"pytest's last lines: `{r0['pytest_summary']}`.",
     ]
     if r0.get("slowest_tests"):
-        lines += ["", "Slowest tests (s, setup included): "
-                  + "; ".join(f"`{n}` {s:.0f}" for n, s in r0["slowest_tests"]) + "."]  # fmt: skip
+        lines += [
+            "",
+            "Slowest tests (s, setup included): " + "; ".join(f"`{n}` {s:.0f}" for n, s in r0["slowest_tests"]) + ".",
+        ]
     if r0["skips"]:
         lines += ["", "Skipped: " + "; ".join(f"`{s['test']}` ({s['reason']})" for s in r0["skips"]) + "."]
     if r0["failed_tests"]:
@@ -288,10 +324,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k in range(1, n + 1):
         r = common.uncontended(lambda k=k: one_run(k, a, commit), f"test suite run {k}", a.retries)
         runs.append(r)
-        print(f"[bench_suite] run {k}: {r['tests']} tests, {r['passed']} passed, {r['failed']} failed, "
-              f"{r['errors']} errors, {r['skipped']} skipped; command {r['wall_s'] / 60:.1f} min, parts "
-              f"{ {k2: round(v) for k2, v in r['parts_s'].items()} } s; .venv {r['venv_bytes'] / 2**30:.2f} GiB",
-              flush=True)  # fmt: skip
+        print(
+            f"[bench_suite] run {k}: {r['tests']} tests, {r['passed']} passed, {r['failed']} failed, "
+            f"{r['errors']} errors, {r['skipped']} skipped; command {r['wall_s'] / 60:.1f} min, parts "
+            f"{ {k2: round(v) for k2, v in r['parts_s'].items()} } s; .venv {r['venv_bytes'] / 2**30:.2f} GiB",
+            flush=True,
+        )
     keys = ("wall_s", "pytest_s", "tests", "passed", "failed", "skipped", "venv_bytes", "gpu_only_total_bytes")
     summary = {key: common.spread([r[key] for r in runs]) for key in keys}
     for part in PARTS:

@@ -93,8 +93,16 @@ def parse_ranges(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         bad = [float(r.get("multi_turn/error_kind/parse", 0.0)) for r in rows]
         calls = [sum(v for k, v in r.items() if k.startswith("multi_turn/calls/")) for r in rows]
-        out.append({"steps": [lo, int(rows[-1]["step"])], "parse_min": min(bad), "parse_max": max(bad),
-                    "parse_total": sum(bad), "calls_min": min(calls), "calls_max": max(calls)})  # fmt: skip
+        out.append(
+            {
+                "steps": [lo, int(rows[-1]["step"])],
+                "parse_min": min(bad),
+                "parse_max": max(bad),
+                "parse_total": sum(bad),
+                "calls_min": min(calls),
+                "calls_max": max(calls),
+            }
+        )
     return out
 
 
@@ -161,9 +169,20 @@ def one_run(variant: str, k: int, a: argparse.Namespace) -> dict[str, Any]:
 
 
 SUMMARY_KEYS = (
-    "wall_s", "step_s", "train_s", "validate_s", "train_other_s", "reward_first5", "reward_last10", "reward_ma5_min",
-    "reward_ma5_max", "called_first5", "called_last10", "hit_0.9_step", "hit_0.9_train_s",
-)  # fmt: skip
+    "wall_s",
+    "step_s",
+    "train_s",
+    "validate_s",
+    "train_other_s",
+    "reward_first5",
+    "reward_last10",
+    "reward_ma5_min",
+    "reward_ma5_max",
+    "called_first5",
+    "called_last10",
+    "hit_0.9_step",
+    "hit_0.9_train_s",
+)
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -207,19 +226,26 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     header = ["figure", "tools", "no tools"]
     s = res["summary"]
-    keys = [("script s", "wall_s", ".0f"), ("install check s", "parts_s/install_check", ".1f"),
-            ("model s", "parts_s/model", ".1f"), ("data s", "parts_s/data", ".0f"),
-            ("warm start s", "parts_s/warm_start", ".0f"), ("GRPO command s", "parts_s/train", ".0f"),
-            ("s/step", "step_s", ".2f"), ("steps s (sum)", "train_s", ".0f"),
-            ("validation s (sum)", "validate_s", ".0f"), ("start-up and the rest s", "train_other_s", ".0f"),
-            ("called share, first 5 steps", "called_first5", ".2f"),
-            ("called share, last 10 steps", "called_last10", ".2f"),
-            ("training reward, first 5 steps", "reward_first5", ".2f"),
-            ("training reward, last 10 steps", "reward_last10", ".2f"),
-            ("5-step mean reward, lowest", "reward_ma5_min", ".2f"),
-            ("5-step mean reward, highest", "reward_ma5_max", ".2f"),
-            ("5-step mean >= 0.9 at step", "hit_0.9_step", ".0f"),
-            ("training s to it", "hit_0.9_train_s", ".0f")]  # fmt: skip
+    keys = [
+        ("script s", "wall_s", ".0f"),
+        ("install check s", "parts_s/install_check", ".1f"),
+        ("model s", "parts_s/model", ".1f"),
+        ("data s", "parts_s/data", ".0f"),
+        ("warm start s", "parts_s/warm_start", ".0f"),
+        ("GRPO command s", "parts_s/train", ".0f"),
+        ("s/step", "step_s", ".2f"),
+        ("steps s (sum)", "train_s", ".0f"),
+        ("validation s (sum)", "validate_s", ".0f"),
+        ("start-up and the rest s", "train_other_s", ".0f"),
+        ("called share, first 5 steps", "called_first5", ".2f"),
+        ("called share, last 10 steps", "called_last10", ".2f"),
+        ("training reward, first 5 steps", "reward_first5", ".2f"),
+        ("training reward, last 10 steps", "reward_last10", ".2f"),
+        ("5-step mean reward, lowest", "reward_ma5_min", ".2f"),
+        ("5-step mean reward, highest", "reward_ma5_max", ".2f"),
+        ("5-step mean >= 0.9 at step", "hit_0.9_step", ".0f"),
+        ("training s to it", "hit_0.9_train_s", ".0f"),
+    ]
     vsteps = sorted({k.split("/")[1] for v in s.values() for k in v if k.startswith("val/")}, key=int)
     keys += [(f"validation at step {st}", f"val/{st}", ".2f") for st in vsteps]
     rows = [[label] + [_rng(s[v][key], fmt) if key in s[v] else "-" for v in VARIANTS] for label, key, fmt in keys]
@@ -227,8 +253,10 @@ def markdown(res: dict[str, Any]) -> str:
     ranges = [(k.split("/", 1)[1], v) for k, v in s["tools"].items() if k.startswith("parse/")]
     if ranges:
         lines += ["", "Calls that did not parse (`multi_turn/error_kind/parse`), per step, tools runs:", ""]
-        rows = [[f"steps {k}", f"{v['parse_min']:.0f}-{v['parse_max']:.0f}", f"{v['calls_min']:.0f}-"
-                 f"{v['calls_max']:.0f}"] for k, v in ranges]  # fmt: skip
+        rows = [
+            [f"steps {k}", f"{v['parse_min']:.0f}-{v['parse_max']:.0f}", f"{v['calls_min']:.0f}-{v['calls_max']:.0f}"]
+            for k, v in ranges
+        ]
         lines.append(common.table(["steps", "calls not parsed per step", "calls per step"], rows))
     t = res["tokens"]
     lines += [

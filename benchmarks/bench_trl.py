@@ -391,8 +391,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         return bench_trl_sizes.main(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-size", default="tiny", help="tiny (this comparison); a list such as tiny,20m,100m runs "
-                   "the size sweep, see bench_trl_sizes.py --help")  # fmt: skip
+    p.add_argument(
+        "--model-size",
+        default="tiny",
+        help="tiny (this comparison); a list such as tiny,20m,100m runs the size sweep, see bench_trl_sizes.py --help",
+    )
     p.add_argument("--rounds", type=int, default=2, help="alternating (TRL, vlmrl) step-time rounds")
     p.add_argument("--steps", type=int, default=12, help="steps per step-time run")
     p.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each run")

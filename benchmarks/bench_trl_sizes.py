@@ -103,8 +103,13 @@ def trl_micro(plan: Plan) -> int:
 
 def trl_workload(plan: Plan) -> list[str]:
     """trl_runner.py's workload arguments."""
-    args = {"--prompts": plan.prompts, "--n": plan.n, "--max-tokens": plan.max_tokens, "--threads": 2,
-            "--micro": trl_micro(plan)}  # fmt: skip
+    args = {
+        "--prompts": plan.prompts,
+        "--n": plan.n,
+        "--max-tokens": plan.max_tokens,
+        "--threads": 2,
+        "--micro": trl_micro(plan),
+    }
     return [str(x) for pair in args.items() for x in pair]
 
 
@@ -205,8 +210,14 @@ def efficiency(
 
 def profiles(size: str, plan: Plan, data: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
     """``compute_efficiency.py profile`` of one worker's share of the batch, padded and packed."""
-    args = {"--size": size, "--data": data, "--prompts": max(1, plan.prompts // 2), "--n": plan.n,
-            "--max-tokens": plan.max_tokens, "--threads": 1}  # fmt: skip
+    args = {
+        "--size": size,
+        "--data": data,
+        "--prompts": max(1, plan.prompts // 2),
+        "--n": plan.n,
+        "--max-tokens": plan.max_tokens,
+        "--threads": 1,
+    }
     base = ["profile", *(str(x) for pair in args.items() for x in pair)]
     out = {}
     for arm, extra in (("vlmrl", []), ("vlmrl_packed", ["--packed"])):

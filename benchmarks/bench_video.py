@@ -43,14 +43,22 @@ from common import (  # noqa: E402
 )
 
 STAGES = (
-    "timing/data_s", "timing/rollout_s", "timing/reward_s", "timing/input_prep_s", "timing/update_s", "timing/push_s"
-)  # fmt: skip
+    "timing/data_s",
+    "timing/rollout_s",
+    "timing/reward_s",
+    "timing/input_prep_s",
+    "timing/update_s",
+    "timing/push_s",
+)
 
 
 def run(name: str, data: Path, model: Path, steps: int, work: Path, retries: int) -> dict[str, Any]:
     """One training run with validation before, at the middle and at the end; its numbers."""
-    overrides = [f"data.val_files={data / 'test.parquet'}", f"trainer.test_freq={steps // 2}",
-                 "trainer.val_before_train=True"]  # fmt: skip
+    overrides = [
+        f"data.val_files={data / 'test.parquet'}",
+        f"trainer.test_freq={steps // 2}",
+        "trainer.val_before_train=True",
+    ]
 
     def once() -> dict[str, Any]:
         return vlmrl_train(work / name, data, model, steps, overrides, timeout_s=60 * 30)
@@ -84,8 +92,10 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench_video")
     a = ap.parse_args()
     model = tiny_model(0)
-    data = {f: synthetic_data(a.work / "data" / f, 4096, 96, 112, f)
-            for f in ("colour", "video_colour", "video_order", "video_motion", "position")}  # fmt: skip
+    data = {
+        f: synthetic_data(a.work / "data" / f, 4096, 96, 112, f)
+        for f in ("colour", "video_colour", "video_order", "video_motion", "position")
+    }
     runs: dict[str, list[dict[str, Any]]] = {"colour": [], "video_colour": []}
     for k in range(a.rounds):
         for fam in runs:
@@ -96,8 +106,14 @@ def main() -> int:
     for fam in ("video_order", "video_motion", "position"):
         temporal[fam] = run(fam, data[fam], model, a.temporal_steps, a.work / "runs", a.retries)
         print(f"{fam}: val {temporal[fam]['val']}", flush=True)
-    result = {"when": now(), "machine": machine(), "versions": versions(), "config": {**vars(a), "work": str(a.work)},
-              "runs": runs, "temporal": temporal}  # fmt: skip
+    result = {
+        "when": now(),
+        "machine": machine(),
+        "versions": versions(),
+        "config": {**vars(a), "work": str(a.work)},
+        "runs": runs,
+        "temporal": temporal,
+    }
     write_result("video", result)
     write_readme_section("Video", section(result, a))
     return 0
@@ -122,22 +138,60 @@ def section(result: dict[str, Any], a: argparse.Namespace) -> str:
     for fam, label in (("colour", "image colour"), ("video_colour", "video colour")):
         for k, r in enumerate(runs[fam]):
             st = r["stages"]
-            rows.append([f"{label}, run {k + 1}", f"{r['prompt_tokens']:.0f}", f"{r['step_s']:.3f}",
-                         f"{st.get('timing/rollout_s', 0):.3f}", f"{st.get('timing/update_s', 0):.3f}",
-                         f"{st.get('timing/push_s', 0):.3f}", _val(r), str(r["hit_0.9"]),
-                         f"{r['foreign_cpu_frac']:.0%}"])  # fmt: skip
-    header = ["task", "prompt tokens", "s/step", "rollout s", "update s", "push s", "val before / middle / end",
-              "5-step reward >= 0.9 at step", "CPU used by others"]  # fmt: skip
+            rows.append(
+                [
+                    f"{label}, run {k + 1}",
+                    f"{r['prompt_tokens']:.0f}",
+                    f"{r['step_s']:.3f}",
+                    f"{st.get('timing/rollout_s', 0):.3f}",
+                    f"{st.get('timing/update_s', 0):.3f}",
+                    f"{st.get('timing/push_s', 0):.3f}",
+                    _val(r),
+                    str(r["hit_0.9"]),
+                    f"{r['foreign_cpu_frac']:.0%}",
+                ]
+            )
+    header = [
+        "task",
+        "prompt tokens",
+        "s/step",
+        "rollout s",
+        "update s",
+        "push s",
+        "val before / middle / end",
+        "5-step reward >= 0.9 at step",
+        "CPU used by others",
+    ]
     lines.append(table(header, rows))
     img = median([r["step_s"] for r in runs["colour"]])
     vid = median([r["step_s"] for r in runs["video_colour"]])
     lines += ["", f"Video / image step time: **{vid / img:.2f}x** ({vid:.3f} s against {img:.3f} s, medians).", ""]
-    rows = [[f"`{fam}`", f"{r['prompt_tokens']:.0f}", _val(r), f"{r['last5_reward']:.2f}", str(r["hit_0.9"]),
-             f"{r['foreign_cpu_frac']:.0%}"] for fam, r in temporal.items()]  # fmt: skip
+    rows = [
+        [
+            f"`{fam}`",
+            f"{r['prompt_tokens']:.0f}",
+            _val(r),
+            f"{r['last5_reward']:.2f}",
+            str(r["hit_0.9"]),
+            f"{r['foreign_cpu_frac']:.0%}",
+        ]
+        for fam, r in temporal.items()
+    ]
     lines.append(f"Tasks the tiny model may not see, {a.temporal_steps} steps each:")
     lines.append("")
-    lines.append(table(["family", "prompt tokens", "val before / middle / end", "last 5 steps' reward",
-                        "5-step reward >= 0.9 at step", "CPU used by others"], rows))  # fmt: skip
+    lines.append(
+        table(
+            [
+                "family",
+                "prompt tokens",
+                "val before / middle / end",
+                "last 5 steps' reward",
+                "5-step reward >= 0.9 at step",
+                "CPU used by others",
+            ],
+            rows,
+        )
+    )
     lines += ["", machine_line(result), "Raw numbers: `benchmarks/results/video.json`."]
     return "\n".join(lines)
 

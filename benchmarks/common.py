@@ -606,8 +606,13 @@ def provenance_problems(result: dict[str, Any]) -> list[str]:
 def result_head(name: str, **more_versions: str) -> dict[str, Any]:
     """The fields every results file starts with: the benchmark's name, the date, the commit, whether the checkout
     was dirty, the command, the machine and the versions (plus ``more_versions``, e.g. a compared library's)."""
-    return {"benchmark": name, "date": now(), **provenance(), "machine": machine(),
-            "versions": {**versions(), **more_versions}}  # fmt: skip
+    return {
+        "benchmark": name,
+        "date": now(),
+        **provenance(),
+        "machine": machine(),
+        "versions": {**versions(), **more_versions},
+    }
 
 
 def write_result(name: str, result: dict[str, Any]) -> Path:
@@ -615,8 +620,10 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     record its date, commit, dirty flag, command and machine (``PROVENANCE``: run it from a git checkout)."""
     missing = provenance_problems(result)
     if missing:
-        raise ValueError(f"benchmarks/results/{name}.json not written: the result does not record {', '.join(missing)} "
-                         "(result_head records them; run the benchmark from a git checkout)")  # fmt: skip
+        raise ValueError(
+            f"benchmarks/results/{name}.json not written: the result does not record {', '.join(missing)} "
+            "(result_head records them; run the benchmark from a git checkout)"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")

@@ -99,9 +99,11 @@ def of(name: str) -> dict[str, Any]:
 def describe(p: dict[str, Any]) -> str:
     """One line of provenance for a reader."""
     commit = (p["commit"] or "?")[:8]
-    at = f"commit {commit}" + (" (tree dirty)" if p["dirty"] else "") if p["recorded"] else (
-        f"at or before commit {commit}, which committed it (the file predates recorded commits)"
-    )  # fmt: skip
+    at = (
+        f"commit {commit}" + (" (tree dirty)" if p["dirty"] else "")
+        if p["recorded"]
+        else (f"at or before commit {commit}, which committed it (the file predates recorded commits)")
+    )
     since = p["code_commits_since"]
     age = "" if since is None else f"; {since} commit(s) to the measured code since"
     return f"`{p['file']}`: measured {p['date']} on {p['machine']}, {at}{age}; `{p['command']}`"

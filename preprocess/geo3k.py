@@ -51,8 +51,14 @@ DEFAULT_HUB_ID = "hiyouga/geometry3k"
 DATA_SOURCE = "hiyouga/geometry3k"
 """verl's data_source for Geometry3K (reward functions dispatch on it)."""
 
-_SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
-                  "dev": "validation", "test": "test"}  # fmt: skip
+_SPLIT_ALIASES = {
+    "train": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+}
 
 
 @dataclass
@@ -103,10 +109,11 @@ def _from_parquet(files: list[Path], where: str) -> dict[str, SourceSplit]:
             yield from pq.ParquetFile(p).iter_batches(batch_size=256)
 
     return {
-        s: SourceSplit(s, sum(pq.ParquetFile(p).metadata.num_rows for p in ps),
-                       functools.partial(batches, ps), f"{where} [{s}]")
+        s: SourceSplit(
+            s, sum(pq.ParquetFile(p).metadata.num_rows for p in ps), functools.partial(batches, ps), f"{where} [{s}]"
+        )
         for s, ps in groups.items()
-    }  # fmt: skip
+    }
 
 
 def load_source(input: str) -> dict[str, SourceSplit]:
@@ -244,8 +251,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rules = image_rules(a, (local if local.is_dir() else local.parent) if local.exists() else None)
     for split in wanted:
         src = source[split]
-        opts = Geo3kOptions(split, a.data_source, a.instruction, a.problem_key, a.answer_key, a.image_key,
-                            a.store_paths, str(a.output_dir), rules)  # fmt: skip
+        opts = Geo3kOptions(
+            split,
+            a.data_source,
+            a.instruction,
+            a.problem_key,
+            a.answer_key,
+            a.image_key,
+            a.store_paths,
+            str(a.output_dir),
+            rules,
+        )
         items = (Item(f"{src.where} row {i}", (i, row)) for i, row in enumerate(src.rows()))
         results.append(
             run_split(

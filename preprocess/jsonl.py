@@ -83,8 +83,10 @@ def infer_kwargs_types(values: dict[str, list[Any]], where: str) -> dict[str, An
         try:
             out[name] = pa.array(objs).type
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise PreprocessError(f"{where}: the lines' {name} values do not share one type ({e}); give each key the "
-                                  "same kind of value in every line") from None  # fmt: skip
+            raise PreprocessError(
+                f"{where}: the lines' {name} values do not share one type ({e}); give each key the "
+                "same kind of value in every line"
+            ) from None
     return out
 
 

@@ -117,7 +117,7 @@ def build_video_task(task: Any, cfg: Any, store_paths: bool = False, output_dir:
                 store_paths=store_paths,
                 output_dir=output_dir,
                 spill_name=f"{task.split}/{task.index:07d}_video0",
-            )  # fmt: skip
+            )
         ],
         split=task.split,
         index=task.index,

@@ -89,12 +89,21 @@ def add_video_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--video-max-frames", type=int, default=768, help="most frames sampled")
     g.add_argument("--video-nframes", type=int, default=None, help="sample exactly this many frames instead")
     g.add_argument("--frames-fps", type=float, default=2.0, help="frame rate of a folder of frames")
-    g.add_argument("--video-min-pixels", type=int, default=QWEN25_VL_VIDEO_PIXELS[0],
-                   help="training's data.video_min_pixels (frames are resized and checked with it)")  # fmt: skip
-    g.add_argument("--video-max-pixels", type=int, default=QWEN25_VL_VIDEO_PIXELS[1],
-                   help="training's data.video_max_pixels")  # fmt: skip
-    g.add_argument("--video-total-pixels", type=int, default=None,
-                   help="training's data.video_total_pixels (a video's pixel budget shared by its frames)")  # fmt: skip
+    g.add_argument(
+        "--video-min-pixels",
+        type=int,
+        default=QWEN25_VL_VIDEO_PIXELS[0],
+        help="training's data.video_min_pixels (frames are resized and checked with it)",
+    )
+    g.add_argument(
+        "--video-max-pixels", type=int, default=QWEN25_VL_VIDEO_PIXELS[1], help="training's data.video_max_pixels"
+    )
+    g.add_argument(
+        "--video-total-pixels",
+        type=int,
+        default=None,
+        help="training's data.video_total_pixels (a video's pixel budget shared by its frames)",
+    )
     g.add_argument("--max-video-bytes", type=int, default=MAX_VIDEO_FILE_BYTES, help="largest video file read")
 
 
@@ -105,8 +114,10 @@ def video_options(args: argparse.Namespace, root: str | os.PathLike | None) -> V
     if not args.video_fps > 0 or not args.frames_fps > 0:
         raise ValueError("--video-fps and --frames-fps must be > 0")
     if not 0 < args.video_min_pixels <= args.video_max_pixels:  # qwen-vl-utils would assert on every frame
-        raise ValueError(f"--video-min-pixels={args.video_min_pixels} must be > 0 and at most --video-max-pixels="
-                         f"{args.video_max_pixels}")  # fmt: skip
+        raise ValueError(
+            f"--video-min-pixels={args.video_min_pixels} must be > 0 and at most --video-max-pixels="
+            f"{args.video_max_pixels}"
+        )
     return VideoOptions(
         root=str(Path(root).resolve()) if root is not None else None,
         max_bytes=int(args.max_video_bytes),
@@ -137,9 +148,12 @@ def _source(rel: str, opts: VideoOptions) -> Path:
 
 def _timing(indices: list[int], total: int, fps: float) -> dict[str, Any]:
     return {
-        "video_fps": float(fps), "total_num_frames": int(total), "frames_indices": [int(i) for i in indices],
-        "timestamps": [i / fps for i in indices], "sample_fps": len(indices) / total * fps,
-    }  # fmt: skip
+        "video_fps": float(fps),
+        "total_num_frames": int(total),
+        "frames_indices": [int(i) for i in indices],
+        "timestamps": [i / fps for i in indices],
+        "sample_fps": len(indices) / total * fps,
+    }
 
 
 def _indices(total: int, fps: float, opts: VideoOptions, what: str) -> list[int]:
@@ -193,18 +207,26 @@ def _folder_struct(
         try:
             checked = check_image(path=path, rules=rules)
         except RecordError as e:
-            reason = {"image_outside_dir": "video_outside_dir", "image_too_large": "video_too_large",
-                      "image_file_too_large": "video_file_too_large", "corrupt_image": "corrupt_video",
-                      "bad_aspect_ratio": "bad_aspect_ratio"}.get(e.reason, "unreadable_video")  # fmt: skip
+            reason = {
+                "image_outside_dir": "video_outside_dir",
+                "image_too_large": "video_too_large",
+                "image_file_too_large": "video_file_too_large",
+                "corrupt_image": "corrupt_video",
+                "bad_aspect_ratio": "bad_aspect_ratio",
+            }.get(e.reason, "unreadable_video")
             raise RecordError(reason, f"{rel}: frame {names[i]}: {e.detail}") from None
         if k == 0:
             opts.frame_size(checked.width, checked.height, len(idx))
         frames.append(
             image_struct(
-                checked, source_path=folder / names[i], source_name=f"{rel.rstrip('/')}/{names[i]}",
-                store_paths=store_paths, output_dir=output_dir, spill_name=f"{spill_name}/{k:05d}",
+                checked,
+                source_path=folder / names[i],
+                source_name=f"{rel.rstrip('/')}/{names[i]}",
+                store_paths=store_paths,
+                output_dir=output_dir,
+                spill_name=f"{spill_name}/{k:05d}",
             )
-        )  # fmt: skip
+        )
     return {"frames": frames, "video": None, **_timing(idx, len(names), opts.frames_fps)}
 
 
@@ -229,7 +251,7 @@ def frames_struct(
             store_paths=store_paths,
             output_dir=output_dir,
             spill_name=f"{spill_name}/{k:05d}",
-        )  # fmt: skip
+        )
         for k, f in enumerate(frames)
     ]
     return {"frames": stored, "video": None, **_timing(list(range(len(frames))), len(frames), fps)}

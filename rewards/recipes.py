@@ -25,10 +25,16 @@ def geo3k_components(format_score: float = 0.1, gate: bool = False) -> list[dict
     answers and more equivalent forms). ``gate=True`` counts accuracy only when the format is right.
     """
     return [
-        {"name": "accuracy", "function": "math", "kwargs": {"boxed_only": True}, "weight": 1.0 - format_score,
-         "gate": "format" if gate else None, "gate_threshold": 1.0},
+        {
+            "name": "accuracy",
+            "function": "math",
+            "kwargs": {"boxed_only": True},
+            "weight": 1.0 - format_score,
+            "gate": "format" if gate else None,
+            "gate_threshold": 1.0,
+        },
         {"name": "format", "function": "format", "kwargs": {"style": "think_boxed"}, "weight": format_score},
-    ]  # fmt: skip
+    ]
 
 
 def grounding_components(
@@ -46,11 +52,21 @@ def grounding_components(
     ``threshold`` turns it into a hit rate.
     """
     return [
-        {"name": "iou", "function": "iou", "kwargs": {"threshold": threshold, "coords": coords},
-         "weight": 1.0 - format_weight, "gate": "format" if gate else None, "gate_threshold": 1.0},
-        {"name": "format", "function": "box_format", "kwargs": {"style": style, "coords": coords},
-         "weight": format_weight},
-    ]  # fmt: skip
+        {
+            "name": "iou",
+            "function": "iou",
+            "kwargs": {"threshold": threshold, "coords": coords},
+            "weight": 1.0 - format_weight,
+            "gate": "format" if gate else None,
+            "gate_threshold": 1.0,
+        },
+        {
+            "name": "format",
+            "function": "box_format",
+            "kwargs": {"style": style, "coords": coords},
+            "weight": format_weight,
+        },
+    ]
 
 
 def text_visual_components(text_weight: float = 0.7, mode: str = "f1", visual_mode: str = "f1") -> list[dict[str, Any]]:
@@ -61,9 +77,13 @@ def text_visual_components(text_weight: float = 0.7, mode: str = "f1", visual_mo
     """
     return [
         {"name": "similarity", "function": "similarity", "kwargs": {"mode": mode}, "weight": text_weight},
-        {"name": "visual", "function": "visual_consistency", "kwargs": {"mode": visual_mode},
-         "weight": 1.0 - text_weight},
-    ]  # fmt: skip
+        {
+            "name": "visual",
+            "function": "visual_consistency",
+            "kwargs": {"mode": visual_mode},
+            "weight": 1.0 - text_weight,
+        },
+    ]
 
 
 @lru_cache(maxsize=64)

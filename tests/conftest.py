@@ -47,8 +47,9 @@ def shared_forkserver():
     from vlmrl.supervise import PRELOAD
     from vlmrl.workers.launch_local import WORKER_MODULES
 
-    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.tools.runner", "vlmrl.models.qwen_vl",
-                                                         "qwen_vl_utils.vision_process", *WORKER_MODULES])  # fmt: skip
+    mp.get_context("forkserver").set_forkserver_preload(
+        [*PRELOAD, "vlmrl.tools.runner", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process", *WORKER_MODULES]
+    )
     forkserver.ensure_running()
     yield
 
@@ -151,10 +152,11 @@ def pytest_collection_modifyitems(config, items):
     if phase and phase not in ("parallel", "serial"):
         raise pytest.UsageError(f"VLMRL_TEST_PHASE={phase!r}: use parallel or serial (or leave it unset)")
     keep = [
-        i for i in items
+        i
+        for i in items
         if (not tier or (i.get_closest_marker("slow") is not None) == (tier == "slow"))
         and (not phase or (i.get_closest_marker("serial") is not None) == (phase == "serial"))
-    ]  # fmt: skip
+    ]
     if len(keep) < len(items):
         kept = {id(i) for i in keep}
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])

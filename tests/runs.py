@@ -14,8 +14,19 @@ from pathlib import Path
 
 import psutil
 
-COLOUR_ARGS = ["--families", "colour", "--image-size", "112", "--train-size", "4096", "--test-size", "96", "--seed",
-               "0", "--no-progress"]  # fmt: skip
+COLOUR_ARGS = [
+    "--families",
+    "colour",
+    "--image-size",
+    "112",
+    "--train-size",
+    "4096",
+    "--test-size",
+    "96",
+    "--seed",
+    "0",
+    "--no-progress",
+]
 """The quick start's data (examples/quickstart_cpu.sh)."""
 
 
@@ -38,12 +49,22 @@ def make_colour_data(out: Path) -> Path:
     from vlmrl.testing.tiny import cache_root, cached_build
 
     repo = Path(__file__).parents[1]
-    code = [repo / "preprocess" / "synthetic.py", *sorted((repo / "vlmrl" / "preprocess").glob("*.py")),
-            *sorted((repo / "vlmrl" / "data").glob("*.py"))]  # fmt: skip
+    code = [
+        repo / "preprocess" / "synthetic.py",
+        *sorted((repo / "vlmrl" / "preprocess").glob("*.py")),
+        *sorted((repo / "vlmrl" / "data").glob("*.py")),
+    ]
     key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + " ".join(COLOUR_ARGS).encode()).hexdigest()[:12]
-    cached = cached_build(cache_root() / f"colour-data-{key}", "train.parquet", lambda tmp: subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(tmp), *COLOUR_ARGS],
-        check=True, capture_output=True, cwd=repo))  # fmt: skip
+    cached = cached_build(
+        cache_root() / f"colour-data-{key}",
+        "train.parquet",
+        lambda tmp: subprocess.run(
+            [sys.executable, "preprocess/synthetic.py", "--output-dir", str(tmp), *COLOUR_ARGS],
+            check=True,
+            capture_output=True,
+            cwd=repo,
+        ),
+    )
     shutil.copytree(cached, out, dirs_exist_ok=True)
     return out
 
@@ -57,9 +78,12 @@ class Run:
         full_env = {**os.environ, "RAY_TMPDIR": self.ray_dir, **env, "PYTHONUNBUFFERED": "1"}  # env may name a cluster
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vlmrl.train", *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
             cwd=Path(__file__).parents[1],
-        )  # fmt: skip
+        )
         self.seen: set[int] = set()
 
     def descendants(self) -> list[psutil.Process]:
@@ -147,13 +171,29 @@ def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, 
     at ``out``, and ``env`` adds variables), in its own session with its own Ray temp dir; asserts a zero exit status
     (showing the log's tail) and returns what it printed. Past ``timeout`` every process of its session ends."""
     repo = Path(__file__).parents[1]
-    keep = {k: v for k, v in os.environ.items()
-            if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "VLMRL_DRY_RUN", "RAY_ADDRESS")}  # fmt: skip
-    full = {**keep, "OUT": str(out), "VLMRL_VENV": str(Path(sys.executable).parents[1]),
-            "RAY_TMPDIR": tempfile.mkdtemp(prefix="vr", dir="/tmp"), **ENV, **env}  # fmt: skip
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "VLMRL_DRY_RUN", "RAY_ADDRESS")
+    }
+    full = {
+        **keep,
+        "OUT": str(out),
+        "VLMRL_VENV": str(Path(sys.executable).parents[1]),
+        "RAY_TMPDIR": tempfile.mkdtemp(prefix="vr", dir="/tmp"),
+        **ENV,
+        **env,
+    }
     cmd = ["bash", str(repo / "examples" / script), *overrides]
-    proc = subprocess.Popen(cmd, cwd=out.parent, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=out.parent,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -241,11 +281,15 @@ def wait_for_step(run: Run, run_dir: Path, step: int, timeout: float) -> None:
 
 def base_args(model: str, data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--config-name", "tiny_cpu",
-        f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}",
-        "trainer.logger=[jsonl]", *extra,
-    ]  # fmt: skip
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[jsonl]",
+        *extra,
+    ]
 
 
 ENV = {"OMP_NUM_THREADS": "1"}

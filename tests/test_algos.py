@@ -19,8 +19,13 @@ from vlmrl.algos.losses import LossConfig, get_policy_loss, vanilla
 
 def ppo_loss(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean", **batch_info):
     """``losses.vanilla`` called as the policy worker calls it: (loss, clip fraction, approx KL)."""
-    cfg = LossConfig(clip_ratio=clip_low, clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=clip_c,
-                     global_batch_info=batch_info)  # fmt: skip
+    cfg = LossConfig(
+        clip_ratio=clip_low,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        clip_ratio_c=clip_c,
+        global_batch_info=batch_info,
+    )
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1).expand_as(logp)
     loss, m = vanilla(old, logp, adv, mask, agg, cfg)
@@ -324,8 +329,13 @@ def test_user_advantage_estimator_from_file(tmp_path: Path, monkeypatch: pytest.
     )
     monkeypatch.chdir(tmp_path)
     scores = torch.tensor([1.0, 3.0, 6.0])
-    adv = compute_advantages("algos/my_algo.py:per_token", scores, torch.tensor([0, 0, 1]), norm_by_std=False,
-                             response_lengths=torch.tensor([2.0, 3.0, 4.0]))  # fmt: skip
+    adv = compute_advantages(
+        "algos/my_algo.py:per_token",
+        scores,
+        torch.tensor([0, 0, 1]),
+        norm_by_std=False,
+        response_lengths=torch.tensor([2.0, 3.0, 4.0]),
+    )
     close(adv, [0.5, 1.0, 1.5])  # 1/2, 3/3, 6/4
     assert adv.dtype == torch.float32
 

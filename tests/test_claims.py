@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import cli_here, processes
 from utils import inline_cfg, synthetic_data
 
+from runs import cli_here, processes
 from vlmrl.config import load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,9 +133,16 @@ def lora_run(tiny_model_dir: str, synth, tmp_path_factory: pytest.TempPathFactor
     from vlmrl.trainer.grpo import Trainer
 
     run = tmp_path_factory.mktemp("lora") / "run"
-    cfg = inline_cfg(tiny_model_dir, synth, run, "trainer.total_training_steps=2", "trainer.save_freq=2",
-                     "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-                     "actor_rollout_ref.actor.optim.lr=1e-2")  # fmt: skip
+    cfg = inline_cfg(
+        tiny_model_dir,
+        synth,
+        run,
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+    )
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + "red green blue"
@@ -240,12 +247,20 @@ def video_data(tmp_path_factory: pytest.TempPathFactory):
 def video_multi_turn_args(model: str, data, out, *extra: str) -> list[str]:
     """Overrides of ``tiny_cpu``: multi-turn with the zoom tool on the video data, 4 prompts a step."""
     tools = REPO / "examples" / "tool_config" / "zoom.yaml"
-    return [f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
-            f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}", "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.logger=[jsonl]", "data.max_prompt_length=1024",
-            "actor_rollout_ref.rollout.max_model_len=1200",
-            "actor_rollout_ref.rollout.multi_turn.enable=True",
-            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}", *extra]  # fmt: skip
+    return [
+        f"data.train_files={data / 'train.parquet'}",
+        "data.val_files=null",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.logger=[jsonl]",
+        "data.max_prompt_length=1024",
+        "actor_rollout_ref.rollout.max_model_len=1200",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        *extra,
+    ]
 
 
 def dry_run_of(overrides: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
@@ -334,9 +349,13 @@ def test_a_collective_a_worker_never_joins_fails_after_nccl_timeout(tiny_model_d
     ctx = processes()
     with ctx.Manager() as manager:
         results = manager.dict()
-        procs = [ctx.Process(target=_rank_in_a_collective, args=(r, f"file://{tmp_path / 'rdv'}", tiny_model_dir,
-                                                                 str(synth / "train.parquet"), results))
-                 for r in range(2)]  # fmt: skip
+        procs = [
+            ctx.Process(
+                target=_rank_in_a_collective,
+                args=(r, f"file://{tmp_path / 'rdv'}", tiny_model_dir, str(synth / "train.parquet"), results),
+            )
+            for r in range(2)
+        ]
         for p in procs:
             p.start()
         try:
@@ -376,13 +395,20 @@ def test_local_worker_processes_are_named_by_rank(tiny_model_dir: str, synth, tm
     and how the end-to-end tests find a worker to kill or freeze), also when the run is launched as
     ``OMP_NUM_THREADS=1 python -m vlmrl.train ...`` (bash puts the command's own variables first in its
     environment): a started worker's command line is its name."""
-    args = [f"data.train_files={synth / 'train.parquet'}", "data.val_files=null",
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
-            "trainer.launcher=local", "trainer.cpu_workers=1", "actor_rollout_ref.rollout.name=hf"]  # fmt: skip
+    args = [
+        f"data.train_files={synth / 'train.parquet'}",
+        "data.val_files=null",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.launcher=local",
+        "trainer.cpu_workers=1",
+        "actor_rollout_ref.rollout.name=hf",
+    ]
     rest = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
     env = {"OMP_NUM_THREADS": "1", **rest, "PYTHONPATH": str(REPO)}  # in this order: the first variable is rewritten
-    proc = subprocess.run([sys.executable, "-c", NAMES, *args], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", NAMES, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("CMDLINE ")]
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert line[0] == "CMDLINE vlmrl-worker-0", line[0]
@@ -394,12 +420,25 @@ def test_dataloader_num_workers_builds_a_batch_on_that_many_threads(tiny_model_d
     before), with the same prompts as in the calling thread."""
     from vlmrl.trainer.grpo import Trainer
 
-    cfg = load([f"data.train_files={synth / 'train.parquet'}", f"data.val_files={synth / 'test.parquet'}",
-                f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
-                "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-                "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=true",
-                "trainer.total_training_steps=1", "data.dataloader_num_workers=3"], config_name="tiny_cpu")  # fmt: skip
+    cfg = load(
+        [
+            f"data.train_files={synth / 'train.parquet'}",
+            f"data.val_files={synth / 'test.parquet'}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "data.max_response_length=4",
+            "trainer.logger=[jsonl]",
+            "trainer.val_before_train=true",
+            "trainer.total_training_steps=1",
+            "data.dataloader_num_workers=3",
+        ],
+        config_name="tiny_cpu",
+    )
     trainer = Trainer(cfg)
     try:
         trainer.fit()

@@ -19,8 +19,16 @@ SCRIPT = Path(sys.executable).parent / "vlmrl"
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    rows = [{"step": s, "reward/mean": s / 10, "response_length/mean": 20.0 - s, "timing/step_s": 0.5,
-             "val/reward/mean": 0.1 * s} for s in range(1, 6)]  # fmt: skip
+    rows = [
+        {
+            "step": s,
+            "reward/mean": s / 10,
+            "response_length/mean": 20.0 - s,
+            "timing/step_s": 0.5,
+            "val/reward/mean": 0.1 * s,
+        }
+        for s in range(1, 6)
+    ]
     rows[2].pop("response_length/mean")
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path
@@ -30,11 +38,16 @@ def test_the_console_script_is_installed_and_dispatches(run_dir: Path) -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["vlmrl"] == "vlmrl.cli:main"
     assert SCRIPT.is_file(), f"{SCRIPT}: pip did not install the console script (scripts/install.sh)"
-    out = subprocess.run([str(SCRIPT), "analyze", "--log-dir", str(run_dir), "--metric", "reward/mean"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(SCRIPT), "analyze", "--log-dir", str(run_dir), "--metric", "reward/mean"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "reward/mean: first 0.1, last 0.5" in out.stdout, out.stdout + out.stderr
-    missing = subprocess.run([str(SCRIPT), "report", str(run_dir / "nope")], capture_output=True, text=True,
-                             timeout=120)  # fmt: skip
+    missing = subprocess.run(
+        [str(SCRIPT), "report", str(run_dir / "nope")], capture_output=True, text=True, timeout=120
+    )
     assert missing.returncode == 2 and "vlmrl.report:" in missing.stderr and "no metrics.jsonl" in missing.stderr
     usage = subprocess.run([str(SCRIPT), "train", "--help"], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 0 and "usage: python -m vlmrl.train" in usage.stdout
@@ -83,11 +96,18 @@ def validated_run(tmp_path: Path) -> Path:
     """A run that validated: each training metric has its val/ twin, as the length-aware tutorial's run logs them."""
     rows = []
     for s in range(1, 11):
-        row = {"step": s, "reward/mean": s / 10, "response_length/mean": 30.0 - s,
-               "reward/length_penalty/mean": -s / 20}  # fmt: skip
+        row = {
+            "step": s,
+            "reward/mean": s / 10,
+            "response_length/mean": 30.0 - s,
+            "reward/length_penalty/mean": -s / 20,
+        }
         if s % 5 == 0:
-            row |= {"val/reward/mean": s / 12, "val/response_length/mean": 28.0 - s,
-                    "val/reward/length_penalty/mean": -s / 25}  # fmt: skip
+            row |= {
+                "val/reward/mean": s / 12,
+                "val/response_length/mean": 28.0 - s,
+                "val/reward/length_penalty/mean": -s / 25,
+            }
         rows.append(row)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path

@@ -60,11 +60,15 @@ VERL_SCHEMA = pa.schema(
         ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
         ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()),
-                                  ("question", pa.string())])),
+        (
+            "extra_info",
+            pa.struct(
+                [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+            ),
+        ),
     ],
     metadata={"huggingface": json.dumps({"info": {"features": _HF_FEATURES}})},
-)  # fmt: skip
+)
 
 
 def verl_record(problem: str, answer: str, images: list, index: int = 0) -> dict:
@@ -98,9 +102,12 @@ def img(b: bytes) -> list[dict]:
 
 def test_placeholders_become_image_parts():
     assert split_placeholders("<image>A<image><image>B") == [
-        {"type": "image"}, {"type": "text", "text": "A"}, {"type": "image"}, {"type": "image"},
+        {"type": "image"},
+        {"type": "text", "text": "A"},
+        {"type": "image"},
+        {"type": "image"},
         {"type": "text", "text": "B"},
-    ]  # fmt: skip
+    ]
     msgs, n = build_messages([{"role": "user", "content": "Hi <image> there"}], system_prompt="Be brief.")
     assert n == 1 and msgs[0] == {"role": "system", "content": "Be brief."}
     assert msgs[1]["content"] == [
@@ -155,8 +162,19 @@ def test_verl_parquet_read_unchanged(tmp_path, tiny_processor):
 
 
 def test_preprocess_output_round_trip(tmp_path, tiny_processor):
-    synthetic.main(["--output-dir", str(tmp_path), "--families", "colour,grounding", "--train-size", "12",
-                    "--test-size", "0", "--no-progress"])  # fmt: skip
+    synthetic.main(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--families",
+            "colour,grounding",
+            "--train-size",
+            "12",
+            "--test-size",
+            "0",
+            "--no-progress",
+        ]
+    )
     path = tmp_path / "train.parquet"
     ds = RLDataset([str(path)], tiny_processor, cfg(path), verbose=False)
     recs = pq.read_table(path).to_pylist()
@@ -171,8 +189,10 @@ def test_multi_image_jsonl_to_dataset(tmp_path, tiny_processor):
     (tmp_path / "a.png").write_bytes(png("red", (60, 60)))
     (tmp_path / "b.png").write_bytes(png("blue", (90, 40)))
     src = tmp_path / "r.jsonl"
-    src.write_text(json.dumps({"question": "<image> vs <image>: which is red?", "answer": "first",
-                               "images": ["a.png", "b.png"]}) + "\n")  # fmt: skip
+    src.write_text(
+        json.dumps({"question": "<image> vs <image>: which is red?", "answer": "first", "images": ["a.png", "b.png"]})
+        + "\n"
+    )
     jsonl.main(["--input", str(src), "--output-dir", str(tmp_path / "out"), "--no-progress"])
     path = tmp_path / "out" / "train.parquet"
     ds = RLDataset(str(path), tiny_processor, cfg(path), verbose=False)
@@ -200,8 +220,11 @@ def test_relative_image_paths_resolve_against_the_parquet_folder(tmp_path, tiny_
 
 def test_overlong_with_images_filtered_and_reported_never_truncated(tmp_path, tiny_processor):
     big = png("red", (112, 112))  # 16 image tokens with the tiny processor's max_pixels
-    recs = [verl_record("<image>One.", "a", img(big)), verl_record("<image><image>Two.", "b", img(big) * 2, 1),
-            verl_record("Text only.", "c", [], 2)]  # fmt: skip
+    recs = [
+        verl_record("<image>One.", "a", img(big)),
+        verl_record("<image><image>Two.", "b", img(big) * 2, 1),
+        verl_record("Text only.", "c", [], 2),
+    ]
     path = write_verl(tmp_path / "t.parquet", recs)
     full = RLDataset(str(path), tiny_processor, cfg(path, max_prompt_length=4096), verbose=False)
     one, two, text = (int(x) for x in full.prompt_lengths)
@@ -217,8 +240,12 @@ def test_overlong_with_images_filtered_and_reported_never_truncated(tmp_path, ti
     assert s.prompt_ids.count(pad) == 1 and len(s.prompt_ids) - 1 + 16 == one <= limit  # nothing cut
 
     with pytest.raises(DataError, match=rf"{path} row 1: .*never truncated"):
-        RLDataset(str(path), tiny_processor, cfg(path, max_prompt_length=limit, filter_overlong_prompts=False,
-                                                 truncation="left"), verbose=False)  # fmt: skip
+        RLDataset(
+            str(path),
+            tiny_processor,
+            cfg(path, max_prompt_length=limit, filter_overlong_prompts=False, truncation="left"),
+            verbose=False,
+        )
 
 
 def test_text_only_truncation_modes(tmp_path, tiny_processor):
@@ -234,8 +261,9 @@ def test_text_only_truncation_modes(tmp_path, tiny_processor):
     filt = RLDataset(str(path), tiny_processor, cfg(path, max_prompt_length=limit), verbose=False)
     assert len(filt) == 1 and filt.report["filtered_by_reason"] == {"overlong_text": 1}
     with pytest.raises(DataError, match=rf"{path} row 1: text-only prompt"):
-        RLDataset(str(path), tiny_processor, cfg(path, max_prompt_length=limit, filter_overlong_prompts=False),
-                  verbose=False)  # fmt: skip
+        RLDataset(
+            str(path), tiny_processor, cfg(path, max_prompt_length=limit, filter_overlong_prompts=False), verbose=False
+        )
     for mode, expect in (("left", full_ids[-limit:]), ("right", full_ids[:limit])):
         c = cfg(path, max_prompt_length=limit, filter_overlong_prompts=False, truncation=mode)
         ds = RLDataset(str(path), tiny_processor, c, verbose=False)
@@ -287,8 +315,9 @@ def test_custom_chat_template_is_sandboxed(tmp_path, tiny_processor):
         "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}"
     )
-    ds = RLDataset(str(path), tiny_processor, cfg(path, custom_chat_template=template, system_prompt="Be brief."),
-                   verbose=False)  # fmt: skip
+    ds = RLDataset(
+        str(path), tiny_processor, cfg(path, custom_chat_template=template, system_prompt="Be brief."), verbose=False
+    )
     assert ds[0].prompt_text == (
         "[system]Be brief.[user]<|vision_start|><|image_pad|><|vision_end|>Q? " + INSTRUCTION + "[assistant]"
     )

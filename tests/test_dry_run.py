@@ -21,10 +21,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cfg_of(model: str, data: Path, tmp: Path, *extra: str):
     return load(
-        [f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-         f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={tmp / 'run'}", *extra],
+        [
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}",
+            f"actor_rollout_ref.model.path={model}",
+            f"trainer.default_local_dir={tmp / 'run'}",
+            *extra,
+        ],
         config_name="tiny_cpu",
-    )  # fmt: skip
+    )
 
 
 def test_a_good_run_prints_its_plan_and_exits_0(tiny_model_dir, data, tmp_path, capsys) -> None:
@@ -63,8 +68,9 @@ def test_missing_column_and_data_source_without_a_reward(tiny_model_dir, data, t
     pq.write_table(pq.read_table(data / "test.parquet").drop_columns(["prompt"]), no_prompt)
     mystery = tmp_path / "mystery.parquet"
     t = pq.read_table(data / "train.parquet")
-    pq.write_table(t.set_column(t.schema.get_field_index("data_source"), "data_source",
-                                pa.array(["mystery"] * len(t))), mystery)  # fmt: skip
+    pq.write_table(
+        t.set_column(t.schema.get_field_index("data_source"), "data_source", pa.array(["mystery"] * len(t))), mystery
+    )
     cfg = cfg_of(tiny_model_dir, data, tmp_path, "reward.function=null")
     cfg.data.train_files, cfg.data.val_files = str(mystery), str(no_prompt)
     assert dry_run.run(cfg, [], []) == 2
@@ -104,11 +110,22 @@ def test_dry_run_through_the_cli_lists_key_and_value_problems_together(tiny_mode
     without them passes (exit 0) and creates nothing."""
     from runs import cli_here
 
-    base = ["--config-name", "tiny_cpu", f"data.train_files={data / 'train.parquet'}",
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
-            "trainer.dry_run=True"]  # fmt: skip
-    code, out, err = cli_here([*base, "actor_rollout_ref.rollout.temprature=1", "actor_rollout_ref.actor.optim.lr=0",
-                               "+actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"])  # fmt: skip
+    base = [
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.dry_run=True",
+    ]
+    code, out, err = cli_here(
+        [
+            *base,
+            "actor_rollout_ref.rollout.temprature=1",
+            "actor_rollout_ref.actor.optim.lr=0",
+            "+actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        ]
+    )
     assert code == 2, out[-3000:] + err[-3000:]
     assert "Did you mean 'actor_rollout_ref.rollout.temperature'?" in out
     assert "actor_rollout_ref.actor.optim.lr=0" in out and "the Megatron-LM backend" in out

@@ -47,8 +47,17 @@ def batch(seed: int, B: int = 9, R: int = 7, per_token: bool = False) -> dict:
     old = -torch.rand(B, R, generator=g) * 3.0
     pi2 = torch.rand(B, R, generator=g) * 0.5
     is_weights = (torch.rand(B, R, generator=g) + 0.5) if seed % 2 else None
-    return {"rewards": rewards, "mask": mask, "index": index, "scores": scores, "lengths": lengths,
-            "baselines": baselines, "old": old, "pi2": pi2, "is_weights": is_weights}  # fmt: skip
+    return {
+        "rewards": rewards,
+        "mask": mask,
+        "index": index,
+        "scores": scores,
+        "lengths": lengths,
+        "baselines": baselines,
+        "old": old,
+        "pi2": pi2,
+        "is_weights": is_weights,
+    }
 
 
 def verl_config(**kw) -> AlgoConfig:
@@ -75,8 +84,9 @@ def test_each_estimator_equals_verls(name: str, norm: bool, per_token: bool) -> 
         if name == "grpo_passk":  # every prompt needs 2 samples: drop the single one
             b = {k: v[:8] if v is not None else None for k, v in b.items()}
         ours = call(get_adv_estimator_fn(name), b, EstimatorConfig(gamma=0.9, norm_adv_by_std_in_grpo=norm), norm)
-        theirs = call(verl_algos.get_adv_estimator_fn(name), b, verl_config(gamma=0.9, norm_adv_by_std_in_grpo=norm),
-                      norm)  # fmt: skip
+        theirs = call(
+            verl_algos.get_adv_estimator_fn(name), b, verl_config(gamma=0.9, norm_adv_by_std_in_grpo=norm), norm
+        )
         torch.testing.assert_close(ours[0].float(), theirs[0].float(), atol=ATOL, rtol=0)
         torch.testing.assert_close(ours[1].float(), theirs[1].float(), atol=ATOL, rtol=0)
 
@@ -85,8 +95,11 @@ def test_gdpo_with_reward_components_equals_verls() -> None:
     """GDPO normalises each named reward component within its group on its own, weights and sums them."""
     b = batch(3)
     g = torch.Generator().manual_seed(9)
-    comps = {"format": torch.randint(0, 2, (9,), generator=g).float().tolist(),
-             "accuracy": torch.rand(9, generator=g).tolist(), "other": [0.0] * 9}  # fmt: skip
+    comps = {
+        "format": torch.randint(0, 2, (9,), generator=g).float().tolist(),
+        "accuracy": torch.rand(9, generator=g).tolist(),
+        "other": [0.0] * 9,
+    }
     for weights in (None, [0.3, 2.0]):
         cfg = EstimatorConfig(gdpo_reward_keys=["format", "accuracy"], gdpo_reward_weights=weights)
         ours = call(estimators.gdpo, b, cfg, non_tensor_batch=comps, batch=None)
@@ -95,8 +108,13 @@ def test_gdpo_with_reward_components_equals_verls() -> None:
         attention = torch.cat([torch.ones(9, P), (torch.arange(7)[None, :] < b["lengths"][:, None]).float()], 1).long()
         vb = {"prompts": torch.zeros(9, P), "attention_mask": attention}
         vcfg = verl_config(gdpo_reward_keys=["format", "accuracy"], gdpo_reward_weights=weights)
-        theirs = call(verl_algos.compute_gdpo_outcome_advantage, b, vcfg,
-                      non_tensor_batch={k: np.array(v) for k, v in comps.items()}, batch=vb)  # fmt: skip
+        theirs = call(
+            verl_algos.compute_gdpo_outcome_advantage,
+            b,
+            vcfg,
+            non_tensor_batch={k: np.array(v) for k, v in comps.items()},
+            batch=vb,
+        )
         torch.testing.assert_close(ours[0], theirs[0], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="'missing' is not a reward component"):
         call(estimators.gdpo, b, EstimatorConfig(gdpo_reward_keys=["missing"]), non_tensor_batch=comps)
@@ -112,8 +130,14 @@ def test_sequence_path_equals_the_token_form(name: str) -> None:
     if name == "grpo_passk":
         b = {k: v[:8] if v is not None else None for k, v in b.items()}
     cfg = EstimatorConfig()
-    seq = sequence_advantages(name, b["scores"], torch.as_tensor(b["index"]), b["lengths"].float(), cfg,
-                              baselines=b["baselines"].tolist() if name == "remax" else None)  # fmt: skip
+    seq = sequence_advantages(
+        name,
+        b["scores"],
+        torch.as_tensor(b["index"]),
+        b["lengths"].float(),
+        cfg,
+        baselines=b["baselines"].tolist() if name == "remax" else None,
+    )
     tok, _ = call(get_adv_estimator_fn(name), b, cfg)
     rows = torch.arange(len(seq))
     torch.testing.assert_close(seq, tok[rows, b["lengths"] - 1].float(), atol=ATOL, rtol=0)
@@ -128,14 +152,22 @@ def test_hand_computed_examples() -> None:
     group = torch.tensor([0, 0, 0, 1, 1])
     ones = torch.ones(5)
     close = torch.testing.assert_close
-    close(sequence_advantages("grpo", scores, group, ones, EstimatorConfig()),
-          torch.tensor([-1.0, 0.0, 1.0, -2 ** -0.5, 2 ** -0.5]), atol=1e-5, rtol=0)  # fmt: skip
+    close(
+        sequence_advantages("grpo", scores, group, ones, EstimatorConfig()),
+        torch.tensor([-1.0, 0.0, 1.0, -(2**-0.5), 2**-0.5]),
+        atol=1e-5,
+        rtol=0,
+    )
     close(sequence_advantages("rloo", scores, group, ones, EstimatorConfig()), torch.tensor([-3.0, 0, 3, -4, 4]))
     lengths = torch.tensor([1.0, 1.0, 2.0, 3.0, 1.0])  # group 0 baseline (0 + 2 + 8) / 4 = 2.5; group 1 (3 + 5) / 4
-    close(sequence_advantages("opo", scores, group, lengths, EstimatorConfig()),
-          torch.tensor([-2.5, -0.5, 1.5, -1.0, 3.0]))  # fmt: skip
-    close(sequence_advantages("gpg", scores, group, ones, EstimatorConfig()),  # alpha 5 / 4
-          torch.tensor([-2.5, 0.0, 2.5, -2.5, 2.5]))  # fmt: skip
+    close(
+        sequence_advantages("opo", scores, group, lengths, EstimatorConfig()),
+        torch.tensor([-2.5, -0.5, 1.5, -1.0, 3.0]),
+    )
+    close(
+        sequence_advantages("gpg", scores, group, ones, EstimatorConfig()),  # alpha 5 / 4
+        torch.tensor([-2.5, 0.0, 2.5, -2.5, 2.5]),
+    )
     passk = sequence_advantages("grpo_passk", scores, group, ones, EstimatorConfig(norm_adv_by_std_in_grpo=False))
     close(passk, torch.tensor([0.0, 0.0, 2.0, 0.0, 4.0]))
 

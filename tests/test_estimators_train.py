@@ -10,10 +10,15 @@ import math
 from pathlib import Path
 
 import pytest
+
 from runs import base_args, make_colour_data, metrics, train_here_to_end
 
-FAST = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=2",
-        "data.val_files=null")  # fmt: skip
+FAST = (
+    "trainer.launcher=inline",
+    "actor_rollout_ref.rollout.name=hf",
+    "trainer.total_training_steps=2",
+    "data.val_files=null",
+)
 
 REWARD = """
 def colour_and_brevity(data_source, solution_str, ground_truth, extra_info=None):
@@ -83,9 +88,19 @@ def test_a_users_estimator_in_verls_signature_runs_per_token(tiny_model_dir, col
     user.write_text(USER)
     out = tmp_path / "run"
     est = f"algorithm.adv_estimator={user}:length_scaled"
-    train_here_to_end(base_args(tiny_model_dir, colour_data, out, *FAST, est, "algorithm.gamma=0.97",
-                                "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-                                "actor_rollout_ref.actor.ppo_mini_batch_size=4"))  # fmt: skip
+    train_here_to_end(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            out,
+            *FAST,
+            est,
+            "algorithm.gamma=0.97",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        )
+    )
     calls = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2 and all(c["shape"][0] == 16 and c["groups"] == 4 and c["gamma"] == 0.97 for c in calls)
     assert [r["step"] for r in metrics(out)] == [1, 2]

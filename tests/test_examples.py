@@ -44,11 +44,28 @@ GEO3K_MODELS = {
 
 # environment variables the example scripts read: cleared so the caller's shell cannot change what the tests see
 SCRIPT_VARS = (
-    "DATA", "DATA_JSONL", "VAL_JSONL", "IMAGE_DIR", "IMAGE_FIELD", "QUESTION_FIELD", "BBOX_FIELD", "GEO3K", "MODEL",
-    "GPUS", "NNODES", "RAY_ADDRESS", "LOGGER", "PROJECT", "EXPERIMENT", "PYTHON", "VLMRL_DRY_RUN", "SMOKE", "OUT",
+    "DATA",
+    "DATA_JSONL",
+    "VAL_JSONL",
+    "IMAGE_DIR",
+    "IMAGE_FIELD",
+    "QUESTION_FIELD",
+    "BBOX_FIELD",
+    "GEO3K",
+    "MODEL",
+    "GPUS",
+    "NNODES",
+    "RAY_ADDRESS",
+    "LOGGER",
+    "PROJECT",
+    "EXPERIMENT",
+    "PYTHON",
+    "VLMRL_DRY_RUN",
+    "SMOKE",
+    "OUT",
     "CONFIG",
     "NO_TOOLS",
-)  # fmt: skip
+)
 
 
 def verl_geo3k_line(home: Path) -> dict[str, str]:
@@ -475,8 +492,14 @@ def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) ->
     import yaml
 
     run_dir = tmp_path / "run"
-    env = script_env(tmp_path / "home", SMOKE="1", DATA=str(tmp_path / "data"), OUT=str(run_dir),
-                     PYTHON=sys.executable, RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # fmt: skip
+    env = script_env(
+        tmp_path / "home",
+        SMOKE="1",
+        DATA=str(tmp_path / "data"),
+        OUT=str(run_dir),
+        PYTHON=sys.executable,
+        RAY_TMPDIR=tempfile.mkdtemp(prefix="vr", dir="/tmp"),
+    )
     del env["VLMRL_DRY_RUN"]
     args = [] if script.name == "tool_zoom_cpu.sh" else [f"trainer.default_local_dir={run_dir}"]
     proc = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=900)

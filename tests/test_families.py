@@ -70,9 +70,12 @@ def processor_ids(proc: Any, p: PromptSample) -> list[int]:
         for v in p.videos
     ]
     enc = proc(
-        text=[p.prompt_text], images=p.images or None, videos=[v.frames for v in p.videos] or None,
-        videos_kwargs={"video_metadata": meta, **VIDEO_AS_GIVEN} if p.videos else {}, return_tensors="pt",
-    )  # fmt: skip
+        text=[p.prompt_text],
+        images=p.images or None,
+        videos=[v.frames for v in p.videos] or None,
+        videos_kwargs={"video_metadata": meta, **VIDEO_AS_GIVEN} if p.videos else {},
+        return_tensors="pt",
+    )
     return enc["input_ids"][0].tolist()
 
 
@@ -156,9 +159,15 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
 
     proc = tiny.processor
     model = tiny.model().eval()
-    engine = VLLMRollout(tiny.path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=2, limit_videos=1,
-                         pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
-                         video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor))  # fmt: skip
+    engine = VLLMRollout(
+        tiny.path,
+        rollout_cfg=RolloutConfig(),
+        max_model_len=512,
+        limit_images=2,
+        limit_videos=1,
+        pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
+        video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
+    )
     try:
         prompts = prompts_of(proc)
         rb = engine.generate(prompts, SamplingSpec(n=3, max_tokens=10, temperature=1.0))
@@ -256,8 +265,12 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
     assert any(float(g.abs().max()) > 1e-4 for g in ref_g.values())
     budget = token_micro_batches(x, everything[0], 160, "ppo_max_token_len_per_gpu", "cpu", 1, packed=True)
     assert len(budget) > 2
-    for ckpt, packed, batches in ((True, False, everything), (False, True, everything), (True, True, everything),
-                                  (False, True, budget)):  # fmt: skip
+    for ckpt, packed, batches in (
+        (True, False, everything),
+        (False, True, everything),
+        (True, True, everything),
+        (False, True, budget),
+    ):
         lp, grads = loss_and_grads(make(ckpt), packed, batches)
         what = f"checkpointing={ckpt} packed={packed} micro-batches={len(batches)}"
         assert float((lp - ref_lp).abs().max()) <= 1e-5, what

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from runs import processes
 from test_micro_batches import varied_batch  # noqa: F401 - the fixture
 
+from runs import processes
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.models import qwen_vl
 
@@ -60,16 +60,21 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
 
         kept = list(engine_weights(worker.model))  # held past each unit's reshard, as vLLM's reload holds some
         out[setting] = {
-            "before": before, "after": logprobs(worker),
+            "before": before,
+            "after": logprobs(worker),
             "pushed": {name: t.clone() for name, t in engine_weights(worker.model)},
             "kept": {name: t for name, t in kept},
             "units": sum(isinstance(m, FSDPModule) for m in worker.model.modules()),
-        }  # fmt: skip
+        }
     dist.destroy_process_group()
 
 
-def test_cheaper_fsdp_settings_train_exactly_as_the_default(tiny_model_dir, tiny_processor, varied_batch,  # noqa: F811
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_cheaper_fsdp_settings_train_exactly_as_the_default(
+    tiny_model_dir,
+    tiny_processor,
+    varied_batch,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     x, advantages = varied_batch
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
     exitcode, results = _run_alone(_train, str(tiny_model_dir), ids, x, advantages, tmp_path=tmp_path)

@@ -120,18 +120,28 @@ def test_a_multi_turn_sample_is_shown_turn_by_turn_with_the_tools_images(tmp_pat
         ],
         assistant_turns=4,
         user_turns=3,
-        turn_texts=[("assistant", "<tool_call>one</tool_call>"), ("tool", "Zoomed in."),
-                    ("assistant", "<tool_call>bad</tool_call>"), ("tool", "Error: bbox_2d must be ..."),
-                    ("assistant", "<tool_call>two</tool_call>"), ("tool", "Zoomed in again."),
-                    ("assistant", "<tool_call>three</tool_call>")],
-    )  # fmt: skip
+        turn_texts=[
+            ("assistant", "<tool_call>one</tool_call>"),
+            ("tool", "Zoomed in."),
+            ("assistant", "<tool_call>bad</tool_call>"),
+            ("tool", "Error: bbox_2d must be ..."),
+            ("assistant", "<tool_call>two</tool_call>"),
+            ("tool", "Zoomed in again."),
+            ("assistant", "<tool_call>three</tool_call>"),
+        ],
+    )
     sample = RewardSample(response="everything", prompt="p", ground_truth="green", images=[zoom_b], trajectory=traj)
     html = write_gallery(tmp_path / "g.html", 1, [sample], [1.0], {}).read_text(encoding="utf-8")
     blocks = re.findall(r"<div class='turn (\w+)'><span class='meta'>([^<]*)</span>(.*?)</div>", html, re.S)
     assert [(role, label) for role, label, _ in blocks] == [
-        ("assistant", "turn 1: policy"), ("tool", "tool"), ("assistant", "turn 2: policy"), ("tool", "tool"),
-        ("assistant", "turn 3: policy"), ("tool", "tool"), ("assistant", "turn 4: policy"),
-    ]  # fmt: skip
+        ("assistant", "turn 1: policy"),
+        ("tool", "tool"),
+        ("assistant", "turn 2: policy"),
+        ("tool", "tool"),
+        ("assistant", "turn 3: policy"),
+        ("tool", "tool"),
+        ("assistant", "turn 4: policy"),
+    ]
     assert [body.count("<img") for _, _, body in blocks] == [0, 1, 0, 0, 0, 1, 0]
     assert 'width="56" height="28"' in blocks[1][2] and 'width="28" height="56"' in blocks[5][2]
     assert "&lt;tool_call&gt;two&lt;/tool_call&gt;" in blocks[4][2] and "everything" not in html

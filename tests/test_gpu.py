@@ -20,21 +20,47 @@ ROOT = Path(__file__).resolve().parents[1]
 def colour_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("colour")
     subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(out), "--families", "colour",
-         "--image-size", "112", "--train-size", "256", "--test-size", "16", "--no-progress"],
-        check=True, capture_output=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "preprocess/synthetic.py",
+            "--output-dir",
+            str(out),
+            "--families",
+            "colour",
+            "--image-size",
+            "112",
+            "--train-size",
+            "256",
+            "--test-size",
+            "16",
+            "--no-progress",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     return out
 
 
 def _train(model: str, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
-        f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
-        "trainer.device=cuda", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vlmrl.train",
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[jsonl]",
+        "trainer.device=cuda",
+        "trainer.launcher=inline",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -63,8 +89,13 @@ def test_cuda_ppo_critic_offloaded_checkpoint_and_resume(tiny_model_dir, colour_
     """Actor-critic PPO on CUDA with the critic's parameters and optimizer state offloaded to the CPU (FSDP2's
     CPUOffloadPolicy): finite critic metrics every step, and a run cut at step 2 and resumed (critic checkpoint
     included) follows the uninterrupted one."""
-    ppo = ["algorithm.adv_estimator=gae", "critic.optim.lr=2e-3", "critic.fsdp.param_offload=true",
-           "critic.fsdp.optimizer_offload=true", "trainer.save_freq=2"]  # fmt: skip
+    ppo = [
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=2e-3",
+        "critic.fsdp.param_offload=true",
+        "critic.fsdp.optimizer_offload=true",
+        "trainer.save_freq=2",
+    ]
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     a = _train(tiny_model_dir, colour_data, ref, "trainer.total_training_steps=4", *ppo)
     assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
@@ -95,11 +126,17 @@ def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_da
     from vlmrl.workers.hybrid import HybridWorker
 
     cfg = load(
-        [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
-         "trainer.device=cuda", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-         "actor_rollout_ref.rollout.n=4", "data.max_response_length=8"],
+        [
+            f"data.train_files={colour_data / 'train.parquet'}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.device=cuda",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=4",
+            "data.max_response_length=8",
+        ],
         config_name="tiny_cpu",
-    )  # fmt: skip
+    )
     w = HybridWorker(worker_plan(cfg, 4, 1, 0, cuda_available=True), 0, f"file://{tmp_path / 'rendezvous'}")
     try:
         p = next(iter(w.policy.model.parameters()))
@@ -113,8 +150,12 @@ def test_fsdp2_bf16_compute_fp32_master_and_hf_rollout(tiny_model_dir, colour_da
         eng = x.rollout_logprobs.to(lp.device)
         gap = ((lp.float() - eng).abs() * x.response_mask.to(lp.device)).sum() / x.response_mask.sum()
         assert gap < 0.05, f"HF rollout vs training forward log-prob gap {gap:.4f}"
-        shard = TrainShard(stored=[(rid, g) for _, rid, g in rb.origins], sent=None,
-                           advantages=[1.0, -1.0, 0.5, -0.5] * 2, mini_batch_samples=8)  # fmt: skip
+        shard = TrainShard(
+            stored=[(rid, g) for _, rid, g in rb.origins],
+            sent=None,
+            advantages=[1.0, -1.0, 0.5, -0.5] * 2,
+            mini_batch_samples=8,
+        )
         metrics = w.update(shard)
         assert metrics["perf/max_memory_allocated_gb"] > 0 and metrics["actor/grad_norm"] > 0
     finally:
@@ -161,8 +202,10 @@ def test_packed_forward_on_cuda_equals_the_padded_one_in_bf16(tiny_model_dir, ti
     model = AutoModelForImageTextToText.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation=packing.VARLEN
     ).cuda()
-    prompts = [make_prompt(tiny_processor, "What colour is the shape?", [solid((0, 200, 0))], 0),
-               make_prompt(tiny_processor, "Two pictures here.", [noise(5), noise(6, (56, 112))], 1)]  # fmt: skip
+    prompts = [
+        make_prompt(tiny_processor, "What colour is the shape?", [solid((0, 200, 0))], 0),
+        make_prompt(tiny_processor, "Two pictures here.", [noise(5), noise(6, (56, 112))], 1),
+    ]
     rb = HFRollout(model.eval(), tiny_processor).generate(prompts, SamplingSpec(n=3, max_tokens=9))
     x = to_device(build_inputs(prompts, rb, process_images(tiny_processor, prompts), 0), "cuda")
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
@@ -172,8 +215,10 @@ def test_packed_forward_on_cuda_equals_the_padded_one_in_bf16(tiny_model_dir, ti
         with torch.autocast("cuda", dtype=torch.bfloat16):
             lp, _, extra = forward.response_logprobs(model.train(), x, ids, packed=packed)
         ((lp * x.response_mask).sum() + extra).backward()
-        out[packed] = (lp.detach().float() * x.response_mask, sum(float(p.grad.abs().sum()) for p in
-                                                                 model.parameters() if p.grad is not None))  # fmt: skip
+        out[packed] = (
+            lp.detach().float() * x.response_mask,
+            sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None),
+        )
     gap = ((out[True][0] - out[False][0]).abs().sum() / x.response_mask.sum()).item()
     assert gap < 0.05, gap
     assert out[True][1] > 0 and abs(out[True][1] - out[False][1]) / out[False][1] < 0.05

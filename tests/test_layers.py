@@ -64,8 +64,11 @@ def test_no_import_cycle_inside_vlmrl() -> None:
     import grimp
 
     graph = grimp.build_graph("vlmrl")
-    edges = {m: sorted(x for x in graph.find_modules_directly_imported_by(m) if x.startswith("vlmrl"))
-             for m in graph.modules if m.startswith("vlmrl")}  # fmt: skip
+    edges = {
+        m: sorted(x for x in graph.find_modules_directly_imported_by(m) if x.startswith("vlmrl"))
+        for m in graph.modules
+        if m.startswith("vlmrl")
+    }
     assert len(edges) > 100, sorted(edges)
     found = cycles(edges)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)

@@ -23,16 +23,21 @@ ATOL = 1e-6
 MODES = ["vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo", "dppo_tv", "dppo_kl"]
 AGGS = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 SETTINGS = dict(clip_ratio=0.2, clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=3.0, tau_pos=1.2, tau_neg=1.6)
-LOSS_SETTINGS = dict(clip_cov_ratio=0.2, clip_cov_lb=-5.0, clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=0.3,
-                     dro_beta=0.05)  # fmt: skip
+LOSS_SETTINGS = dict(
+    clip_cov_ratio=0.2, clip_cov_lb=-5.0, clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=0.3, dro_beta=0.05
+)
 """Shares large enough that clip_cov and kl_cov touch several tokens of a small batch."""
 
 
 def verl_config(loss_mode: str, global_batch_info: dict | None = None) -> VerlActorConfig:
     cfg = VerlActorConfig(
-        strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-        policy_loss=VerlPolicyLossConfig(loss_mode=loss_mode, **LOSS_SETTINGS), **SETTINGS,
-    )  # fmt: skip
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=1,
+        policy_loss=VerlPolicyLossConfig(loss_mode=loss_mode, **LOSS_SETTINGS),
+        **SETTINGS,
+    )
     cfg.global_batch_info.update(global_batch_info or {})
     return cfg
 
@@ -66,9 +71,14 @@ def run(fn, b: dict, agg: str, cfg, weights: torch.Tensor | None = None):
     log_prob = b["new"].clone().requires_grad_(True)
     torch.manual_seed(1234)
     loss, metrics = fn(
-        old_log_prob=b["old"], log_prob=log_prob, advantages=b["adv"], response_mask=b["mask"],
-        loss_agg_mode=agg, config=cfg, rollout_is_weights=weights,
-    )  # fmt: skip
+        old_log_prob=b["old"],
+        log_prob=log_prob,
+        advantages=b["adv"],
+        response_mask=b["mask"],
+        loss_agg_mode=agg,
+        config=cfg,
+        rollout_is_weights=weights,
+    )
     loss.backward()
     return loss.detach(), log_prob.grad, metrics
 
@@ -107,9 +117,11 @@ def test_agg_loss_equals_verls() -> None:
     for agg in AGGS:
         for info in ({}, dict(dp_size=3, batch_num_tokens=50.0, global_batch_size=9.0, loss_scale_factor=12)):
             torch.testing.assert_close(
-                agg_loss(loss_mat, b["mask"], agg, **info), verl_algos.agg_loss(loss_mat, b["mask"], agg, **info),
-                atol=ATOL, rtol=0,
-            )  # fmt: skip
+                agg_loss(loss_mat, b["mask"], agg, **info),
+                verl_algos.agg_loss(loss_mat, b["mask"], agg, **info),
+                atol=ATOL,
+                rtol=0,
+            )
 
 
 def test_micro_batches_sum_to_the_big_batch() -> None:
@@ -120,8 +132,10 @@ def test_micro_batches_sum_to_the_big_batch() -> None:
         for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
             info = dict(dp_size=1, batch_num_tokens=float(b["mask"].sum()), global_batch_size=6.0, loss_scale_factor=8)
             whole = run(get_policy_loss(mode), b, agg, our_config(mode, info))
-            parts = [run(get_policy_loss(mode), {k: v[s] for k, v in b.items()}, agg, our_config(mode, info))
-                     for s in (slice(0, 2), slice(2, 6))]  # fmt: skip
+            parts = [
+                run(get_policy_loss(mode), {k: v[s] for k, v in b.items()}, agg, our_config(mode, info))
+                for s in (slice(0, 2), slice(2, 6))
+            ]
             torch.testing.assert_close(parts[0][0] + parts[1][0], whole[0], atol=ATOL, rtol=0)
             torch.testing.assert_close(torch.cat([parts[0][1], parts[1][1]]), whole[1], atol=ATOL, rtol=0)
 
@@ -159,11 +173,17 @@ def test_names_and_refusals() -> None:
 @pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
 @pytest.mark.parametrize(
     "corr",
-    [dict(rollout_is="token", rollout_is_threshold=2.0),
-     dict(rollout_is="sequence", rollout_is_threshold="0.5_2.0", rollout_rs="token_k1",
-          rollout_rs_threshold="0.8_1.25"),
-     dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.035)],
-)  # fmt: skip
+    [
+        dict(rollout_is="token", rollout_is_threshold=2.0),
+        dict(
+            rollout_is="sequence",
+            rollout_is_threshold="0.5_2.0",
+            rollout_rs="token_k1",
+            rollout_rs_threshold="0.8_1.25",
+        ),
+        dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.035),
+    ],
+)
 def test_bypass_mode_equals_verls(loss_type: str, corr: dict) -> None:
     """Rollout correction's bypass mode: the old log-probs are the engine's; weights and rejection against the current
     policy inside the loss; PPO clip on the kept tokens or REINFORCE with the weights."""
@@ -171,18 +191,35 @@ def test_bypass_mode_equals_verls(loss_type: str, corr: dict) -> None:
 
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
 
-    full = {**dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
-                   rollout_rs_threshold=None), **corr, "loss_type": loss_type}  # fmt: skip
+    full = {
+        **dict(
+            rollout_is=None,
+            rollout_is_threshold=2.0,
+            rollout_is_batch_normalize=False,
+            rollout_rs=None,
+            rollout_rs_threshold=None,
+        ),
+        **corr,
+        "loss_type": loss_type,
+    }
     for seed in (0, 1):
         b = batch(seed)
         cfg = our_config("bypass_mode")
         cfg.policy_loss.rollout_correction = SimpleNamespace(**full)
         ours = run(get_policy_loss("bypass_mode"), b, "token-mean", cfg)
         vcfg = VerlActorConfig(
-            strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-            policy_loss=VerlPolicyLossConfig(loss_mode="bypass_mode", rollout_correction=RolloutCorrectionConfig(
-                **{k: v for k, v in full.items() if k != "loss_type"}, loss_type=loss_type)), **SETTINGS,
-        )  # fmt: skip
+            strategy="fsdp",
+            ppo_mini_batch_size=4,
+            ppo_micro_batch_size_per_gpu=2,
+            rollout_n=1,
+            policy_loss=VerlPolicyLossConfig(
+                loss_mode="bypass_mode",
+                rollout_correction=RolloutCorrectionConfig(
+                    **{k: v for k, v in full.items() if k != "loss_type"}, loss_type=loss_type
+                ),
+            ),
+            **SETTINGS,
+        )
         theirs = run(verl_algos.get_policy_loss_fn("bypass_mode"), b, "token-mean", vcfg)
         torch.testing.assert_close(ours[0], theirs[0], atol=ATOL, rtol=0)
         torch.testing.assert_close(ours[1], theirs[1], atol=ATOL, rtol=0)

@@ -75,8 +75,10 @@ def tool_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "bad_tools.py").write_text(BAD_TOOLS)
     cfg = d / "tools.yaml"
     lines = ["tools:", "  - class_name: image_zoom", "  - class_name: calculator"]
-    lines += [f"  - class_name: {d}/bad_tools.py:{c}" for c in ("Raiser", "Sleeper", "Blocker", "Garbage", "BadImage",
-                                                               "NanReward", "ManyImages")]  # fmt: skip
+    lines += [
+        f"  - class_name: {d}/bad_tools.py:{c}"
+        for c in ("Raiser", "Sleeper", "Blocker", "Garbage", "BadImage", "NanReward", "ManyImages")
+    ]
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
 
@@ -114,8 +116,9 @@ def test_tool_turn_is_appended_token_in_with_its_image_and_masked_out(tiny_proce
     assert tool_span == list(range(len(turn1), tool_span[-1] + 1))  # one contiguous tool turn
     assert all(resp[i] != pad for i, m in enumerate(mask) if m == 1) and {lps[i] for i in tool_span} == {0.0}
     assert tok.decode(resp[tool_span[0] : tool_span[-1] + 1]).startswith("\n<|im_start|>user\n<tool_response>")
-    assert rb.prompt_ids[0].count(pad) == qwen_vl.num_image_tokens(112, 84, 28, *qwen_vl.pixel_bounds(
-        tiny_processor.image_processor))  # fmt: skip
+    assert rb.prompt_ids[0].count(pad) == qwen_vl.num_image_tokens(
+        112, 84, 28, *qwen_vl.pixel_bounds(tiny_processor.image_processor)
+    )
     m = multi_turn_metrics(rb.trajectories)
     assert m["multi_turn/turns/mean"] == 2 and m["multi_turn/tool_calls/mean"] == 1
     assert m["multi_turn/calls/image_zoom"] == 2 and m["multi_turn/errors/image_zoom"] == 0
@@ -205,8 +208,13 @@ def _trainer_gap(model, processor, prompts, rb) -> float:
     """Largest |trainer - engine| log-prob over the engine's own tokens (the policy's turns after the first); the
     padding-free (packed) forward gives the trainer's log-probs and gradients too (<= 1e-5)."""
     ids = qwen_vl.vision_token_ids(processor.tokenizer)
-    x = build_inputs(prompts, rb, process_images(processor, prompts), processor.tokenizer.pad_token_id,
-                     process_response_images(processor, rb))  # fmt: skip
+    x = build_inputs(
+        prompts,
+        rb,
+        process_images(processor, prompts),
+        processor.tokenizer.pad_token_id,
+        process_response_images(processor, rb),
+    )
     assert x.has_response_images
     grads = []
     for packed in (False, True):
@@ -280,8 +288,10 @@ def test_tool_images_in_every_family_match_vllm(family, runner):
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation=VARLEN).eval()
     engine = VLLMRollout(path, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=4)
     try:
-        prompts = [make_prompt(proc, "What is here?", [noise(1, (112, 84))], index=0),
-                   make_prompt(proc, "And here?", [noise(2, (64, 64)), solid((0, 200, 0))], index=1)]  # fmt: skip
+        prompts = [
+            make_prompt(proc, "What is here?", [noise(1, (112, 84))], index=0),
+            make_prompt(proc, "And here?", [noise(2, (64, 64)), solid((0, 200, 0))], index=1),
+        ]
         wrapped = FirstTurnScripted(engine, proc.tokenizer)
         rb = make_agent(proc, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=400))
         assert _trainer_gap(model, proc, prompts, rb) <= 1e-4
@@ -292,8 +302,10 @@ def test_tool_images_in_every_family_match_vllm(family, runner):
 def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor, hf_model, runner):
     from vlmrl.rollout.hf import HFRollout
 
-    prompts = [make_prompt(tiny_processor, "What is here?", [noise(3, (112, 84))], index=0),
-               make_prompt(tiny_processor, "And here?", [solid((200, 0, 0), (84, 84))], index=1)]  # fmt: skip
+    prompts = [
+        make_prompt(tiny_processor, "What is here?", [noise(3, (112, 84))], index=0),
+        make_prompt(tiny_processor, "And here?", [solid((200, 0, 0), (84, 84))], index=1),
+    ]
     wrapped = FirstTurnScripted(HFRollout(hf_model, tiny_processor), tiny_processor.tokenizer)
     rb = make_agent(tiny_processor, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=300))
     assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
@@ -302,8 +314,10 @@ def test_multi_turn_logprobs_with_a_tool_image_match_hf_generate(tiny_processor,
 def test_micro_batches_keep_each_samples_tool_images(tiny_processor, runner) -> None:
     """A micro-batch (``ModelInputs.select``) carries its rows' tool images and trims padding by real tokens, not by
     the policy mask (a response may end in tokens the mask leaves out)."""
-    prompts = [make_prompt(tiny_processor, "Look.", [noise(4, (84, 84))], index=0),
-               make_prompt(tiny_processor, "No image to zoom into.", [], index=1)]  # fmt: skip
+    prompts = [
+        make_prompt(tiny_processor, "Look.", [noise(4, (84, 84))], index=0),
+        make_prompt(tiny_processor, "No image to zoom into.", [], index=1),
+    ]
     engine = ScriptedEngine(tiny_processor.tokenizer, [ZOOM, "ok"])
     rb = make_agent(tiny_processor, engine, runner).generate(prompts, SamplingSpec(n=1))
     assert rb.trajectories[0].images and not rb.trajectories[1].images  # sample 1's call failed: no image
@@ -337,27 +351,67 @@ def always_zoom_policy() -> tuple[Path, Path]:
     import hashlib
 
     from runs import ENV
-
     from vlmrl.preprocess import synthetic
     from vlmrl.testing.tiny import BUILDER_VERSION, TOOL_DEMO, cache_root, cached_build, ensure_tiny_model
 
     repo = Path(__file__).resolve().parents[1]
-    code = [repo / "vlmrl" / "testing" / "warm_start.py", repo / "preprocess" / "synthetic.py",
-            repo / "examples" / "tool_config" / "zoom.yaml"]  # fmt: skip
+    code = [
+        repo / "vlmrl" / "testing" / "warm_start.py",
+        repo / "preprocess" / "synthetic.py",
+        repo / "examples" / "tool_config" / "zoom.yaml",
+    ]
     key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + f"{ALWAYS_ZOOM}{BUILDER_VERSION}".encode())
 
     def build(folder: Path) -> None:
         data = folder / "data"
-        synthetic.main(["--output-dir", str(data), "--families", "zoom", "--image-size", "448", "--train-size", "16",
-                        "--test-size", "0", "--seed", "0", "--no-progress"])  # fmt: skip
+        synthetic.main(
+            [
+                "--output-dir",
+                str(data),
+                "--families",
+                "zoom",
+                "--image-size",
+                "448",
+                "--train-size",
+                "16",
+                "--test-size",
+                "0",
+                "--seed",
+                "0",
+                "--no-progress",
+            ]
+        )
         (folder / "teacher.py").write_text(ALWAYS_ZOOM)
         proc = subprocess.run(
-            [sys.executable, "-m", "vlmrl.testing.warm_start", "--model", str(ensure_tiny_model(0, TOOL_DEMO)),
-             "--output", str(folder / "warm"), "--data", str(data / "train.parquet"), "--teacher",
-             f"{folder / 'teacher.py'}:write_turn", "--tools", str(repo / "examples" / "tool_config" / "zoom.yaml"),
-             "--steps", "80", "--lr", "5e-3", "--batch-size", "8", "--max-response-length", "128"],
-            capture_output=True, text=True, timeout=600, cwd=repo, env={**os.environ, **ENV},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vlmrl.testing.warm_start",
+                "--model",
+                str(ensure_tiny_model(0, TOOL_DEMO)),
+                "--output",
+                str(folder / "warm"),
+                "--data",
+                str(data / "train.parquet"),
+                "--teacher",
+                f"{folder / 'teacher.py'}:write_turn",
+                "--tools",
+                str(repo / "examples" / "tool_config" / "zoom.yaml"),
+                "--steps",
+                "80",
+                "--lr",
+                "5e-3",
+                "--batch-size",
+                "8",
+                "--max-response-length",
+                "128",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=repo,
+            env={**os.environ, **ENV},
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     folder = cached_build(cache_root() / f"always-zoom-{key.hexdigest()[:12]}", "warm/vlmrl_warm_start.json", build)
@@ -376,11 +430,22 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
 
     data, warm = always_zoom_policy()
     out, dump = tmp_path / "run", tmp_path / "dump"
-    run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
-                f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
-                "trainer.total_training_steps=2", "data.train_batch_size=8",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
-                f"trainer.rollout_data_dir={dump}"])  # fmt: skip
+    run_to_end(
+        [
+            "--config-name",
+            "tool_zoom_cpu",
+            f"data.train_files={data / 'train.parquet'}",
+            "data.val_files=null",
+            f"actor_rollout_ref.model.path={warm}",
+            f"trainer.default_local_dir={out}",
+            "trainer.logger=[jsonl]",
+            "trainer.total_training_steps=2",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+            f"trainer.rollout_data_dir={dump}",
+        ]
+    )
     rows = [r for r in metrics(out) if "multi_turn/turns/mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
     samples = 8 * 4

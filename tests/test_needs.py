@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import make_colour_data
 
+from runs import make_colour_data
 from vlmrl.algos.estimators import ADV_ESTIMATORS, ESTIMATOR_NEEDS, OWN_CONVENTION, Needs, estimator_needs
 from vlmrl.algos.ppo import token_advantages
 from vlmrl.config import ConfigError, load
@@ -52,8 +52,11 @@ def plugin(tmp_path: Path):
 
 def _load(tmp_path: Path, plugin: Path, *extra: str):
     data = make_colour_data(tmp_path / "data")
-    base = [f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={tmp_path}",
-            f"algorithm.plugins=[{plugin}]"]  # fmt: skip
+    base = [
+        f"data.train_files={data / 'train.parquet'}",
+        f"actor_rollout_ref.model.path={tmp_path}",
+        f"algorithm.plugins=[{plugin}]",
+    ]
     return load([*base, *extra], config_name="tiny_cpu")
 
 
@@ -88,8 +91,14 @@ def test_a_functions_needs_attribute_declares_for_a_file_estimator(tmp_path: Pat
     f = tmp_path / "est.py"
     body = "    return token_level_rewards, token_level_rewards\n"
     head = "def {}(token_level_rewards, response_mask, **kw):\n"
-    f.write_text("from vlmrl.algorithms import Needs\n\n" + head.format("fn") + body
-                 + "\nfn.needs = Needs(group=True)\n\n" + head.format("bare") + body)  # fmt: skip
+    f.write_text(
+        "from vlmrl.algorithms import Needs\n\n"
+        + head.format("fn")
+        + body
+        + "\nfn.needs = Needs(group=True)\n\n"
+        + head.format("bare")
+        + body
+    )
     assert estimator_needs(f"{f}:fn") == Needs(group=True)
     assert estimator_needs(f"{f}:bare") == Needs()
     with pytest.raises(ValueError, match="unknown"):
@@ -104,7 +113,9 @@ def test_the_builtins_declare_what_the_trainer_gives_them() -> None:
     assert [n for n, d in ESTIMATOR_NEEDS.items() if d.baseline_rollout] == ["remax"]
     assert [n for n, d in ESTIMATOR_NEEDS.items() if d.reward_components] == ["gdpo"]
     assert sorted(n for n, d in ESTIMATOR_NEEDS.items() if d.policy_probs) == [
-        "optimal_token_baseline", "tir_optimal_token_baseline"]  # fmt: skip
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    ]
     assert all(d.sequence_level for d in ESTIMATOR_NEEDS.values() if d.group)
     assert not ESTIMATOR_NEEDS["reinforce_plus_plus"].sequence_level and not ESTIMATOR_NEEDS["remax"].group
 

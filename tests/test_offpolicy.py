@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import base_args, make_colour_data, metrics, processes, run_to_end
 
+from runs import base_args, make_colour_data, metrics, processes, run_to_end
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
 from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
@@ -37,8 +37,7 @@ ASYNC = (*POOLS, *REQUIRED)
 
 
 def test_verl_keys_of_the_one_step_trainer_are_accepted() -> None:
-    cfg = load([*ASYNC, "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "async.fallback_kl=0.5",
-                "trainer.device=cpu"])  # fmt: skip
+    cfg = load([*ASYNC, "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "async.fallback_kl=0.5", "trainer.device=cpu"])
     assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.async_training.fallback_kl == 0.5
     assert cfg.rollout.n_gpus_per_node == 2 and rollout_world(cfg) == 1  # CPU: rollout.cpu_workers
     plan = worker_plan(cfg, 10, 1, 0, cuda_available=False)
@@ -55,8 +54,15 @@ def test_the_stale_step_is_corrected_by_token_tis_unless_the_user_says_otherwise
     assert rc is not None and rc.rollout_is == "token" and rc.rollout_is_threshold == 2.0 and not rc.bypass_mode
     assert rollout_correction(load([*ASYNC, "async.tis_by_default=False"])) is None
     assert rollout_correction(load(list(REQUIRED))) is None  # the hybrid engine: on-policy, nothing to correct
-    own = rollout_correction(load([*ASYNC, "algorithm.rollout_correction.rollout_rs=token_k1",
-                                   "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"]))  # fmt: skip
+    own = rollout_correction(
+        load(
+            [
+                *ASYNC,
+                "algorithm.rollout_correction.rollout_rs=token_k1",
+                "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+            ]
+        )
+    )
     assert own is not None and own.rollout_is is None and own.rollout_rs == "token_k1"
     # verl's own config for this trainer: bypass mode (the engine's log-probs are the old ones)
     verl = load(list(ASYNC), config_name="one_step_off_ppo_trainer")
@@ -85,8 +91,13 @@ def test_pool_settings_that_cannot_run_are_refused(overrides: list[str], message
 
 
 def test_buckets_keep_one_dtype_and_the_size_limit() -> None:
-    meta = [WeightMeta("a", (4,), "float32"), WeightMeta("b", (8,), "float32"), WeightMeta("c", (2,), "bfloat16"),
-            WeightMeta("d", (100,), "float32"), WeightMeta("e", (1,), "float32")]  # fmt: skip
+    meta = [
+        WeightMeta("a", (4,), "float32"),
+        WeightMeta("b", (8,), "float32"),
+        WeightMeta("c", (2,), "bfloat16"),
+        WeightMeta("d", (100,), "float32"),
+        WeightMeta("e", (1,), "float32"),
+    ]
     # 16 + 32 bytes fit 64; c changes dtype; d (400 bytes) is over the limit alone; e follows d's full bucket
     assert buckets(meta, limit=64) == [[0, 1], [2], [3], [4]]
     assert buckets(meta, limit=10_000) == [[0, 1], [2], [3, 4]]
@@ -107,8 +118,12 @@ def _sync_member(rank: int, init: str, meta: list[WeightMeta], out: dict) -> Non
 
 def test_the_sync_broadcasts_every_tensor_bit_for_bit_to_every_rollout_worker() -> None:
     torch.manual_seed(0)
-    weights = [("model.embed", torch.randn(32, 8)), ("model.norm", torch.randn(8).bfloat16()),
-               ("lm_head", torch.randn(32, 8)), ("visual.patch", torch.randn(3, 3, 2))]  # fmt: skip
+    weights = [
+        ("model.embed", torch.randn(32, 8)),
+        ("model.norm", torch.randn(8).bfloat16()),
+        ("lm_head", torch.randn(32, 8)),
+        ("visual.patch", torch.randn(3, 3, 2)),
+    ]
     meta = meta_of(weights)
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         out = manager.dict()
@@ -159,8 +174,16 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
     trains the stale batch (its KL trips the fallback) and step 5 waits for a fresh generation."""
     first, dumps = tmp_path / "first", tmp_path / "dumps_first"
     common = (*POOLS, "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.test_freq=-1")
-    run = run_to_end(base_args(tiny_model_dir, colour_data, first, *common, "trainer.total_training_steps=3",
-                               f"trainer.rollout_data_dir={dumps}"))  # fmt: skip
+    run = run_to_end(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            first,
+            *common,
+            "trainer.total_training_steps=3",
+            f"trainer.rollout_data_dir={dumps}",
+        )
+    )
     out = run.output()
     assert "1 training worker(s)" in out and "1 rollout worker(s)" in out, out[-3000:]
     rows = metrics(first)
@@ -189,8 +212,17 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
 
     shutil.copytree(first / "global_step_2", resumed / "global_step_2")
     (resumed / "latest_checkpointed_iteration.txt").write_text("2")
-    run = run_to_end(base_args(tiny_model_dir, colour_data, resumed, *common, "trainer.total_training_steps=5",
-                               f"trainer.rollout_data_dir={dumps2}", "async.fallback_kl=1e-9"))  # fmt: skip
+    run = run_to_end(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            resumed,
+            *common,
+            "trainer.total_training_steps=5",
+            f"trainer.rollout_data_dir={dumps2}",
+            "async.fallback_kl=1e-9",
+        )
+    )
     rows = metrics(resumed)
     assert [r["step"] for r in rows] == [3, 4, 5], rows
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0]
@@ -216,11 +248,20 @@ def test_token_tis_from_the_updates_own_forward_equals_a_separate_old_log_prob_p
     from vlmrl.workers.hybrid import HybridWorker
 
     data = make_colour_data(tmp_path / "colour")
-    cfg = load([f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={tiny_model_dir}",
-                "trainer.device=cpu", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-                "actor_rollout_ref.rollout.n=4", "data.max_response_length=6",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-                "algorithm.rollout_correction.rollout_is=token"], config_name="tiny_cpu")  # fmt: skip
+    cfg = load(
+        [
+            f"data.train_files={data / 'train.parquet'}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.device=cpu",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=4",
+            "data.max_response_length=6",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "algorithm.rollout_correction.rollout_is=token",
+        ],
+        config_name="tiny_cpu",
+    )
     w = HybridWorker(worker_plan(cfg, 4, 1, 0, cuda_available=False), 0, f"file://{tmp_path / 'rendezvous'}")
     try:
         pol = w.policy
@@ -233,8 +274,11 @@ def test_token_tis_from_the_updates_own_forward_equals_a_separate_old_log_prob_p
         stale = x.rollout_logprobs + 0.7 * torch.randn(x.rollout_logprobs.shape, generator=g)
         x = replace(x, rollout_logprobs=stale)
         adv = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.25, -0.25])
-        saved = (copy.deepcopy(pol.model.state_dict()), copy.deepcopy(pol.optimizer.state_dict()),
-                 copy.deepcopy(pol.scheduler.state_dict()))  # fmt: skip
+        saved = (
+            copy.deepcopy(pol.model.state_dict()),
+            copy.deepcopy(pol.optimizer.state_dict()),
+            copy.deepcopy(pol.scheduler.state_dict()),
+        )
         lazy = pol.update(x, adv, 8)
         after_lazy = {n: p.detach().full_tensor().clone() for n, p in pol.model.named_parameters()}
         pol.model.load_state_dict(saved[0])
@@ -265,10 +309,22 @@ def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
 
     data, warm = always_zoom_policy()
     out = tmp_path / "run"
-    run_to_end(["--config-name", "tool_zoom_cpu", f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
-                f"actor_rollout_ref.model.path={warm}", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]",
-                "trainer.total_training_steps=2", "data.train_batch_size=8", *POOLS,
-                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])  # fmt: skip
+    run_to_end(
+        [
+            "--config-name",
+            "tool_zoom_cpu",
+            f"data.train_files={data / 'train.parquet'}",
+            "data.val_files=null",
+            f"actor_rollout_ref.model.path={warm}",
+            f"trainer.default_local_dir={out}",
+            "trainer.logger=[jsonl]",
+            "trainer.total_training_steps=2",
+            "data.train_batch_size=8",
+            *POOLS,
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+        ]
+    )
     rows = metrics(out)
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
     for r in rows:
@@ -286,15 +342,43 @@ def test_video_with_dynamic_sampling_off_policy(tiny_model_dir, tmp_path) -> Non
 
     data = tmp_path / "data"
     subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(data), "--families", "video_colour",
-         "--image-size", "112", "--train-size", "256", "--test-size", "8", "--seed", "0", "--no-progress"],
-        check=True, capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "preprocess/synthetic.py",
+            "--output-dir",
+            str(data),
+            "--families",
+            "video_colour",
+            "--image-size",
+            "112",
+            "--train-size",
+            "256",
+            "--test-size",
+            "8",
+            "--seed",
+            "0",
+            "--no-progress",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     out = tmp_path / "run"
-    run = run_to_end(base_args(tiny_model_dir, data, out, *POOLS, "trainer.total_training_steps=3",
-                               "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=3",
-                               "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                               "actor_rollout_ref.rollout.n=2"))  # fmt: skip
+    run = run_to_end(
+        base_args(
+            tiny_model_dir,
+            data,
+            out,
+            *POOLS,
+            "trainer.total_training_steps=3",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.max_num_gen_batches=3",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.rollout.n=2",
+        )
+    )
     assert "videos/prompt 1" in run.output()
     rows = [r for r in metrics(out) if r.get("step", 0) > 0 and "reward/mean" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -311,11 +395,22 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
     import time
 
     import psutil
+
     from runs import ENV, Run, wait_for_step
 
     out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, *POOLS, "trainer.total_training_steps=500",
-                        "trainer.save_freq=1", "data.val_files=null"), ENV)  # fmt: skip
+    run = Run(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            out,
+            *POOLS,
+            "trainer.total_training_steps=500",
+            "trainer.save_freq=1",
+            "data.val_files=null",
+        ),
+        ENV,
+    )
     try:
         wait_for_step(run, out, 2, timeout=300)
         victims = []
@@ -371,8 +466,11 @@ def test_other_estimators_and_models_run_off_policy(tiny_model_dir, colour_data,
     (the FSDP2 shards gathered, the LoRA weights merged, for the sync); and PPO with a critic and the in-reward KL
     (values and reference on the training pool). The second step of each trains on the batch generated meanwhile."""
     out = tmp_path / "run"
-    run = run_to_end(base_args(tiny_model_dir, colour_data, out, *POOLS, *extra,
-                               "trainer.val_before_train=false", "data.val_files=null"))  # fmt: skip
+    run = run_to_end(
+        base_args(
+            tiny_model_dir, colour_data, out, *POOLS, *extra, "trainer.val_before_train=false", "data.val_files=null"
+        )
+    )
     rows = metrics(out)
     assert [r["async/staleness"] for r in rows][:2] == [0.0, 1.0]
     assert all(r["actor/grad_norm"] > 0 for r in rows), rows

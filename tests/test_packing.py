@@ -67,8 +67,11 @@ def test_varlen_attention_equals_a_dense_mask_over_the_row(layout) -> None:
         qa, qb, ka, kb = bounds[s], bounds[s + 1], int(cu_k[s]), int(cu_k[s + 1])
         if qb > qa:
             aligned = torch.ones(qb - qa, kb - ka, dtype=torch.bool).tril(kb - ka - (qb - qa))
-            emulated.append(torch.nn.functional.scaled_dot_product_attention(
-                q[0, :, qa:qb], kk[:, ka:kb], vv[:, ka:kb], attn_mask=aligned, scale=0.3).transpose(0, 1))  # fmt: skip
+            emulated.append(
+                torch.nn.functional.scaled_dot_product_attention(
+                    q[0, :, qa:qb], kk[:, ka:kb], vv[:, ka:kb], attn_mask=aligned, scale=0.3
+                ).transpose(0, 1)
+            )
     assert (torch.cat(emulated) - ref[0]).abs().max() <= 1e-6
     # no segments: transformers' sdpa, unchanged
     plain, _ = packing.varlen_attention(_Heads(), q, k, v, None, scaling=0.3, is_causal=True)
@@ -139,8 +142,11 @@ def test_packed_forward_equals_the_padded_forwards(tiny_processor, tiny_model_di
     adv = torch.linspace(-1.0, 1.0, x.batch_size)[:, None].expand(mask.shape)
     loss_fn = get_policy_loss("vanilla")
     out = {}
-    forwards = {"full": forward.full_sequence_logits, "shared": forward.shared_sample_logits,
-                "packed": forward.packed_logits}  # fmt: skip
+    forwards = {
+        "full": forward.full_sequence_logits,
+        "shared": forward.shared_sample_logits,
+        "packed": forward.packed_logits,
+    }
     for name, fn in forwards.items():
         if variant == "checkpointing" and name != "shared":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

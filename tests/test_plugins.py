@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import base_args, make_colour_data, metrics, run_to_end
 
+from runs import base_args, make_colour_data, metrics, run_to_end
 from vlmrl.algorithms import load_plugins
 from vlmrl.algos.estimators import ADV_ESTIMATORS, get_adv_estimator_fn
 from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, get_policy_loss
@@ -45,8 +45,7 @@ def _note(what, shape):
         f.write(json.dumps({{"what": what, "pid": os.getpid(), "shape": shape}}) + "\\n")
 """
 VLMRL_STYLE = "from vlmrl.algorithms import agg_loss, register_adv_est, register_policy_loss\n" + BODY
-VERL_STYLE = ("from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss\n"
-              + BODY)  # fmt: skip
+VERL_STYLE = "from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss\n" + BODY
 
 
 def _write(folder: Path, text: str, est: str, loss: str) -> Path:
@@ -96,9 +95,18 @@ def test_plugin_names_train_through_the_launch_command_in_worker_processes(tiny_
     data = make_colour_data(tmp_path / "data")
     f = _write(tmp_path / "plug", VLMRL_STYLE, "centred_e2e", "plain_pg_e2e")
     out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.val_files=null",
-                         f"algorithm.plugins=[{f}]", "algorithm.adv_estimator=centred_e2e",
-                         "actor_rollout_ref.actor.policy_loss.loss_mode=plain_pg_e2e"))  # fmt: skip
+    run_to_end(
+        base_args(
+            tiny_model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=2",
+            "data.val_files=null",
+            f"algorithm.plugins=[{f}]",
+            "algorithm.adv_estimator=centred_e2e",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=plain_pg_e2e",
+        )
+    )
     calls = [json.loads(x) for x in (f.parent / "calls.jsonl").read_text().splitlines()]
     est = [c for c in calls if c["what"] == "estimator"]
     loss_pids = {c["pid"] for c in calls if c["what"] == "loss"}

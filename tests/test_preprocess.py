@@ -124,8 +124,17 @@ def test_geo3k_from_parquet_files_and_splits(tmp_path):
     for name, ds in dd.items():
         ds.to_parquet(str(tmp_path / "src" / "data" / f"{name}-00000-of-00001.parquet"))
     out = tmp_path / "out"
-    geo3k.main(["--input", str(tmp_path / "src"), "--output-dir", str(out), "--splits", "train,validation,test",
-                "--no-progress"])  # fmt: skip
+    geo3k.main(
+        [
+            "--input",
+            str(tmp_path / "src"),
+            "--output-dir",
+            str(out),
+            "--splits",
+            "train,validation,test",
+            "--no-progress",
+        ]
+    )
     assert [len(rows(out / f"{s}.parquet")) for s in ("train", "validation", "test")] == [6, 4, 5]
     assert rows(out / "validation.parquet")[0]["extra_info"]["split"] == "validation"
     # --store-paths: bytes-only sources are written beside the output and referenced relative to it
@@ -144,12 +153,17 @@ def test_geo3k_rejects_and_num_proc_give_identical_output(tmp_path):
     geo3k.main(["--input", str(tmp_path / "src"), "--output-dir", str(a), "--no-progress"])
     rep = geo3k.main(["--input", str(tmp_path / "src"), "--output-dir", str(b), "--num-proc", "2", "--no-progress"])
     assert (a / "train.parquet").read_bytes() == (b / "train.parquet").read_bytes()
-    assert rep["splits"]["train"]["rejected_by_reason"] == {"corrupt_image": 1, "empty_answer": 1,
-                                                            "image_count_mismatch": 1}  # fmt: skip
+    assert rep["splits"]["train"]["rejected_by_reason"] == {
+        "corrupt_image": 1,
+        "empty_answer": 1,
+        "image_count_mismatch": 1,
+    }
     rej = rejects(b)
     assert [(r["split"], r["reason"]) for r in rej][:3] == [
-        ("train", "corrupt_image"), ("train", "empty_answer"), ("train", "image_count_mismatch")
-    ]  # fmt: skip
+        ("train", "corrupt_image"),
+        ("train", "empty_answer"),
+        ("train", "image_count_mismatch"),
+    ]
     assert rej[0]["source"].endswith("[train] row 1")
     assert [r["extra_info"]["index"] for r in rows(b / "train.parquet")] == [0, 4, 5]  # source indices kept
 
@@ -204,8 +218,19 @@ def test_jsonl_every_reject_reason_and_multi_image(tmp_path, monkeypatch):
     src, img = write_jsonl_fixture(tmp_path)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 80x80 = 6400 > 2 * 1000: Pillow refuses it
     out = tmp_path / "out"
-    report = jsonl.main(["--input", str(src), "--image-dir", str(img), "--output-dir", str(out), "--no-progress",
-                         "--max-image-bytes", "4000"])  # fmt: skip
+    report = jsonl.main(
+        [
+            "--input",
+            str(src),
+            "--image-dir",
+            str(img),
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--max-image-bytes",
+            "4000",
+        ]
+    )
     got = {r["reason"]: r["source"] for r in rejects(out)}
     assert set(got) == set(common.REJECT_REASONS)  # every reason is produced by some row
     assert got["missing_field"] == f"{src}:4"  # line numbers count the blank line
@@ -235,10 +260,22 @@ def test_strict_stops_at_first_bad_row_naming_it(tmp_path):
     assert not (out / "train.parquet").exists() and not list(out.glob("*.tmp"))
     # by path from a checkout, as a shell pipeline runs it: exit status 2 and the row on stderr
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "preprocess" / "jsonl.py"), "--input", str(src), "--image-dir", str(img),
-         "--output-dir", str(out), "--strict", "--no-progress"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "preprocess" / "jsonl.py"),
+            "--input",
+            str(src),
+            "--image-dir",
+            str(img),
+            "--output-dir",
+            str(out),
+            "--strict",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "records.jsonl:4" in proc.stderr
 
 
@@ -249,8 +286,25 @@ def test_jsonl_store_paths_and_prepend_images(tmp_path):
     src = tmp_path / "r.jsonl"
     src.write_text(json.dumps({"q": "What colour?", "a": "green", "pics": ["imgs/a.png"]}) + "\n")  # no --image-dir
     out = tmp_path / "deep" / "out"
-    jsonl.main(["--input", str(src), "--output-dir", str(out), "--store-paths", "--prepend-images", "--split", "val",
-                "--question-field", "q", "--answer-field", "a", "--images-field", "pics", "--no-progress"])  # fmt: skip
+    jsonl.main(
+        [
+            "--input",
+            str(src),
+            "--output-dir",
+            str(out),
+            "--store-paths",
+            "--prepend-images",
+            "--split",
+            "val",
+            "--question-field",
+            "q",
+            "--answer-field",
+            "a",
+            "--images-field",
+            "pics",
+            "--no-progress",
+        ]
+    )
     (rec,) = rows(out / "val.parquet")
     assert rec["prompt"][0]["content"] == "<image>What colour?"
     assert rec["images"][0]["bytes"] is None
@@ -269,14 +323,22 @@ def test_jsonl_keeps_verls_tools_kwargs_for_multi_turn_rollouts(tmp_path, tiny_p
 
     (tmp_path / "a.png").write_bytes(png("green"))
     lines = [
-        {"question": "<image>Check 12.", "answer": "12", "images": ["a.png"],
-         "tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}},
-         "interaction_kwargs": {"name": "geo3k", "query": "q"}},
-        {"question": "<image>Zoom.", "answer": "green", "images": ["a.png"],
-         "tools_kwargs": {"image_zoom": {"create_kwargs": {"min_size": 56}}}},
+        {
+            "question": "<image>Check 12.",
+            "answer": "12",
+            "images": ["a.png"],
+            "tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": "12"}}},
+            "interaction_kwargs": {"name": "geo3k", "query": "q"},
+        },
+        {
+            "question": "<image>Zoom.",
+            "answer": "green",
+            "images": ["a.png"],
+            "tools_kwargs": {"image_zoom": {"create_kwargs": {"min_size": 56}}},
+        },
         {"question": "<image>No tools.", "answer": "x", "images": ["a.png"]},
         {"question": "<image>Bad.", "answer": "x", "images": ["a.png"], "tools_kwargs": ["not", "an", "object"]},
-    ]  # fmt: skip
+    ]
     src = tmp_path / "tools.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out"
@@ -300,8 +362,17 @@ def test_jsonl_keeps_verls_tools_kwargs_for_multi_turn_rollouts(tmp_path, tiny_p
 
 
 def test_synthetic_deterministic_bytes_any_num_proc(tmp_path):
-    args = ["--families", "colour,shape,count,position,grounding", "--train-size", "60", "--test-size", "10",
-            "--seed", "3", "--no-progress"]  # fmt: skip
+    args = [
+        "--families",
+        "colour,shape,count,position,grounding",
+        "--train-size",
+        "60",
+        "--test-size",
+        "10",
+        "--seed",
+        "3",
+        "--no-progress",
+    ]
     synthetic.main([*args, "--output-dir", str(tmp_path / "a")])
     synthetic.main([*args, "--output-dir", str(tmp_path / "b"), "--num-proc", "2", "--row-group-size", "100"])
     synthetic.main([*args[:-2], "4", "--no-progress", "--output-dir", str(tmp_path / "c")])
@@ -332,8 +403,21 @@ def test_synthetic_colour_family_is_image_only_signal_and_balanced(tmp_path):
 
 
 def test_synthetic_families_answers_match_pictures(tmp_path):
-    synthetic.main(["--output-dir", str(tmp_path), "--families", "shape,count,position,grounding",
-                    "--image-size", "96x80", "--train-size", "80", "--test-size", "0", "--no-progress"])  # fmt: skip
+    synthetic.main(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--families",
+            "shape,count,position,grounding",
+            "--image-size",
+            "96x80",
+            "--train-size",
+            "80",
+            "--test-size",
+            "0",
+            "--no-progress",
+        ]
+    )
     recs = rows(tmp_path / "train.parquet")
     by = {}
     for r in recs:
@@ -372,8 +456,21 @@ def test_synthetic_zoom_family_hides_the_square_from_a_small_pixel_budget(tmp_pa
     sys.path.insert(0, str(ROOT / "examples" / "tool_zoom"))
     from teacher import CENTRE
 
-    synthetic.main(["--output-dir", str(tmp_path), "--families", "zoom", "--image-size", "896", "--train-size", "12",
-                    "--test-size", "0", "--no-progress"])  # fmt: skip
+    synthetic.main(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--families",
+            "zoom",
+            "--image-size",
+            "896",
+            "--train-size",
+            "12",
+            "--test-size",
+            "0",
+            "--no-progress",
+        ]
+    )
     for r in rows(tmp_path / "train.parquet"):
         im, gt = _decode(r), r["reward_model"]["ground_truth"]
         (obj,) = r["extra_info"]["objects"]
@@ -394,9 +491,20 @@ def test_synthetic_zoom_family_hides_the_square_from_a_small_pixel_budget(tmp_pa
 
 def test_synthetic_runs_by_path_from_a_checkout(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "preprocess" / "synthetic.py"), "--output-dir", str(tmp_path), "--train-size",
-         "8", "--test-size", "4", "--no-progress"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "preprocess" / "synthetic.py"),
+            "--output-dir",
+            str(tmp_path),
+            "--train-size",
+            "8",
+            "--test-size",
+            "4",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "train" in proc.stdout and len(rows(tmp_path / "test.parquet")) == 4

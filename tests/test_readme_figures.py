@@ -205,8 +205,11 @@ PP, GP = "ppo.json", "gpu.json"
 
 def _pk(data: dict[str, Any], size: str, checkpointing: bool) -> dict[str, Any]:
     """bench_packing's row for ``size`` with fixed micro-batches and gradient checkpointing on or off."""
-    return next(r for r in data["results"] if r["size"] == size and r["gradient_checkpointing"] is checkpointing
-                and not r["token_budget"])  # fmt: skip
+    return next(
+        r
+        for r in data["results"]
+        if r["size"] == size and r["gradient_checkpointing"] is checkpointing and not r["token_budget"]
+    )
 
 
 def _per(algo: str, key: str) -> Field:
@@ -503,8 +506,10 @@ def _family_figures() -> list[Figure]:
     a push | colour validation at each step | s/step | video validation at each step | video s/step."""
 
     def gap(name: str, which: str) -> Field:
-        return computed(f"max over forwards of families/{name}/exactness/{which}",
-                        lambda d: max(d["families"][name]["exactness"][which].values()))  # fmt: skip
+        return computed(
+            f"max over forwards of families/{name}/exactness/{which}",
+            lambda d: max(d["families"][name]["exactness"][which].values()),
+        )
 
     def vals(task: str, at_step: str | None) -> str:  # one validation cell, {v} at ``at_step``
         return " / ".join("{v}" if s == at_step else "{*}" for s in FAMILY_VAL_STEPS[task]) + " | "
@@ -690,8 +695,11 @@ def _source(path: str) -> str:
 def _literal(path: str, name: str) -> Any:
     """The literal value assigned to ``name`` at the top level of the source file ``path``."""
     for node in ast.parse(_source(path)).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
-                                                                       else None)  # fmt: skip
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
         if getattr(target, "id", "") == name and node.value is not None:
             return ast.literal_eval(node.value)
     raise AssertionError(f"{path} assigns no {name}")

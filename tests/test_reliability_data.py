@@ -105,27 +105,48 @@ GOOD = line("<image>What colour?", "red")
 
 # name → (raw JSON line, reject reason, regex the reject detail must match)
 JSONL_CASES: dict[str, tuple[bytes, str, str]] = {
-    "corrupt_bytes": (line("<image>Q", images=["garbage.png"]), "corrupt_image",
-                      r"garbage\.png: not an image Pillow can identify \(200 bytes starting b'this is '\)"),
+    "corrupt_bytes": (
+        line("<image>Q", images=["garbage.png"]),
+        "corrupt_image",
+        r"garbage\.png: not an image Pillow can identify \(200 bytes starting b'this is '\)",
+    ),
     "truncated_png": (line("<image>Q", images=["cut.png"]), "corrupt_image", r"cut\.png: .*(truncated|broken)"),
     "truncated_jpeg": (line("<image>Q", images=["cut.jpg"]), "corrupt_image", r"cut\.jpg: OSError: image file is"),
     "zero_byte_image": (line("<image>Q", images=["empty.png"]), "corrupt_image", r"empty\.png: empty image \(0"),
-    "bomb_20000x20000": (line("<image>Q", images=["bomb.png"]), "image_too_large",
-                         r"bomb\.png: Image size \(400000000 pixels\) exceeds limit"),
+    "bomb_20000x20000": (
+        line("<image>Q", images=["bomb.png"]),
+        "image_too_large",
+        r"bomb\.png: Image size \(400000000 pixels\) exceeds limit",
+    ),
     "image_not_found": (line("<image>Q", images=["nope.png"]), "unreadable_image", r"nope\.png: FileNotFoundError"),
-    "missing_image_field": (line("<image>Q", images=_ABSENT), "missing_field",
-                            r"^images is missing but the question has 1 <image> placeholder"),
+    "missing_image_field": (
+        line("<image>Q", images=_ABSENT),
+        "missing_field",
+        r"^images is missing but the question has 1 <image> placeholder",
+    ),
     "null_image_field": (line("<image><image>Q", images=None), "missing_field", r"images is missing .* 2 <image>"),
     "too_many_placeholders": (line("<image><image>Q"), "image_count_mismatch", r"2 <image> placeholder\(s\) for 1 im"),
     "no_placeholder": (line("Q without placeholder"), "image_count_mismatch", r"0 <image> placeholder\(s\) for 1 im"),
-    "latin1_line": (b'{"question": "<image>caf\xe9?", "answer": "x", "images": ["a.png"]}', "invalid_record",
-                    r"line is not UTF-8 text \(byte 0xe9 at byte 25\)"),
-    "lone_surrogate_question": (b'{"question": "<image>bad \\udcff", "answer": "x", "images": ["a.png"]}',
-                                "invalid_record", r"question is not valid UTF-8 text \(\\udcff at character 11\)"),
-    "lone_surrogate_answer": (b'{"question": "<image>Q", "answer": "\\ud800", "images": ["a.png"]}',
-                              "invalid_record", r"answer is not valid UTF-8"),
-    "lone_surrogate_path": (b'{"question": "<image>Q", "answer": "x", "images": ["\\udcff.png"]}',
-                            "invalid_record", r"images\[0\]\.path is not valid UTF-8"),
+    "latin1_line": (
+        b'{"question": "<image>caf\xe9?", "answer": "x", "images": ["a.png"]}',
+        "invalid_record",
+        r"line is not UTF-8 text \(byte 0xe9 at byte 25\)",
+    ),
+    "lone_surrogate_question": (
+        b'{"question": "<image>bad \\udcff", "answer": "x", "images": ["a.png"]}',
+        "invalid_record",
+        r"question is not valid UTF-8 text \(\\udcff at character 11\)",
+    ),
+    "lone_surrogate_answer": (
+        b'{"question": "<image>Q", "answer": "\\ud800", "images": ["a.png"]}',
+        "invalid_record",
+        r"answer is not valid UTF-8",
+    ),
+    "lone_surrogate_path": (
+        b'{"question": "<image>Q", "answer": "x", "images": ["\\udcff.png"]}',
+        "invalid_record",
+        r"images\[0\]\.path is not valid UTF-8",
+    ),
     "empty_answer": (line("<image>Q", answer="   "), "empty_answer", r"answer is empty"),
     "null_answer": (line("<image>Q", answer=None), "missing_field", r"answer is missing"),
     "missing_answer": (line("<image>Q", answer=_ABSENT), "missing_field", r"answer is missing"),
@@ -135,7 +156,7 @@ JSONL_CASES: dict[str, tuple[bytes, str, str]] = {
     "answer_is_bool": (line("<image>Q", answer=True), "invalid_record", r"answer is bool"),
     "line_is_array": (b'["<image>Q", "x"]', "invalid_record", r"line is a JSON list, expected an object"),
     "not_json": (b'{"question": "<image>Q", "answer": ', "invalid_record", r"not JSON"),
-}  # fmt: skip
+}
 
 
 def image_folder(root: Path) -> Path:
@@ -215,18 +236,21 @@ def test_jsonl_non_utf8_file_with_bom_and_blank_lines(tmp_path):
     img = image_folder(tmp_path)
     src = tmp_path / "mixed.jsonl"
     src.write_bytes(
-        b"\xef\xbb\xbf" + GOOD + b"\n"  # line 1, after a byte-order mark
+        b"\xef\xbb\xbf"
+        + GOOD
+        + b"\n"  # line 1, after a byte-order mark
         + b"\n"  # line 2: blank, not a record
         + '{"question": "<image>caf\u00e9?", "answer": "x", "images": ["a.png"]}\n'.encode("latin-1")  # line 3
         + b"\xff\xfe\n"  # line 4
         + '{"question": "<image>Q\u00e9", "answer": "\u00e9", "images": ["a.png"]}\n'.encode()  # line 5: real UTF-8
-    )  # fmt: skip
+    )
     out = tmp_path / "out"
     split = run_jsonl(src, img, out)["splits"]["train"]
     assert (split["written"], split["rejected"]) == (2, 2)
     assert [(r["source"], r["reason"]) for r in read_rejects(out)] == [
-        (f"{src}:3", "invalid_record"), (f"{src}:4", "invalid_record")
-    ]  # fmt: skip
+        (f"{src}:3", "invalid_record"),
+        (f"{src}:4", "invalid_record"),
+    ]
     recs = pq.read_table(out / "train.parquet").to_pylist()
     assert recs[1]["reward_model"]["ground_truth"] == "\u00e9" and recs[0]["extra_info"]["index"] == 0
 
@@ -335,18 +359,27 @@ def path_image(p: str) -> list[dict]:
 
 # name → (images of row 1, when the error comes: "init" from the header, "get" when ds[1] decodes, message regex)
 BAD_IMAGES = {
-    "corrupt_bytes": (bytes_image(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20), "init",
-                      r"image cannot be read \(OSError: Truncated File Read\)"),
+    "corrupt_bytes": (
+        bytes_image(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20),
+        "init",
+        r"image cannot be read \(OSError: Truncated File Read\)",
+    ),
     "truncated_png": (bytes_image(truncated("PNG")), "get", r"image cannot be decoded \((OSError|SyntaxError): "),
-    "truncated_jpeg": (bytes_image(truncated("JPEG")), "get",
-                       r"image cannot be decoded \(OSError: image file is truncated"),
+    "truncated_jpeg": (
+        bytes_image(truncated("JPEG")),
+        "get",
+        r"image cannot be decoded \(OSError: image file is truncated",
+    ),
     "zero_bytes": (bytes_image(b""), "init", r"image is empty \(0 bytes\) and has no path"),
     "zero_byte_file": (path_image("imgs/empty.png"), "init", r"image file is empty \(0 bytes\): .*imgs/empty\.png"),
-    "bomb_20000x20000": (bytes_image(bomb_png()), "init",
-                         r"image refused by Pillow's decompression-bomb guard: Image size \(400000000 pixels\)"),
+    "bomb_20000x20000": (
+        bytes_image(bomb_png()),
+        "init",
+        r"image refused by Pillow's decompression-bomb guard: Image size \(400000000 pixels\)",
+    ),
     "path_not_found": (path_image("imgs/nope.png"), "init", r"image file not found: .*imgs/nope\.png"),
     "neither_bytes_nor_path": ([{"bytes": None, "path": None}], "init", r"image entry has neither bytes nor path"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_IMAGES))
@@ -444,9 +477,11 @@ def test_dataset_text_that_is_not_utf8_names_row_and_column(tmp_path, tiny_proce
     )
     info = pa.StructArray.from_arrays([pa.array([0, 1]), invalid_utf8([b"ok", b"\xff"])], names=["index", "question"])
     images = pa.ListArray.from_arrays(
-        offsets, pa.StructArray.from_arrays([pa.array([png(), None]), invalid_utf8([b"", b"x\xfe.png"])],
-                                            fields=list(IMAGE_STRUCT))
-    )  # fmt: skip
+        offsets,
+        pa.StructArray.from_arrays(
+            [pa.array([png(), None]), invalid_utf8([b"", b"x\xfe.png"])], fields=list(IMAGE_STRUCT)
+        ),
+    )
     for name, column, detail in (
         ("prompt", prompt, r"invalid continuation byte: byte 0xe9 at byte 11"),
         ("extra_info", info, r"invalid start byte: byte 0xff at byte 1"),

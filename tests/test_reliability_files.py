@@ -71,8 +71,9 @@ def test_preprocessing_reads_only_regular_files_inside_the_image_dir(tmp_path: P
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     t0 = time.monotonic()
-    report = jsonl.main(["--input", str(src), "--image-dir", str(img), "--output-dir", str(tmp_path / "out"),
-                         "--no-progress"])  # fmt: skip
+    report = jsonl.main(
+        ["--input", str(src), "--image-dir", str(img), "--output-dir", str(tmp_path / "out"), "--no-progress"]
+    )
     assert time.monotonic() - t0 < 60
     assert report["splits"]["train"]["written"] == 1
     rejected = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
@@ -85,9 +86,16 @@ def test_preprocessing_reads_only_regular_files_inside_the_image_dir(tmp_path: P
 def test_training_reads_only_regular_files_inside_the_parquet_folder(tmp_path: Path, tiny_processor) -> None:
     img = hostile_folder(tmp_path)
     for k, (bad, _) in enumerate(BAD_PATHS.items()):
-        rows = [{"data_source": "d", "prompt": [{"role": "user", "content": "<image>Q?"}],
-                 "images": [{"bytes": None, "path": p}], "reward_model": {"style": "rule", "ground_truth": "a"},
-                 "extra_info": {"index": i}} for i, p in enumerate(["good.png", bad])]  # fmt: skip
+        rows = [
+            {
+                "data_source": "d",
+                "prompt": [{"role": "user", "content": "<image>Q?"}],
+                "images": [{"bytes": None, "path": p}],
+                "reward_model": {"style": "rule", "ground_truth": "a"},
+                "extra_info": {"index": i},
+            }
+            for i, p in enumerate(["good.png", bad])
+        ]
         path = img / f"data{k}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
         t0 = time.monotonic()
@@ -112,10 +120,21 @@ def test_preprocessing_never_replaces_a_good_parquet_with_an_empty_one(tmp_path:
     empty.write_text("\n")
     for source, why in ((bad, "all 1 rows were rejected"), (empty, "no rows")):
         proc = subprocess.run(
-            [sys.executable, str(REPO / "preprocess" / "jsonl.py"), "--input", str(source), "--image-dir", str(img),
-             "--output-dir", str(out), "--no-progress"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(REPO / "preprocess" / "jsonl.py"),
+                "--input",
+                str(source),
+                "--image-dir",
+                str(img),
+                "--output-dir",
+                str(out),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stderr
         assert why in proc.stderr and "train.parquet was left as it was" in proc.stderr
         assert (out / "train.parquet").read_bytes() == before
@@ -126,9 +145,14 @@ def _die_on_fifth(payload: int) -> dict:
     """A record builder whose fifth call kills its own process, as the OOM killer would."""
     if payload == 5:
         os.kill(os.getpid(), signal.SIGKILL)
-    return {"data_source": "d", "prompt": [{"role": "user", "content": "Q"}], "images": [], "ability": "a",
-            "reward_model": {"style": "rule", "ground_truth": "a"},
-            "extra_info": {"split": "train", "index": payload, "answer": "a", "question": "Q"}}  # fmt: skip
+    return {
+        "data_source": "d",
+        "prompt": [{"role": "user", "content": "Q"}],
+        "images": [],
+        "ability": "a",
+        "reward_model": {"style": "rule", "ground_truth": "a"},
+        "extra_info": {"split": "train", "index": payload, "answer": "a", "question": "Q"},
+    }
 
 
 @pytest.mark.timeout(120)
@@ -136,8 +160,15 @@ def test_a_killed_pool_worker_ends_the_run_with_an_error(tmp_path: Path) -> None
     items = [pipeline.Item(f"row {i}", i) for i in range(40)]
     t0 = time.monotonic()
     with pytest.raises(common.PreprocessError, match="a preprocessing worker process died"):
-        pipeline.run_split("train", items, _die_on_fifth, tmp_path / "train.parquet", common.record_features(),
-                         num_proc=2, progress=False)  # fmt: skip
+        pipeline.run_split(
+            "train",
+            items,
+            _die_on_fifth,
+            tmp_path / "train.parquet",
+            common.record_features(),
+            num_proc=2,
+            progress=False,
+        )
     assert time.monotonic() - t0 < 60 and not (tmp_path / "train.parquet").exists()
 
 
@@ -149,8 +180,11 @@ def test_an_image_that_passes_preprocessing_never_fails_in_the_dataset(tmp_path:
     (img / "thin.png").write_bytes(png((2000, 10)))
     (img / "ok.png").write_bytes(png((56, 56)))
     src = tmp_path / "r.jsonl"
-    src.write_text("".join(json.dumps({"question": "<image>Q?", "answer": "a", "images": [f]}) + "\n"
-                           for f in ("ok.png", "thin.png")))  # fmt: skip
+    src.write_text(
+        "".join(
+            json.dumps({"question": "<image>Q?", "answer": "a", "images": [f]}) + "\n" for f in ("ok.png", "thin.png")
+        )
+    )
     base = ["--input", str(src), "--image-dir", str(img), "--no-progress"]
     wide = jsonl.main([*base, "--output-dir", str(tmp_path / "default")])
     assert wide["splits"]["train"]["written"] == 2
@@ -168,15 +202,37 @@ def test_a_validation_set_that_filters_to_nothing_stops_at_start(tiny_model_dir:
     from vlmrl.preprocess.synthetic import main as synthetic
     from vlmrl.trainer.grpo import Trainer
 
-    synthetic(["--output-dir", str(tmp_path), "--families", "colour", "--image-size", "56", "--train-size", "16",
-               "--test-size", "4", "--seed", "0", "--no-progress"])  # fmt: skip
+    synthetic(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--families",
+            "colour",
+            "--image-size",
+            "56",
+            "--train-size",
+            "16",
+            "--test-size",
+            "4",
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     val = pq.read_table(tmp_path / "test.parquet").to_pylist()
     for row in val:
         row["prompt"][0]["content"] += " and more" * 200  # every validation prompt is now overlong
     pq.write_table(pa.Table.from_pylist(val), tmp_path / "long.parquet")
-    cfg = load([f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'long.parquet'}",
-                f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
-                "trainer.launcher=inline"], config_name="tiny_cpu")  # fmt: skip
+    cfg = load(
+        [
+            f"data.train_files={tmp_path / 'train.parquet'}",
+            f"data.val_files={tmp_path / 'long.parquet'}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.launcher=inline",
+        ],
+        config_name="tiny_cpu",
+    )
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"data.val_files: no prompt survives the overlong filter .*4 rows .* -> 0"):
         Trainer(cfg)
@@ -186,8 +242,23 @@ def test_a_validation_set_that_filters_to_nothing_stops_at_start(tiny_model_dir:
 def test_an_image_key_naming_a_non_image_column_names_the_key_and_file(tmp_path: Path, tiny_processor) -> None:
     from vlmrl.preprocess.synthetic import main as synthetic
 
-    synthetic(["--output-dir", str(tmp_path), "--families", "colour", "--image-size", "56", "--train-size", "4",
-               "--test-size", "1", "--seed", "0", "--no-progress"])  # fmt: skip
+    synthetic(
+        [
+            "--output-dir",
+            str(tmp_path),
+            "--families",
+            "colour",
+            "--image-size",
+            "56",
+            "--train-size",
+            "4",
+            "--test-size",
+            "1",
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     path = tmp_path / "train.parquet"
     for key in ("data_source", "ability"):
         with pytest.raises(DataError, match=rf"^{path}: data.image_key='{key}' names a column of type string"):

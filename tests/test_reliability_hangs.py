@@ -188,8 +188,15 @@ def test_a_run_whose_reward_starts_hanging_stops_within_three_timeouts_keeping_t
     reward = tmp_path / "hang.py"
     reward.write_text(f"LOG = {str(calls)!r}\n" + HANG_FROM_STEP_2)
     out = tmp_path / "run"
-    cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
-                     f"custom_reward_function.path={reward}", "reward.timeout_s=2")  # fmt: skip
+    cfg = inline_cfg(
+        tiny_model_dir,
+        data,
+        out,
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=1",
+        f"custom_reward_function.path={reward}",
+        "reward.timeout_s=2",
+    )
     with pytest.raises(RunStopped) as e:
         fit(cfg)
     stopped = time.time()
@@ -309,10 +316,13 @@ def test_tool_workers_zero_runs_calls_inline_and_takes_no_timeout(tiny_processor
     from vlmrl.config import ConfigError, load
 
     zoom = REPO / "examples/tool_config/zoom.yaml"
-    base = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=m",
-            "actor_rollout_ref.rollout.multi_turn.enable=True",
-            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={zoom}",
-            "actor_rollout_ref.rollout.multi_turn.tool_workers=0"]  # fmt: skip
+    base = [
+        "data.train_files=x.parquet",
+        "actor_rollout_ref.model.path=m",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={zoom}",
+        "actor_rollout_ref.rollout.multi_turn.tool_workers=0",
+    ]
     with pytest.raises(ConfigError, match="tool_workers=0 runs tool calls in the rollout worker's own thread"):
         load(base)
     assert load(base + ["actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0"]).actor_rollout_ref.rollout.multi_turn

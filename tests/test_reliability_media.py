@@ -46,10 +46,14 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> str:
     """Rows (prompt text, optional ``images`` / ``videos``) as a verl-schema parquet file at ``path``."""
     media = [k for k in ("images", "videos") if any(k in r for r in rows)]
     recs = [
-        {"data_source": "synthetic/colour", "prompt": [{"role": "user", "content": r["q"]}],
-         **{k: r.get(k) for k in media}, "reward_model": {"style": "rule", "ground_truth": "red"}}
+        {
+            "data_source": "synthetic/colour",
+            "prompt": [{"role": "user", "content": r["q"]}],
+            **{k: r.get(k) for k in media},
+            "reward_model": {"style": "rule", "ground_truth": "red"},
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     pq.write_table(pa.Table.from_pylist(recs), path)
     return str(path)
 
@@ -149,9 +153,21 @@ def test_preprocessing_a_high_resolution_video_keeps_one_source_frame_not_all(tm
     def args(name: str) -> list[str]:
         src = tmp_path / f"{name}.jsonl"
         src.write_text(json.dumps({"question": "<video>Which way?", "answer": "right", "videos": [f"{name}.mp4"]}))
-        return ["--input", str(src), "--image-dir", str(tmp_path), "--output-dir", str(tmp_path / name),
-                "--no-progress", "--video-nframes", str(HD_FRAMES), "--video-min-pixels", "3136",
-                "--video-max-pixels", "12544"]  # fmt: skip
+        return [
+            "--input",
+            str(src),
+            "--image-dir",
+            str(tmp_path),
+            "--output-dir",
+            str(tmp_path / name),
+            "--no-progress",
+            "--video-nframes",
+            str(HD_FRAMES),
+            "--video-min-pixels",
+            "3136",
+            "--video-max-pixels",
+            "12544",
+        ]
 
     jsonl.main(args("small"))  # imports and first-use allocations, not measured
     report, grew = peak_rss_growth(lambda: jsonl.main(args("hd")))
@@ -203,11 +219,18 @@ def test_frame_lists_are_resized_as_read_with_the_same_pixels(media: Path) -> No
 def cfg_of(model: str, data: str, tmp: Path, *extra: str) -> Any:
     """The tiny CPU config on ``data`` (train and validation)."""
     return load(
-        [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}",
-         f"trainer.default_local_dir={tmp / 'run'}", "trainer.total_training_steps=1", "data.train_batch_size=2",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=2", *extra],
+        [
+            f"data.train_files={data}",
+            f"data.val_files={data}",
+            f"actor_rollout_ref.model.path={model}",
+            f"trainer.default_local_dir={tmp / 'run'}",
+            "trainer.total_training_steps=1",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            *extra,
+        ],
         config_name="tiny_cpu",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("second", ["nope.png", "../outside.png"])
@@ -216,8 +239,10 @@ def test_a_bad_later_frame_is_named_when_the_dataset_is_built_and_in_the_dry_run
 ) -> None:
     """Only the first frame of a frame list was read before training (for its size): a missing or outside 2nd frame
     passed the dry run and stopped training at step 1. Every frame is checked when the dataset is built now."""
-    rows = [{"q": "<video>Q?", "videos": [{"video": ["f0.png", "f1.png"]}]},
-            {"q": "<video>Q?", "videos": [{"video": ["f0.png", second]}]}]  # fmt: skip
+    rows = [
+        {"q": "<video>Q?", "videos": [{"video": ["f0.png", "f1.png"]}]},
+        {"q": "<video>Q?", "videos": [{"video": ["f0.png", second]}]},
+    ]
     path = write_rows(media / "frames.parquet", rows)
     why = "image file not found" if second == "nope.png" else "leaves the data folder"
     with pytest.raises(DataError, match=f"{path} row 1: video 0: frame 1: .*{why}"):
@@ -252,8 +277,21 @@ def test_symlink_loops_and_nul_bytes_are_counted_rejects_in_preprocessing(media:
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps({**r, "answer": "a"}) + "\n" for r, _ in rows))
     out = tmp_path / "out"
-    report = jsonl.main(["--input", str(src), "--image-dir", str(media), "--output-dir", str(out), "--no-progress",
-                         "--video-min-pixels", "3136", "--video-max-pixels", "12544"])  # fmt: skip
+    report = jsonl.main(
+        [
+            "--input",
+            str(src),
+            "--image-dir",
+            str(media),
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--video-min-pixels",
+            "3136",
+            "--video-max-pixels",
+            "12544",
+        ]
+    )
     assert report["splits"]["train"]["written"] == 2
     got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     want = [(f"{src}:{k + 1}", reason) for k, (_, reason) in enumerate(rows) if reason]
@@ -323,8 +361,10 @@ def test_the_dry_run_describes_video_image_and_text_only_columns(
     media: Path, tmp_path: Path, tiny_model_dir: str, capsys: Any
 ) -> None:
     """A video dataset was described as "no column 'images' (data.image_key): text-only prompts"."""
-    rows = [{"q": "<video>Q?", "videos": [{"video": ["f0.png", "f1.png"]}]},
-            {"q": "<video><video>Q?", "videos": [{"video": ["f2.png"] * 2}] * 2}]  # fmt: skip
+    rows = [
+        {"q": "<video>Q?", "videos": [{"video": ["f0.png", "f1.png"]}]},
+        {"q": "<video><video>Q?", "videos": [{"video": ["f2.png"] * 2}] * 2},
+    ]
     videos = write_rows(media / "videos.parquet", rows)
     assert dry_run.run(cfg_of(tiny_model_dir, videos, tmp_path), [], []) == dry_run.EXIT_OK
     out = capsys.readouterr().out

@@ -119,8 +119,15 @@ def _gallery(run: Path, step: int, body: str = "<p>real gallery</p>") -> Path:
 
 def _cli(*args: str, timeout: float = 120, preexec: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vlmrl.report", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=timeout, preexec_fn=preexec)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vlmrl.report", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+        preexec_fn=preexec,
+    )
 
 
 # ---------------------------------------------------------------- 1. exporter: idle connections, timeouts, a cap
@@ -323,12 +330,18 @@ def test_report_draws_data_sources_and_run_names_with_dollar_signs(tmp_path: Pat
 def test_report_skips_and_counts_values_that_are_not_numbers(tmp_path: Path) -> None:
     bad = ["fast", [1.0], None, True, {"s": 1}, "NaN"]
     rows = [{"step": 0, "timing/step_s": 2.0, "timing/rollout_s": 1.0}]
-    rows += [{"step": i + 1, "timing/step_s": v, "timing/rollout_s": v, "reward/mean": 0.5}
-             for i, v in enumerate(bad)]  # fmt: skip
-    rows += [{"step": 10 + s, "timing/step_s": 2.0, "timing/rollout_s": 1.5, "timing/update_s": "slow"}
-             for s in range(6)]  # fmt: skip
-    run = _run(tmp_path, rows=rows, lines=['{"step": 20, "timing/step_s": NaN, "timing/push_s": Infinity}',
-                                           '{"step": 21, "reward/mean": ' + "9" * 400 + "}"])  # fmt: skip
+    rows += [{"step": i + 1, "timing/step_s": v, "timing/rollout_s": v, "reward/mean": 0.5} for i, v in enumerate(bad)]
+    rows += [
+        {"step": 10 + s, "timing/step_s": 2.0, "timing/rollout_s": 1.5, "timing/update_s": "slow"} for s in range(6)
+    ]
+    run = _run(
+        tmp_path,
+        rows=rows,
+        lines=[
+            '{"step": 20, "timing/step_s": NaN, "timing/push_s": Infinity}',
+            '{"step": 21, "reward/mean": ' + "9" * 400 + "}",
+        ],
+    )
     # straight from the rows (the end-of-run health check, a caller's own rows): no crash
     check_health(rows)
     data = load_run(run)
@@ -344,8 +357,10 @@ def test_report_skips_and_counts_values_that_are_not_numbers(tmp_path: Path) -> 
 
 def test_report_skips_and_counts_json_lines_nested_too_deep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     deep = "[" * 100_000 + "]" * 100_000
-    run = _run(tmp_path, lines=[deep, '{"step": 7, "x": ' + deep + "}", "1" * 5000, '{"step": true}',
-                                '{"step": 4, "reward/mean": 0.4}'])  # fmt: skip
+    run = _run(
+        tmp_path,
+        lines=[deep, '{"step": 7, "x": ' + deep + "}", "1" * 5000, '{"step": true}', '{"step": 4, "reward/mean": 0.4}'],
+    )
     data = load_run(run)
     assert [r["step"] for r in data.rows] == [1, 2, 3, 4] and data.skipped_lines == 4
     text = build_report([run], tmp_path / "report.html").read_text()

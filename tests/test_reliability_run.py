@@ -69,8 +69,14 @@ def test_a_non_finite_update_stops_the_run_naming_the_step_and_the_checkpoint(
     loss = tmp_path / "nan_loss.py"
     loss.write_text(NAN_LOSS)
     out = tmp_path / "run"
-    cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=4", "trainer.save_freq=1",
-                 f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}:nan_on_second_step")  # fmt: skip
+    cfg = inline_cfg(
+        tiny_model_dir,
+        data,
+        out,
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=1",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}:nan_on_second_step",
+    )
     with pytest.raises(RunStopped) as e:
         fit(cfg)
     msg = str(e.value)
@@ -98,8 +104,16 @@ def test_steps_without_reward_variance_are_counted_and_warned_about_once(
     reward = tmp_path / "constant.py"
     reward.write_text(CONSTANT)
     out = tmp_path / "run"
-    fit(inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=3", f"custom_reward_function.path={reward}",
-               "custom_reward_function.name=constant"))  # fmt: skip
+    fit(
+        inline_cfg(
+            tiny_model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=3",
+            f"custom_reward_function.path={reward}",
+            "custom_reward_function.name=constant",
+        )
+    )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["advantages/zero_variance_groups"] for r in rows] == [4.0, 4.0, 4.0]
     printed = capsys.readouterr().out
@@ -116,15 +130,32 @@ def test_a_frozen_worker_is_reported_within_the_worker_timeout(tiny_model_dir: s
     import psutil
 
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "vlmrl.train", "--config-name", "tiny_cpu",
-            f"data.train_files={data / 'train.parquet'}", "data.val_files=null",
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={out}",
-            "trainer.total_training_steps=200", "trainer.save_freq=1", "trainer.logger=[jsonl]",
-            "trainer.worker_timeout_s=15", "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "vlmrl.train",
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data / 'train.parquet'}",
+        "data.val_files=null",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={out}",
+        "trainer.total_training_steps=200",
+        "trainer.save_freq=1",
+        "trainer.logger=[jsonl]",
+        "trainer.worker_timeout_s=15",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    ]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "global_step_2").is_dir() and time.monotonic() < deadline and proc.poll() is None:
@@ -170,8 +201,14 @@ def test_start_up_has_its_own_bound_apart_from_the_calls_one(tiny_model_dir: str
     from vlmrl.workers.group import WorkerError
     from vlmrl.workers.launch_local import ProcessWorkerGroup
 
-    cfg = inline_cfg(tiny_model_dir, data, tmp_path / "run", "trainer.launcher=local", "trainer.cpu_workers=1",
-                     "trainer.worker_timeout_s=0.5")  # fmt: skip
+    cfg = inline_cfg(
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        "trainer.launcher=local",
+        "trainer.cpu_workers=1",
+        "trainer.worker_timeout_s=0.5",
+    )
     group = ProcessWorkerGroup(cfg, worker_plan(cfg, 2, 1, 0, cuda_available=False))
     try:
         bound = cfg.trainer.worker_timeout_s
@@ -183,8 +220,14 @@ def test_start_up_has_its_own_bound_apart_from_the_calls_one(tiny_model_dir: str
         os.kill(group.procs[0].pid, signal.SIGCONT)
     finally:
         group.shutdown(grace_s=1.0)
-    cfg = inline_cfg(tiny_model_dir, data, tmp_path / "run2", "trainer.launcher=local", "trainer.cpu_workers=1",
-                     "trainer.worker_startup_timeout_s=0.5")  # fmt: skip
+    cfg = inline_cfg(
+        tiny_model_dir,
+        data,
+        tmp_path / "run2",
+        "trainer.launcher=local",
+        "trainer.cpu_workers=1",
+        "trainer.worker_startup_timeout_s=0.5",
+    )
     with pytest.raises(WorkerError, match=r"within 0 s during startup \(trainer\.worker_startup_timeout_s\)"):
         ProcessWorkerGroup(cfg, worker_plan(cfg, 2, 1, 0, cuda_available=False))
 

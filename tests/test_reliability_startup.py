@@ -29,11 +29,17 @@ from utils import synthetic_data
 REPO = Path(__file__).resolve().parents[1]
 
 SMALL_RUN = (
-    "data.val_files=null", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
-    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=4",
-    "trainer.logger=[jsonl]", "trainer.total_training_steps=1", "trainer.val_before_train=false",
+    "data.val_files=null",
+    "actor_rollout_ref.rollout.name=hf",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "data.max_response_length=4",
+    "trainer.logger=[jsonl]",
+    "trainer.total_training_steps=1",
+    "trainer.val_before_train=false",
     "trainer.cpu_workers=1",
-)  # fmt: skip
+)
 """One step of 4 prompts on one CPU worker, HF rollout: what a start-up test needs of a run."""
 
 
@@ -46,14 +52,27 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def launch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> Any:
     """``python -m vlmrl.train *args`` as a user runs it; the ``subprocess.CompletedProcess``."""
-    return subprocess.run([sys.executable, "-m", "vlmrl.train", *args], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vlmrl.train", *args],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def small_run(data: Path, model: str | Path, out: Path, *extra: str) -> list[str]:
     """The arguments of a one-step run of ``model`` on ``data`` into ``out`` (see ``SMALL_RUN``), then ``extra``."""
-    return ["--config-name", "tiny_cpu", f"data.train_files={data}", f"actor_rollout_ref.model.path={model}",
-            f"trainer.default_local_dir={out}", *SMALL_RUN, *extra]  # fmt: skip
+    return [
+        "--config-name",
+        "tiny_cpu",
+        f"data.train_files={data}",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        *SMALL_RUN,
+        *extra,
+    ]
 
 
 def the_line(proc: subprocess.CompletedProcess, others_allowed: bool = False) -> str:
@@ -166,8 +185,11 @@ def test_a_tool_file_that_does_not_import_is_one_line_naming_the_error_and_its_l
     config = tmp_path / "tools.yaml"
     config.write_text(TOOL_CONFIG.format(file=tools))
     out = tmp_path / "run"
-    mt = ("actor_rollout_ref.rollout.multi_turn.enable=true", "data.max_prompt_length=512",
-          f"actor_rollout_ref.rollout.multi_turn.tool_config_path={config}")  # fmt: skip
+    mt = (
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "data.max_prompt_length=512",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={config}",
+    )
     proc = launch(*small_run(data, tiny_model_dir, out, "trainer.launcher=inline", *mt), cwd=tmp_path)
     line = the_line(proc)
     assert "SyntaxError" in line and "(tools.py, line 3)" in line and str(config) in line, line
@@ -178,11 +200,15 @@ def test_ray_without_authentication_is_refused_in_one_line(tiny_model_dir: str, 
     """``RAY_AUTH_MODE=disabled`` with a cluster address: refused when the config is checked, before anything starts
     or Ray is reached (nothing listens there), as a configuration of the machine (config error, exit 2)."""
     out = tmp_path / "run"
-    proc = launch(*small_run(data, tiny_model_dir, out, "trainer.ray_address=127.0.0.1:1"), cwd=tmp_path,
-                  env=clean_env(RAY_AUTH_MODE="disabled"))  # fmt: skip
+    proc = launch(
+        *small_run(data, tiny_model_dir, out, "trainer.ray_address=127.0.0.1:1"),
+        cwd=tmp_path,
+        env=clean_env(RAY_AUTH_MODE="disabled"),
+    )
     line = the_line(proc)
-    assert line.startswith("vlmrl: config error: RAY_AUTH_MODE=disabled: vlmrl does not run Ray without "
-                           "authentication"), line  # fmt: skip
+    assert line.startswith(
+        "vlmrl: config error: RAY_AUTH_MODE=disabled: vlmrl does not run Ray without authentication"
+    ), line
     assert "Unset it" in line
     assert not out.exists()  # nothing started
 
@@ -232,13 +258,15 @@ def test_a_failure_while_training_still_stops_the_run_naming_the_step(
 SHIM_CASES = [
     (["-m", "verl.trainer.main_ppo", "a=1", "b c"], ["-m", "vlmrl.train", "a=1", "b c"]),
     (["-u", "-m", "verl.trainer.main_ppo", "a=1"], ["-u", "-m", "vlmrl.train", "a=1"]),
-    (["-u", "-B", "-X", "dev", "-W", "ignore", "-m", "verl.trainer.main_ppo", "x"],
-     ["-u", "-B", "-X", "dev", "-W", "ignore", "-m", "vlmrl.train", "x"]),
+    (
+        ["-u", "-B", "-X", "dev", "-W", "ignore", "-m", "verl.trainer.main_ppo", "x"],
+        ["-u", "-B", "-X", "dev", "-W", "ignore", "-m", "vlmrl.train", "x"],
+    ),
     (["-uB", "-mverl.trainer.main_ppo", "", "*"], ["-uB", "-m", "vlmrl.train", "", "*"]),
     (["-u", "-m", "other.module", "x"], ["-u", "-m", "other.module", "x"]),
     (["-c", "print(1)", "-m", "verl.trainer.main_ppo"], ["-c", "print(1)", "-m", "verl.trainer.main_ppo"]),
     (["script.py", "-m", "verl.trainer.main_ppo"], ["script.py", "-m", "verl.trainer.main_ppo"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -269,8 +297,14 @@ def test_run_verl_runs_a_script_that_starts_verl_unbuffered(tiny_model_dir: str,
         f"python3 -u -m verl.trainer.main_ppo data.train_files={data} data.val_files=null "
         f'actor_rollout_ref.model.path={tiny_model_dir} trainer.dry_run=True "$@"\n'
     )
-    proc = subprocess.run([sys.executable, "-m", "vlmrl.run_verl", str(script), *SMALL_RUN],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmrl.run_verl", str(script), *SMALL_RUN],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, out
     assert "[vlmrl dry run] OK: the run would start" in proc.stdout, out
@@ -309,9 +343,15 @@ def verl_file(kind: str, marker: Path) -> dict:
 
 @pytest.mark.parametrize(
     "kind",
-    ["+hydra", "+hydra.callbacks.cb", "hydra.callbacks", "++hydra.job.env_set.X",
-     "defaults: override hydra/job_logging", "data.+x"],
-)  # fmt: skip
+    [
+        "+hydra",
+        "+hydra.callbacks.cb",
+        "hydra.callbacks",
+        "++hydra.job.env_set.X",
+        "defaults: override hydra/job_logging",
+        "data.+x",
+    ],
+)
 def test_a_verl_config_file_cannot_set_hydras_own_config(kind: str, tmp_path: Path) -> None:
     import yaml
 
@@ -319,15 +359,24 @@ def test_a_verl_config_file_cannot_set_hydras_own_config(kind: str, tmp_path: Pa
     folder.mkdir()
     marker = tmp_path / MARKER
     (folder / "mine.yaml").write_text(yaml.safe_dump(verl_file(kind, marker)))
-    proc = launch(f"--config-path={folder}", "--config-name=mine", "data.train_files=x",
-                  "actor_rollout_ref.model.path=m", cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = launch(
+        f"--config-path={folder}",
+        "--config-name=mine",
+        "data.train_files=x",
+        "actor_rollout_ref.model.path=m",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert not marker.exists(), "the file's Hydra callback ran"
     line = the_line(proc)
     key = kind.split(": ", 1)[-1]
     assert line.startswith(f"vlmrl: config error: --config-name=mine ({folder / 'mine.yaml'}): "), line
     assert f"'{key}'" in line or f"'{key.split('.')[0]}'" in line, line
-    assert ("would set Hydra's own config" in line or "names Hydra's own config" in line
-            or "is not a setting's name" in line), line  # fmt: skip
+    assert (
+        "would set Hydra's own config" in line
+        or "names Hydra's own config" in line
+        or "is not a setting's name" in line
+    ), line
 
 
 def test_verls_own_hydra_searchpath_is_still_ignored(tmp_path: Path) -> None:
@@ -337,11 +386,22 @@ def test_verls_own_hydra_searchpath_is_still_ignored(tmp_path: Path) -> None:
 
     folder = tmp_path / "config"
     folder.mkdir()
-    doc = {"hydra": {"searchpath": ["file://verl/trainer/config"]}, "defaults": ["ppo_trainer", "_self_"],
-           "data": {"max_prompt_length": 256}}  # fmt: skip
+    doc = {
+        "hydra": {"searchpath": ["file://verl/trainer/config"]},
+        "defaults": ["ppo_trainer", "_self_"],
+        "data": {"max_prompt_length": 256},
+    }
     (folder / "mine.yaml").write_text(yaml.safe_dump(doc))
-    proc = launch(f"--config-path={folder}", "--config-name=mine", "data.train_files=x",
-                  "actor_rollout_ref.model.path=m", "--cfg", "job", cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = launch(
+        f"--config-path={folder}",
+        "--config-name=mine",
+        "data.train_files=x",
+        "actor_rollout_ref.model.path=m",
+        "--cfg",
+        "job",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "read as 1 override(s)" in proc.stderr, proc.stderr[-3000:]
     assert "its hydra.searchpath points Hydra at verl's own configs" in proc.stderr, proc.stderr[-3000:]
@@ -354,8 +414,14 @@ def test_hydras_own_config_on_the_command_line_is_refused_and_runs_nothing(tmp_p
     so the callback's class is never built (here ``logging.FileHandler``, which would create its file)."""
     marker = tmp_path / MARKER
     cb = "+hydra.callbacks.cb"
-    proc = launch("data.train_files=x", "actor_rollout_ref.model.path=m", f"{cb}._target_=logging.FileHandler",
-                  f"{cb}.filename={marker}", cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = launch(
+        "data.train_files=x",
+        "actor_rollout_ref.model.path=m",
+        f"{cb}._target_=logging.FileHandler",
+        f"{cb}.filename={marker}",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert not marker.exists(), "the command line's Hydra callback ran"
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("vlmrl: config error:")]
@@ -368,8 +434,14 @@ def test_the_dry_run_lists_every_hydra_override_it_refuses(tmp_path: Path) -> No
     """A dry run with Hydra's job settings and a ``hydra/`` config group on the command line lists each as a
     problem (exit 2)."""
     hydra = ("hydra.job.env_set.VLMRL_PROBE=1", "hydra/job_logging=disabled")
-    proc = launch("data.train_files=x", "actor_rollout_ref.model.path=m", "trainer.dry_run=True", *hydra,
-                  cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = launch(
+        "data.train_files=x",
+        "actor_rollout_ref.model.path=m",
+        "trainer.dry_run=True",
+        *hydra,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     for override in hydra:
         assert f"'{override}': Hydra's own config has no effect in vlmrl" in proc.stdout, proc.stdout[-3000:]
@@ -388,12 +460,19 @@ def test_a_hydra_config_file_outside_vlmrls_configs_cannot_set_hydras_own_config
     (folder / "group").mkdir(parents=True)
     marker = tmp_path / MARKER
     (folder / "mine.yaml").write_text(yaml.safe_dump({"defaults": [{"group": "evil"}, "_self_"]}))
-    (folder / "group" / "evil.yaml").write_text("# @package _global_\n" + yaml.safe_dump(
-        {"hydra": {"callbacks": {"cb": callback(marker)}}}))  # fmt: skip
+    (folder / "group" / "evil.yaml").write_text(
+        "# @package _global_\n" + yaml.safe_dump({"hydra": {"callbacks": {"cb": callback(marker)}}})
+    )
     where = [f"--config-path={folder}"] if flags == "--config-path" else ["-cd", str(folder)]  # the search path
     where.append("--config-name=mine")
-    proc = launch(*where, "data.train_files=x", "actor_rollout_ref.model.path=m",
-                  *(["trainer.dry_run=True"] if dry_run else []), cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = launch(
+        *where,
+        "data.train_files=x",
+        "actor_rollout_ref.model.path=m",
+        *(["trainer.dry_run=True"] if dry_run else []),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert not marker.exists(), "the file's Hydra callback ran"
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     problem = f"{folder / 'group' / 'evil.yaml'}: 'hydra' would set Hydra's own config"

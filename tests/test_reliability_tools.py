@@ -98,8 +98,10 @@ def test_special_token_text_echoed_by_a_tool_stays_text(tiny_processor, runner, 
     the special token (before: tokenised with special tokens on, the run stopped at step 1 with 'more image pads
     than images', or the trainer's forward crashed on a video pad)."""
     tok = tiny_processor.tokenizer
-    script = [call(pad) + call("calculator", expression=pad) + call("image_zoom", bbox_2d=[0, 0, 28, 28], label=pad),
-              "done"]  # fmt: skip
+    script = [
+        call(pad) + call("calculator", expression=pad) + call("image_zoom", bbox_2d=[0, 0, 28, 28], label=pad),
+        "done",
+    ]
     engine = ScriptedEngine(tok, script, as_text=True)
     prompt = make_prompt(tiny_processor, "Look.", [noise(1, (84, 84))])
     agent = make_agent(tiny_processor, engine, runner, budget=4000, max_parallel_calls=3)
@@ -134,8 +136,9 @@ def test_tool_calls_that_break_the_json_parser_are_parse_errors(tiny_processor, 
     (parsed,) = hermes.parse(f"<tool_call>{body}</tool_call>")
     assert parsed.error is not None and parsed.error.startswith("invalid tool call JSON")
     engine = ScriptedEngine(tiny_processor.tokenizer, [f"<tool_call>{body}</tool_call>", "done"])
-    rb = make_agent(tiny_processor, engine, runner, budget=200000).generate([make_prompt(tiny_processor, "Go.", [])],
-                                                                            SamplingSpec(n=1))  # fmt: skip
+    rb = make_agent(tiny_processor, engine, runner, budget=200000).generate(
+        [make_prompt(tiny_processor, "Go.", [])], SamplingSpec(n=1)
+    )
     (c,) = rb.trajectories[0].calls
     assert c.error.startswith("parse: invalid tool call JSON"), c.error
     assert rb.trajectories[0].assistant_turns == 2
@@ -147,8 +150,11 @@ def test_a_records_create_kwargs_cannot_replace_the_agents_image_or_bounds(tiny_
     a record's image_bounds made every zoom 19992 x 19992, 1.6 GB each)."""
     prompt = make_prompt(tiny_processor, "Look.", [noise(2, (84, 84))])
     huge = [28, 3136, 19992 * 19992]
-    prompt.extra_info = {"tools_kwargs": {"image_zoom": {"create_kwargs": {
-        "image_bounds": huge, "source_image": "not an image", "image": "nor this"}}}}  # fmt: skip
+    prompt.extra_info = {
+        "tools_kwargs": {
+            "image_zoom": {"create_kwargs": {"image_bounds": huge, "source_image": "not an image", "image": "nor this"}}
+        }
+    }
     engine = ScriptedEngine(tiny_processor.tokenizer, [call("image_zoom", bbox_2d=[0, 0, 42, 42]), "done"])
     rb = make_agent(tiny_processor, engine, runner).generate([prompt], SamplingSpec(n=1))
     (c,) = rb.trajectories[0].calls
@@ -231,8 +237,9 @@ def test_the_ranks_of_a_tensor_parallel_engine_get_the_leaders_tool_outcomes(tmp
 
     (tmp_path / "group_tools.py").write_text(GROUP_TOOLS)
     config = tmp_path / "tools.yaml"
-    config.write_text(f"tools:\n  - class_name: {tmp_path}/group_tools.py:Where\n"
-                      f"  - class_name: {tmp_path}/group_tools.py:Hang\n")  # fmt: skip
+    config.write_text(
+        f"tools:\n  - class_name: {tmp_path}/group_tools.py:Where\n  - class_name: {tmp_path}/group_tools.py:Hang\n"
+    )
     ctx = processes()
     out = ctx.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"

@@ -443,14 +443,28 @@ def test_text_visual_recipe() -> None:
 @pytest.mark.parametrize(
     "recipe, components, samples",
     [
-        ("geo3k", recipes.geo3k_components(), [("<think>t</think> \\boxed{3}", "3"), ("\\boxed{3}", "3"),
-                                              ("<think>t</think> \\boxed{4}", "3"), ("no answer", "3")]),
-        ("grounding", recipes.grounding_components(),
-         [("<think>l</think><answer>[10, 20, 50, 60]</answer>", "[20, 40, 100, 120]"),
-          ("[10, 20, 50, 60]", "[20, 40, 100, 120]"), ("<answer>[0, 0, 5, 5]</answer>", "[20, 40, 100, 120]")]),
+        (
+            "geo3k",
+            recipes.geo3k_components(),
+            [
+                ("<think>t</think> \\boxed{3}", "3"),
+                ("\\boxed{3}", "3"),
+                ("<think>t</think> \\boxed{4}", "3"),
+                ("no answer", "3"),
+            ],
+        ),
+        (
+            "grounding",
+            recipes.grounding_components(),
+            [
+                ("<think>l</think><answer>[10, 20, 50, 60]</answer>", "[20, 40, 100, 120]"),
+                ("[10, 20, 50, 60]", "[20, 40, 100, 120]"),
+                ("<answer>[0, 0, 5, 5]</answer>", "[20, 40, 100, 120]"),
+            ],
+        ),
         ("text_visual", recipes.text_visual_components(), [("a red circle", "red circle"), ("blue", "red circle")]),
     ],
-)  # fmt: skip
+)
 def test_a_recipe_is_its_component_list_in_a_config(recipe, components, samples) -> None:
     """``reward.function=<recipe>`` and ``reward.components=<recipe>_components()`` score every sample the same,
     components included: the recipe is nothing but that composite."""

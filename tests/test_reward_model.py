@@ -36,8 +36,9 @@ def trained(tiny_model_dir, colour, tmp_path_factory) -> tuple[Path, dict]:
     figures), after a few steps: these tests need its layout and its forward, not a learned ranking (that it learns is
     asserted on examples/reward_model_cpu.sh's model: tests/test_reward_model_train.py)."""
     out = tmp_path_factory.mktemp("rm") / "rm"
-    figures = train_reward_model(tiny_model_dir, str(colour / "train.parquet"), out, steps=4, batch_size=4,
-                                 pairs_per_record=1)  # fmt: skip
+    figures = train_reward_model(
+        tiny_model_dir, str(colour / "train.parquet"), out, steps=4, batch_size=4, pairs_per_record=1
+    )
     return out, figures
 
 
@@ -58,8 +59,10 @@ def test_explicit_chosen_rejected_columns_are_the_pairs(tiny_model_dir, colour, 
     table = pq.read_table(colour / "train.parquet").slice(0, 32)
     truths = [r["ground_truth"] for r in table["reward_model"].to_pylist()]
     rejected = ["purple" if i % 2 else "" for i in range(32)]
-    pq.write_table(table.append_column("chosen", pa.array(truths)).append_column("rejected", pa.array(rejected)),
-                   tmp_path / "pairs.parquet")  # fmt: skip
+    pq.write_table(
+        table.append_column("chosen", pa.array(truths)).append_column("rejected", pa.array(rejected)),
+        tmp_path / "pairs.parquet",
+    )
     pairs = load_pairs(str(tmp_path / "pairs.parquet"), processor)
     got = [pairs.pair(p, random.Random(0)) for p in pairs.ds.get_batch(list(range(32)))]
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in truths + rejected]
@@ -86,8 +89,10 @@ def test_pairs_that_cannot_teach_and_empty_inputs_are_refused(tiny_model_dir, co
         ([*["purple"] * 3, truths[3], *["x"] * 4], "row 3: chosen and rejected are the same"),
     ):
         path = tmp_path / "bad.parquet"
-        pq.write_table(table.append_column("chosen", pa.array(truths)).append_column("rejected",
-                       pa.array(rejected, pa.string())), path)  # fmt: skip
+        pq.write_table(
+            table.append_column("chosen", pa.array(truths)).append_column("rejected", pa.array(rejected, pa.string())),
+            path,
+        )
         with pytest.raises(ValueError, match=f"{path} {message}"):
             load_pairs(str(path), processor)
     pq.write_table(table.slice(0, 0), tmp_path / "empty.parquet")
@@ -134,8 +139,15 @@ def test_labelled_candidates_are_labelled_by_the_reward_function(tiny_model_dir,
 
 
 def _plan(path: Path, **kw) -> RewardModelPlan:
-    base = dict(path=str(path), trust_remote_code=False, micro_batch_size=2, max_length=None, rerender=False,
-                param_offload=False, dtype="auto")  # fmt: skip
+    base = dict(
+        path=str(path),
+        trust_remote_code=False,
+        micro_batch_size=2,
+        max_length=None,
+        rerender=False,
+        param_offload=False,
+        dtype="auto",
+    )
     return RewardModelPlan(**(base | kw))
 
 
@@ -150,9 +162,12 @@ def _batch(processor, n_images: int = 1, ended: bool = False) -> tuple[list, Rol
     ]
     from utils import expanded
 
-    responses = [tok("red", add_special_tokens=False)["input_ids"] + [eos],
-                 tok("blue green", add_special_tokens=False)["input_ids"] + [eos] * ended,
-                 tok("blue", add_special_tokens=False)["input_ids"] + [eos], [eos]]  # fmt: skip
+    responses = [
+        tok("red", add_special_tokens=False)["input_ids"] + [eos],
+        tok("blue green", add_special_tokens=False)["input_ids"] + [eos] * ended,
+        tok("blue", add_special_tokens=False)["input_ids"] + [eos],
+        [eos],
+    ]
     pids = [expanded(processor, p) for p in prompts for _ in range(2)]
     return prompts, RolloutBatch(pids, responses, [[] for _ in responses], ["stop"] * 4, n=2)
 
@@ -171,9 +186,13 @@ def _transformers_scores(path: Path, processor, prompts, rb) -> list[float]:
         enc = processor.image_processor(images=prompts[i // rb.n].images, return_tensors="pt")
         ids = torch.tensor([pids + rids])
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=enc["pixel_values"],
-                           image_grid_thw=enc["image_grid_thw"], mm_token_type_ids=qwen_vl.mm_token_type_ids(
-                               ids, qwen_vl.vision_token_ids(processor.tokenizer))).logits  # fmt: skip
+            logits = model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                pixel_values=enc["pixel_values"],
+                image_grid_thw=enc["image_grid_thw"],
+                mm_token_type_ids=qwen_vl.mm_token_type_ids(ids, qwen_vl.vision_token_ids(processor.tokenizer)),
+            ).logits
         out.append(float(logits[0, -1, 0]))
     return out
 
@@ -226,8 +245,13 @@ def test_rerendering_in_the_reward_models_template(trained, tiny_processor, tmp_
     # transformers on the same re-rendered ids: the worker's scores
     pids = [z.input_ids[i][z.attention_mask[i].bool()].tolist() for i in range(4)]
     lens = [int(z.response_mask[i].sum()) for i in range(4)]
-    rb2 = RolloutBatch([p[: len(p) - k] for p, k in zip(pids, lens)], [p[len(p) - k :] for p, k in zip(pids, lens)],
-                       [[]] * 4, ["stop"] * 4, n=1)  # fmt: skip
+    rb2 = RolloutBatch(
+        [p[: len(p) - k] for p, k in zip(pids, lens)],
+        [p[len(p) - k :] for p, k in zip(pids, lens)],
+        [[]] * 4,
+        ["stop"] * 4,
+        n=1,
+    )
     want = _transformers_scores(other, judge.processor, [prompts[i // 2] for i in range(4)], rb2)
     assert got == pytest.approx(want, abs=1e-4)
 
@@ -269,23 +293,27 @@ def test_the_verdict_rule():
 
 def _judge_cfg(model: str, **judge) -> RewardModelConfig:
     return RewardModelConfig(
-        enable=True, style="generative", model=RewardModelModelConfig(path=model),
-        judge=JudgeConfig(**judge), rollout=JudgeRolloutConfig(name="hf", response_length=6),
-    )  # fmt: skip
+        enable=True,
+        style="generative",
+        model=RewardModelModelConfig(path=model),
+        judge=JudgeConfig(**judge),
+        rollout=JudgeRolloutConfig(name="hf", response_length=6),
+    )
 
 
 def _reward_samples(processor) -> tuple[list, list[RewardSample]]:
     prompts = [make_prompt(processor, "<image>What colour is the shape?", [solid((230, 25, 25))], 0, "red")]
-    samples = [RewardSample(response=r, prompt=prompts[0].prompt_text, ground_truth="red", images=prompts[0].images)
-               for r in ("red", "blue")]  # fmt: skip
+    samples = [
+        RewardSample(response=r, prompt=prompts[0].prompt_text, ground_truth="red", images=prompts[0].images)
+        for r in ("red", "blue")
+    ]
     return prompts, samples
 
 
 def test_the_judges_prompt_holds_the_images_question_and_answer(tiny_model_dir, tiny_processor):
     prompts, samples = _reward_samples(tiny_processor)
     assert question_text(prompts[0]) == "What colour is the shape?"
-    judge = Judge(_judge_cfg(tiny_model_dir, prompt_template="Q: {question} A: {response} T: {ground_truth}"),
-                  "cpu", 1)  # fmt: skip
+    judge = Judge(_judge_cfg(tiny_model_dir, prompt_template="Q: {question} A: {response} T: {ground_truth}"), "cpu", 1)
     ask = judge.prompt(samples[1], prompts[0])
     assert "Q: What colour is the shape? A: blue T: red" in ask.prompt_text
     assert qwen_vl.count_image_pads(ask.prompt_ids, judge.engine.vision_ids.image_pad) == 1
@@ -362,12 +390,24 @@ def test_judge_verdicts_are_parsed_and_failures_counted(tiny_model_dir, tiny_pro
     from vlmrl.config.schema import RewardConfig
     from vlmrl.scoring import RewardManager
 
-    with RewardManager(RewardConfig(components=[{"function": "reward_model", "name": "rm"},
-                                                {"function": "synthetic", "name": "rule", "weight": 0.0}],
-                                    num_workers=0, timeout_s=0)) as rm:  # fmt: skip
-        out = rm.score([RewardSample("red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]}, rm_score=2.5),
-                        RewardSample("red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]},
-                                     rm_error="its forward failed")])  # fmt: skip
+    with RewardManager(
+        RewardConfig(
+            components=[
+                {"function": "reward_model", "name": "rm"},
+                {"function": "synthetic", "name": "rule", "weight": 0.0},
+            ],
+            num_workers=0,
+            timeout_s=0,
+        )
+    ) as rm:
+        out = rm.score(
+            [
+                RewardSample("red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]}, rm_score=2.5),
+                RewardSample(
+                    "red", "p", "red", "synthetic/colour", {"choices": ["red", "blue"]}, rm_error="its forward failed"
+                ),
+            ]
+        )
     assert out.scores == [2.5, 0.0] and out.metrics["reward/errors"] == 1  # the failed sample: fallback_score
     assert out.components["rule"][0] == 1.0 and out.components["rm"][0] == 2.5
 
@@ -378,12 +418,23 @@ def test_judge_verdicts_are_parsed_and_failures_counted(tiny_model_dir, tiny_pro
 def test_verl_reward_model_keys():
     """verl 0.9.1's place (``reward.reward_model.*``) and its legacy one (``reward_model.*``) both land on vlmrl's
     keys; what vlmrl does not do is refused by name or accepted with a notice."""
-    t = translate(["reward.reward_model.enable=True", "reward.reward_model.model_path=/m",
-                   "reward.reward_model.rollout.name=vllm", "reward_model.rollout.do_sample=False",
-                   "reward_model.num_workers=4", "reward_model.rollout.max_num_seqs=8"])  # fmt: skip
-    assert t.overrides == ["++reward_model.enable=True", "++reward_model.model.path=/m",
-                           "++reward_model.rollout.name=vllm", "++reward_model.rollout.temperature=0.0",
-                           "++reward.num_workers=4"], t.overrides  # fmt: skip
+    t = translate(
+        [
+            "reward.reward_model.enable=True",
+            "reward.reward_model.model_path=/m",
+            "reward.reward_model.rollout.name=vllm",
+            "reward_model.rollout.do_sample=False",
+            "reward_model.num_workers=4",
+            "reward_model.rollout.max_num_seqs=8",
+        ]
+    )
+    assert t.overrides == [
+        "++reward_model.enable=True",
+        "++reward_model.model.path=/m",
+        "++reward_model.rollout.name=vllm",
+        "++reward_model.rollout.temperature=0.0",
+        "++reward.num_workers=4",
+    ], t.overrides
     assert len(t.notices) == 1 and not t.problems
     t = translate(["reward_model.enable_resource_pool=True", "reward.reward_model.rollout.data_parallel_size=2"])
     assert [p.split(":")[0] for p in t.problems] == [
@@ -397,8 +448,10 @@ def _problems(*overrides: str, model: str, data: Path) -> str:
     from vlmrl.config.checks import check_config
 
     try:
-        cfg = load([f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={model}", *overrides],
-                   config_name="tiny_cpu")  # fmt: skip
+        cfg = load(
+            [f"data.train_files={data / 'train.parquet'}", f"actor_rollout_ref.model.path={model}", *overrides],
+            config_name="tiny_cpu",
+        )
         check_config(cfg)
     except ConfigError as e:
         return str(e)
@@ -419,26 +472,49 @@ def test_the_config_gate(tiny_model_dir, trained, colour, tmp_path):
     assert "does not use its score" in _p(
         "reward_model.enable=True", f"reward_model.model.path={folder}", model=m
     )  # (tiny_cpu sets reward.function=synthetic)
-    assert "holds no score head" in _p("reward_model.enable=True", f"reward_model.model.path={m}",
-                                              "reward.function=null", model=m)  # fmt: skip
-    assert "does not exist" in _p("reward_model.enable=True", f"reward_model.model.path={tmp_path}/none",
-                                         "reward.function=null", model=m)  # fmt: skip
+    assert "holds no score head" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={m}", "reward.function=null", model=m
+    )
+    assert "does not exist" in _p(
+        "reward_model.enable=True", f"reward_model.model.path={tmp_path}/none", "reward.function=null", model=m
+    )
     assert "names ['answer']" in _p(
-        "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.style=generative",
-        "reward.function=null", "reward_model.judge.prompt_template='{answer}'", model=m)  # fmt: skip
+        "reward_model.enable=True",
+        f"reward_model.model.path={m}",
+        "reward_model.style=generative",
+        "reward.function=null",
+        "reward_model.judge.prompt_template='{answer}'",
+        model=m,
+    )
     assert "reward_model.judge.parse" in _p(
-        "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.style=generative",
-        "reward.function=null", f"reward_model.judge.parse={tmp_path}/none.py:f", model=m)  # fmt: skip
+        "reward_model.enable=True",
+        f"reward_model.model.path={m}",
+        "reward_model.style=generative",
+        "reward.function=null",
+        f"reward_model.judge.parse={tmp_path}/none.py:f",
+        model=m,
+    )
     assert "re-renders single-turn conversations only" in _p(
-        "reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
-        "reward_model.model.input_tokenizer=x", "actor_rollout_ref.rollout.multi_turn.enable=True",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path}/tools.yaml", model=m)  # fmt: skip
+        "reward_model.enable=True",
+        f"reward_model.model.path={folder}",
+        "reward.function=null",
+        "reward_model.model.input_tokenizer=x",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path}/tools.yaml",
+        model=m,
+    )
     # the fixes: the model's score is the whole reward, or a component beside a rule reward
-    assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
-                     model=m) == ""  # fmt: skip
-    assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null",
-                     "reward.components=[{function: reward_model, name: rm}, {function: format, weight: 0.2}]",
-                     model=m) == ""  # fmt: skip
+    assert _p("reward_model.enable=True", f"reward_model.model.path={folder}", "reward.function=null", model=m) == ""
+    assert (
+        _p(
+            "reward_model.enable=True",
+            f"reward_model.model.path={folder}",
+            "reward.function=null",
+            "reward.components=[{function: reward_model, name: rm}, {function: format, weight: 0.2}]",
+            model=m,
+        )
+        == ""
+    )
 
 
 # ------------------------------------------------------------------------------------------------- runs, as launched
@@ -447,8 +523,16 @@ def test_the_config_gate(tiny_model_dir, trained, colour, tmp_path):
 def _run(tiny_model_dir: str, data: Path, out: Path, *extra: str) -> list[dict]:
     from runs import base_args, metrics, run_to_end
 
-    args = base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "trainer.test_freq=2",
-                     "reward.function=null", "data.val_batch_size=8", *extra)  # fmt: skip
+    args = base_args(
+        tiny_model_dir,
+        data,
+        out,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "reward.function=null",
+        "data.val_batch_size=8",
+        *extra,
+    )
     run_to_end(args, timeout=600)
     return metrics(out)
 
@@ -461,14 +545,17 @@ def test_a_run_with_the_discriminative_reward_model(tiny_model_dir, trained, col
     the gallery shows the model's score; the report has the reward model's panel."""
     folder, _ = trained
     extra = (
-        "reward_model.enable=True", f"reward_model.model.path={folder}", "reward_model.micro_batch_size_per_gpu=5",
+        "reward_model.enable=True",
+        f"reward_model.model.path={folder}",
+        "reward_model.micro_batch_size_per_gpu=5",
         "reward.components=[{function: reward_model, name: rm, weight: 1.0}, {function: synthetic, name: rule, "
         "weight: 0.0}]",
-    )  # fmt: skip
+    )
     from runs import base_args, cli_here
 
-    code, plan, err = cli_here([*base_args(tiny_model_dir, colour, tmp_path / "dry", "reward.function=null", *extra),
-                                "trainer.dry_run=True"])  # fmt: skip
+    code, plan, err = cli_here(
+        [*base_args(tiny_model_dir, colour, tmp_path / "dry", "reward.function=null", *extra), "trainer.dry_run=True"]
+    )
     assert code == 0, plan[-3000:] + err[-3000:]
     assert f"reward model: discriminative, {folder}, 0.2 M parameters" in plan, plan
     assert "reward model 0.4 MiB" in plan  # fp32, sharded over the 2 workers
@@ -493,10 +580,17 @@ def test_a_run_with_a_judge_on_its_own_vllm_engine(tiny_model_dir, colour, tmp_p
     errors (none) and its time; the gallery shows each verdict."""
     parse = tmp_path / "parse.py"
     parse.write_text("def length(text):\n    return float(len(text))\n")
-    rows = _run(tiny_model_dir, colour, tmp_path / "run", "reward.reward_model.enable=True",
-                f"reward.reward_model.model_path={tiny_model_dir}", "reward_model.style=generative",
-                "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.response_length=6",
-                f"reward_model.judge.parse={parse}:length")  # fmt: skip
+    rows = _run(
+        tiny_model_dir,
+        colour,
+        tmp_path / "run",
+        "reward.reward_model.enable=True",
+        f"reward.reward_model.model_path={tiny_model_dir}",
+        "reward_model.style=generative",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.rollout.response_length=6",
+        f"reward_model.judge.parse={parse}:length",
+    )
     last = rows[-1]
     assert last["reward_model/parse_errors"] == 0 and last["reward_model/errors"] == 0, last
     assert last["timing/reward_model_s"] > 0 and last["reward/rm/mean"] == last["reward_model/score/mean"]
@@ -513,12 +607,17 @@ def test_a_judge_taught_on_verdicts_judges(tiny_model_dir, colour, tmp_path):
     from vlmrl.reward_model.train_judge import train_judge
 
     out = tmp_path / "judge"
-    figures = train_judge(tiny_model_dir, str(colour / "train.parquet"), out, val_data=str(colour / "test.parquet"),
-                          steps=300)  # fmt: skip
+    figures = train_judge(
+        tiny_model_dir, str(colour / "train.parquet"), out, val_data=str(colour / "test.parquet"), steps=300
+    )
     assert figures["heldout_verdict_accuracy"] >= 0.9, figures
     assert json.loads((out / "vlmrl_judge.json").read_text())["heldout_candidates"] == 128
-    cfg = RewardModelConfig(enable=True, style="generative", model=RewardModelModelConfig(path=str(out)),
-                            rollout=JudgeRolloutConfig(name="hf", response_length=4))  # fmt: skip
+    cfg = RewardModelConfig(
+        enable=True,
+        style="generative",
+        model=RewardModelModelConfig(path=str(out)),
+        rollout=JudgeRolloutConfig(name="hf", response_length=4),
+    )
     judge = Judge(cfg, "cpu", 1)
     from vlmrl.config.schema import DataConfig
     from vlmrl.data.dataset import RLDataset
@@ -528,8 +627,10 @@ def test_a_judge_taught_on_verdicts_judges(tiny_model_dir, colour, tmp_path):
     samples = []
     for p in prompts:
         wrong = next(c for c in p.extra_info["choices"] if c != p.ground_truth)
-        samples += [RewardSample(response=r, prompt=p.prompt_text, ground_truth=p.ground_truth, images=p.images)
-                    for r in (p.ground_truth, wrong)]  # fmt: skip
+        samples += [
+            RewardSample(response=r, prompt=p.prompt_text, ground_truth=p.ground_truth, images=p.images)
+            for r in (p.ground_truth, wrong)
+        ]
     metrics = judge.score(prompts, 2, samples)
     assert metrics["reward_model/parse_errors"] == 0
     agree = sum(s.rm_score == float(i % 2 == 0) for i, s in enumerate(samples)) / len(samples)
@@ -550,11 +651,15 @@ def test_a_failing_reward_model_call_is_that_batchs_error(tiny_processor):
     class Group:
         def score_rewards(self, args):
             calls.append([(len(p), len(rb), n) for p, rb, n in args])
-            return [([0.5] * len(args[0][1]), None, 0), (None, "OutOfMemoryError: CUDA out of memory", 0),
-                    ([9.0], None, 0)]  # fmt: skip
+            return [
+                ([0.5] * len(args[0][1]), None, 0),
+                (None, "OutOfMemoryError: CUDA out of memory", 0),
+                ([9.0], None, 0),
+            ]
 
-    cfg = SimpleNamespace(reward_model=RewardModelConfig(enable=True, model=RewardModelModelConfig(path="m"),
-                                                         micro_batch_size_per_gpu=2))  # fmt: skip
+    cfg = SimpleNamespace(
+        reward_model=RewardModelConfig(enable=True, model=RewardModelModelConfig(path="m"), micro_batch_size_per_gpu=2)
+    )
     prompts, rb = _batch(tiny_processor)
     samples = [RewardSample(response="r", prompt="p", ground_truth="red") for _ in range(4)]
     metrics = RewardModel(cfg, Group(), world=3).score(prompts, rb, samples)
@@ -579,9 +684,17 @@ def test_the_models_score_alone_on_the_one_step_off_policy_trainer(tiny_model_di
     runs on the training pool of ``hybrid_engine=False`` (the rollout pool holds engines only): every sample is
     scored, one step stale as the trainer's batches are."""
     folder, _ = trained
-    rows = _run(tiny_model_dir, colour, tmp_path / "run", "reward_model.enable=True",
-                f"reward_model.model.path={folder}", "actor_rollout_ref.hybrid_engine=False",
-                "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.total_training_steps=3")  # fmt: skip
+    rows = _run(
+        tiny_model_dir,
+        colour,
+        tmp_path / "run",
+        "reward_model.enable=True",
+        f"reward_model.model.path={folder}",
+        "actor_rollout_ref.hybrid_engine=False",
+        "trainer.cpu_workers=1",
+        "rollout.cpu_workers=1",
+        "trainer.total_training_steps=3",
+    )
     steps = [r for r in rows if r["step"] > 0]
     assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0]
     assert all(r["reward_model/errors"] == 0 and r["reward/mean"] == r["reward/rm/mean"] for r in steps)

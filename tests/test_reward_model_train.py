@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+
 from runs import metrics, run_example
 
 pytestmark = pytest.mark.slow
@@ -47,8 +48,11 @@ def test_grpo_on_a_learned_reward_alone_learns_the_colour_task(tmp_path):
     assert rule[0] <= 0.05 and max(rule[s] for s in (40, 80, 120)) >= 0.9 and rule[120] >= 0.6, rule
     assert score[120] > score[0], score
     assert all(r.get("reward_model/errors", 0) == 0 for r in rows)
-    assert all(r["reward/rm/mean"] == pytest.approx(r["reward_model/score/mean"]) and "reward/rule/mean" in r
-               for r in rows[1:])  # fmt: skip
+    assert all(
+        r["reward/rm/mean"] == pytest.approx(r["reward_model/score/mean"]) and "reward/rule/mean" in r for r in rows[1:]
+    )
     assert "id='panel-reward_model'" in (out / "report.html").read_text()
-    print(f"RL from a learned reward: held-out pair accuracy {trained['heldout_pair_accuracy']:.3f}, rule check "
-          f"{rule}, reward model's score {score}")  # fmt: skip
+    print(
+        f"RL from a learned reward: held-out pair accuracy {trained['heldout_pair_accuracy']:.3f}, rule check "
+        f"{rule}, reward model's score {score}"
+    )

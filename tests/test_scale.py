@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from runs import ENV, Run, base_args, make_colour_data, metrics, processes, run_to_end, wait_for_step
 
 # runs alone in a parallel suite: a Ray cluster of its own and a whole-machine process check
@@ -112,12 +113,17 @@ def _tp_runs(tiny_model_dir: str, colour_data: Path, tmp_path: Path) -> dict[int
         out = tmp_path / f"tp{tp}"
         run = run_to_end(
             base_args(
-                tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "trainer.test_freq=3",
-                "trainer.val_before_train=true", f"trainer.validation_data_dir={out / 'val'}",
+                tiny_model_dir,
+                colour_data,
+                out,
+                "trainer.total_training_steps=3",
+                "trainer.test_freq=3",
+                "trainer.val_before_train=true",
+                f"trainer.validation_data_dir={out / 'val'}",
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
             ),
             timeout=600,
-        )  # fmt: skip
+        )
         runs[tp] = (out, run.output())
     return runs
 
@@ -210,9 +216,17 @@ def test_one_step_off_policy_pools_on_two_nodes(tiny_model_dir, colour_data, tmp
     the engine holds exactly the trainer's weights (first step: log-probs equal); the second step trains the batch
     generated meanwhile (staleness 1)."""
     out = tmp_path / "async"
-    args = base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2",
-                     "trainer.val_before_train=false", "actor_rollout_ref.hybrid_engine=False",
-                     "trainer.cpu_workers=1", "rollout.cpu_workers=1", "trainer.ray_address=auto")  # fmt: skip
+    args = base_args(
+        tiny_model_dir,
+        colour_data,
+        out,
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.hybrid_engine=False",
+        "trainer.cpu_workers=1",
+        "rollout.cpu_workers=1",
+        "trainer.ray_address=auto",
+    )
     run = run_to_end(args, env=ray_cluster.env)
     line = next(x for x in run.output().splitlines() if "one-step off-policy:" in x)
     train, pool = (re.search(r"0@(\S+?)\)", part).group(1) for part in line.split(" and ")[:2])
@@ -241,8 +255,15 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
     _compare_curves(metrics(one), metrics(two), CURVE_KEYS)
 
     lost = tmp_path / "lost"
-    args = base_args(tiny_model_dir, colour_data, lost, "trainer.total_training_steps=200", "trainer.save_freq=1",
-                     "trainer.val_before_train=false", *cluster_args)  # fmt: skip
+    args = base_args(
+        tiny_model_dir,
+        colour_data,
+        lost,
+        "trainer.total_training_steps=200",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        *cluster_args,
+    )
     victim = Run(args, {**ENV, **ray_cluster.env})
     try:
         wait_for_step(victim, lost, 2, timeout=300)

@@ -62,8 +62,14 @@ def test_a_ray_cluster_vlmrl_starts_requires_its_token(tmp_path: Path) -> None:
     other = tmp_path / "other_token"
     other.write_text("0123456789abcdef" * 4)
     other.chmod(0o600)
-    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    head = subprocess.Popen(
+        [sys.executable, "-c", RAY_HEAD],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     clients = {}
     try:
         address = token = None
@@ -82,16 +88,22 @@ def test_a_ray_cluster_vlmrl_starts_requires_its_token(tmp_path: Path) -> None:
             "another token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(other)},
         }
         for name, extra in cases.items():
-            client = subprocess.run([sys.executable, "-c", RAY_CLIENT, address], capture_output=True, text=True,
-                                    env={**env, **extra}, timeout=180)  # fmt: skip
+            client = subprocess.run(
+                [sys.executable, "-c", RAY_CLIENT, address],
+                capture_output=True,
+                text=True,
+                env={**env, **extra},
+                timeout=180,
+            )
             clients[name] = client.stdout + client.stderr[-2000:]
     finally:
         os.killpg(head.pid, 9)
         head.wait(timeout=30)
     assert "CONNECTED" in clients["its token"] and "RAN 42" in clients["its token"], clients["its token"]
-    assert "REFUSED AuthenticationError Token authentication is enabled but no authentication token was found" in (
-        clients["no token"]
-    )  # fmt: skip
+    assert (
+        "REFUSED AuthenticationError Token authentication is enabled but no authentication token was found"
+        in (clients["no token"])
+    )
     for name in ("no token", "auth off", "another token"):
         out = clients[name]
         assert out.startswith("REFUSED ") and "CONNECTED" not in out, (name, out[-3000:])

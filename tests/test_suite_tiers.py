@@ -64,8 +64,12 @@ def _select(monkeypatch: pytest.MonkeyPatch, tier: str | None, phase: str | None
 
 
 def test_the_runs_of_scripts_test_sh_cover_every_test_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    items = [_Item("a.py::fast"), _Item("a.py::serial", "serial"), _Item("b.py::slow", "slow"),
-             _Item("b.py::slow_serial", "slow", "serial")]  # fmt: skip
+    items = [
+        _Item("a.py::fast"),
+        _Item("a.py::serial", "serial"),
+        _Item("b.py::slow", "slow"),
+        _Item("b.py::slow_serial", "slow", "serial"),
+    ]
     runs = {(t, p): _select(monkeypatch, t, p, items) for t in ("fast", "slow") for p in ("parallel", "serial")}
     assert runs == {
         ("fast", "parallel"): ["a.py::fast"],

@@ -52,8 +52,9 @@ def test_tiny_preset_is_the_default_model_and_overrides_round_trip() -> None:
         assert TinySpec(**spec_overrides(spec)) == spec
 
 
-def test_cli_size_picks_the_preset_and_flags_override_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_cli_size_picks_the_preset_and_flags_override_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     built: list[TinySpec] = []
 
     def fake_build(output: str, seed: int, spec: TinySpec) -> Path:

@@ -58,8 +58,19 @@ def test_system_prompt_and_tool_turn_follow_qwen25_hermes_template() -> None:
 
 def test_calculator_evaluates_arithmetic_and_refuses_everything_else() -> None:
     assert calculate("(3 + 4) * 2") == 14 and calculate("2^10") == 1024 and calculate("sqrt(16) + pi") > 7.14
-    for bad in ("__import__('os').system('true')", "().__class__", "x + 1", "open('f')", "9 ** 9 ** 9", "1/0",
-                "10 ** 1000", "", "a" * 300, "lambda: 1", "[1, 2]"):  # fmt: skip
+    for bad in (
+        "__import__('os').system('true')",
+        "().__class__",
+        "x + 1",
+        "open('f')",
+        "9 ** 9 ** 9",
+        "1/0",
+        "10 ** 1000",
+        "",
+        "a" * 300,
+        "lambda: 1",
+        "[1, 2]",
+    ):
         with pytest.raises(ValueError):
             calculate(bad)
     resp, reward, _ = run(CalculatorTool().execute("x", {"expression": "7 * 6"}))

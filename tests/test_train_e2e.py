@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from runs import ENV, Run, base_args, make_colour_data, metrics, run_example, run_to_end, wait_for_step
 
 pytestmark = pytest.mark.slow
@@ -47,8 +48,10 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     assert "reward/mean by step" in log and "  step   120 " in log  # the ASCII curve
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (out / "val_gallery").glob("*.html")) == [
-        "step_000000.html", "step_000060.html", "step_000120.html"
-    ]  # fmt: skip
+        "step_000000.html",
+        "step_000060.html",
+        "step_000120.html",
+    ]
     report = (out / "report.html").read_text()
     assert "id='panel-reward'" in report and "data:image/png;base64," in report and f"report written to {out}" in log
     assert (out / "report_panels" / "reward.png").is_file() and "[vlmrl] health:" in log
@@ -64,8 +67,14 @@ def test_the_quick_start_learns_with_qwen3_vl(tmp_path):
     import json
 
     out = tmp_path / "quickstart"
-    log = run_example("quickstart_cpu.sh", out, "trainer.total_training_steps=80", "trainer.test_freq=40",
-                      timeout=1200, FAMILY="qwen3_vl")  # fmt: skip
+    log = run_example(
+        "quickstart_cpu.sh",
+        out,
+        "trainer.total_training_steps=80",
+        "trainer.test_freq=40",
+        timeout=1200,
+        FAMILY="qwen3_vl",
+    )
     assert "[quickstart] tiny model: " in log and "tiny-qwen3vl-" in log and "(qwen3_vl)" in log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
@@ -122,8 +131,12 @@ def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_da
 def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data, tmp_path):
     """A worker killed mid-run: the driver stops with an error naming the worker and the stage (no hang), the last
     checkpoint stays intact and the run resumes from it; a half-written checkpoint is ignored and removed."""
-    extra = ("trainer.total_training_steps=5", "trainer.save_freq=2", "data.val_files=null",
-             "actor_rollout_ref.rollout.name=hf")  # fmt: skip
+    extra = (
+        "trainer.total_training_steps=5",
+        "trainer.save_freq=2",
+        "data.val_files=null",
+        "actor_rollout_ref.rollout.name=hf",
+    )
     out = tmp_path / "run"
     run = Run(base_args(tiny_model_dir, colour_data, out, *extra), ENV)
     try:
@@ -165,8 +178,10 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninte
     exported = tmp_path / "exported"
     cli = subprocess.run(
         [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
-        capture_output=True, text=True, env={**os.environ, **ENV},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+    )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert f"exported {out} -> {exported}" in cli.stdout and (out / "global_step_6").is_dir(), cli.stdout
     new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
@@ -181,11 +196,27 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninte
         "o = llm.generate([{'prompt_token_ids': [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0)); "
         "print('TOKENS', len(o[0].outputs[0].token_ids))"
     )
-    served = subprocess.run([sys.executable, "-c", code, str(exported)], capture_output=True, text=True,
-                            env={**os.environ, **ENV}, timeout=300)  # fmt: skip
+    served = subprocess.run(
+        [sys.executable, "-c", code, str(exported)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=300,
+    )
     assert served.returncode == 0 and "TOKENS" in served.stdout, served.stderr[-3000:]
-    bad = subprocess.run([sys.executable, "-m", "vlmrl.export", "--checkpoint", str(tmp_path / "nothing"),
-                          "--output", str(tmp_path / "x")], capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vlmrl.export",
+            "--checkpoint",
+            str(tmp_path / "nothing"),
+            "--output",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "nothing" in bad.stderr
 
 
@@ -219,7 +250,7 @@ def slow_reward(data_source, solution_str, ground_truth, extra_info=None):
         "update",
         "reward",
     ],
-)  # fmt: skip
+)
 def test_every_worker_process_ends_with_the_driver(tiny_model_dir, colour_data, tmp_path, busy):
     """README, Reliability: "every worker process ends with the driver". A local run (2 CPU worker processes with
     their vLLM engines and 2 reward worker processes, all forked from the driver's forkserver, multiprocessing's
@@ -233,18 +264,36 @@ def test_every_worker_process_ends_with_the_driver(tiny_model_dir, colour_data, 
     code = tmp_path / "busy.py"
     code.write_text(BUSY)
     out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=500", "data.val_files=null",
-                        "reward.num_workers=2", "reward.timeout_s=900", f"custom_reward_function.path={code}",
-                        "custom_reward_function.name=slow_reward",
-                        f"actor_rollout_ref.actor.policy_loss.loss_mode={code}:slow_loss"), ENV)  # fmt: skip
+    run = Run(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            out,
+            "trainer.total_training_steps=500",
+            "data.val_files=null",
+            "reward.num_workers=2",
+            "reward.timeout_s=900",
+            f"custom_reward_function.path={code}",
+            "custom_reward_function.name=slow_reward",
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={code}:slow_loss",
+        ),
+        ENV,
+    )
     try:
         wait_for_step(run, out, 2, timeout=600)
         family = run.descendants()
         kinds: dict[str, list[psutil.Process]] = {}
         for p in psutil.Process(run.proc.pid).children():
             cmd = " ".join(p.cmdline())
-            kind = ("forkserver" if "multiprocessing.forkserver" in cmd else "tracker" if "resource_tracker" in cmd
-                    else "worker" if "spawn_main" in cmd or "vlmrl-worker-" in cmd else "other")  # fmt: skip
+            kind = (
+                "forkserver"
+                if "multiprocessing.forkserver" in cmd
+                else "tracker"
+                if "resource_tracker" in cmd
+                else "worker"
+                if "spawn_main" in cmd or "vlmrl-worker-" in cmd
+                else "other"
+            )
             kinds.setdefault(kind, []).append(p)
         for c in (c for f in kinds.get("forkserver", []) for c in f.children()):  # the CPU workers, the reward's
             kinds.setdefault("worker" if "vlmrl-worker-" in " ".join(c.cmdline()) else "reward", []).append(c)

@@ -64,8 +64,23 @@ def data(tmp_path_factory) -> Path:
     from vlmrl.preprocess.synthetic import main as synthetic
 
     out = tmp_path_factory.mktemp("synth")
-    synthetic(["--output-dir", str(out), "--families", "colour,shape", "--image-size", "56",
-               "--train-size", "32", "--test-size", "8", "--seed", "0", "--no-progress"])  # fmt: skip
+    synthetic(
+        [
+            "--output-dir",
+            str(out),
+            "--families",
+            "colour,shape",
+            "--image-size",
+            "56",
+            "--train-size",
+            "32",
+            "--test-size",
+            "8",
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     return out
 
 
@@ -154,12 +169,28 @@ def groups_of(rows: list[dict]) -> list[list[dict]]:
 
 
 TRAIN_KEYS = (
-    "reward/mean", "reward/std", "response_length/mean", "response_length/clip_ratio", "advantages/mean",
-    "actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/lr", "rollout/logprob_diff",
-    "timing/step_s", "timing/rollout_s", "timing/reward_s", "timing/train_s", "timing/update_s", "timing/push_s",
-    "throughput/tokens_per_s", "training/epoch", "work/update_tokens", "work/update_padding_tokens",
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "advantages/mean",
+    "actor/grad_norm",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/lr",
+    "rollout/logprob_diff",
+    "timing/step_s",
+    "timing/rollout_s",
+    "timing/reward_s",
+    "timing/train_s",
+    "timing/update_s",
+    "timing/push_s",
+    "throughput/tokens_per_s",
+    "training/epoch",
+    "work/update_tokens",
+    "work/update_padding_tokens",
     "work/update_vision_patches",
-)  # fmt: skip
+)
 VAL_KEYS = ("val/reward/mean", "val/synthetic/colour/reward", "val/synthetic/shape/reward", "timing/validate_s")
 
 
@@ -168,10 +199,15 @@ def basic_run(tiny_model_dir, data, rewards_file, tmp_path_factory) -> Path:
     """Two GRPO steps validating after each, with TensorBoard, a 3-sample gallery and sample dumps."""
     out = tmp_path_factory.mktemp("basic")
     cfg = make_cfg(
-        tiny_model_dir, data, out,
-        "trainer.test_freq=1", "trainer.logger=[jsonl,tensorboard]", "trainer.log_val_generations=3",
-        f"trainer.rollout_data_dir={out / 'samples'}", *reward_overrides(rewards_file, "varied"),
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        out,
+        "trainer.test_freq=1",
+        "trainer.logger=[jsonl,tensorboard]",
+        "trainer.log_val_generations=3",
+        f"trainer.rollout_data_dir={out / 'samples'}",
+        *reward_overrides(rewards_file, "varied"),
+    )
     last = fit(cfg)
     assert set(VAL_KEYS) <= set(last)  # fit returns the last step's metrics with its validation
     return out
@@ -278,10 +314,16 @@ def test_filter_groups_all_constant_uses_every_batch_then_fills(tiny_model_dir, 
     (the sampler moved that far), nothing is kept, the batch is filled with zero-advantage groups and the step
     still trains (a full batch, zero gradient)."""
     cfg = make_cfg(
-        tiny_model_dir, data, tmp_path / "run", "data.val_files=null", "trainer.total_training_steps=1",
-        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3",
-        f"trainer.rollout_data_dir={tmp_path / 'samples'}", *reward_overrides(rewards_file, "constant"),
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        "data.val_files=null",
+        "trainer.total_training_steps=1",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        f"trainer.rollout_data_dir={tmp_path / 'samples'}",
+        *reward_overrides(rewards_file, "constant"),
+    )
     with trainer_of(cfg) as t:
         offset = t.sampler.state_dict()
     (row,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -302,10 +344,16 @@ def mixed_filter_run(tiny_model_dir, data, rewards_file, tmp_path_factory) -> di
     """Two steps of dynamic sampling where colour prompts tie (dropped) and shape prompts vary (kept)."""
     out = tmp_path_factory.mktemp("filter_mixed")
     cfg = make_cfg(
-        tiny_model_dir, data, out / "run", "data.val_files=null", "trainer.total_training_steps=2",
-        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
-        f"trainer.rollout_data_dir={out / 'samples'}", *reward_overrides(rewards_file, "mixed"),
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        out / "run",
+        "data.val_files=null",
+        "trainer.total_training_steps=2",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        f"trainer.rollout_data_dir={out / 'samples'}",
+        *reward_overrides(rewards_file, "mixed"),
+    )
     with trainer_of(cfg) as t:
         drawn = t.sampler.state_dict()["offset"]
     return {"rows": read_metrics(out / "run" / "metrics.jsonl"), "samples": out / "samples", "drawn": drawn}
@@ -367,9 +415,14 @@ def test_lora_trains_adapters_only_and_engine_gets_merged_weights(
     from vlmrl.rollout.hf import HFRollout
 
     cfg = make_cfg(
-        tiny_model_dir, data, tmp_path / "run", "data.val_files=null", "actor_rollout_ref.model.lora_rank=4",
-        "actor_rollout_ref.model.lora_alpha=8", *reward_overrides(rewards_file, "varied"),
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        "data.val_files=null",
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.model.lora_alpha=8",
+        *reward_overrides(rewards_file, "varied"),
+    )
     with trainer_of(cfg, train=False) as t:
         worker = t.group.worker
         model = worker.policy.model
@@ -423,11 +476,24 @@ def test_lora_exclude_modules_is_applied_as_peft_exclude_modules(
     linears of language layer 1 and none on layer 0 (nor the vision tower); after two steps the merged weights it
     pushes have layer 0 exactly as the base model and layer 1's projections moved. ``.*visual.*`` leaves adapters on
     all 14 language linears and none in the vision tower."""
-    linears = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj"}  # fmt: skip
+    linears = {
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    }
     lora = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8", "data.val_files=null")
-    cfg = make_cfg(tiny_model_dir, data, tmp_path / "layer0", *lora, *reward_overrides(rewards_file, "varied"),
-                   "actor_rollout_ref.model.exclude_modules=.*language_model.layers.0.*")  # fmt: skip
+    cfg = make_cfg(
+        tiny_model_dir,
+        data,
+        tmp_path / "layer0",
+        *lora,
+        *reward_overrides(rewards_file, "varied"),
+        "actor_rollout_ref.model.exclude_modules=.*language_model.layers.0.*",
+    )
     with trainer_of(cfg, train=False) as t:
         wrapped = lora_modules(t.group.worker.policy.model)
         assert wrapped == {f"model.language_model.layers.1.{m}" for m in linears}, sorted(wrapped)
@@ -458,9 +524,16 @@ def test_freeze_vision_tower_keeps_the_tower_exact_while_the_language_model_trai
 
     def run(name: str, *extra: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         out = tmp_path / name
-        cfg = make_cfg(tiny_model_dir, data, out, "data.val_files=null", "trainer.save_freq=2",
-                       "actor_rollout_ref.actor.optim.lr=1e-2", *reward_overrides(rewards_file, "varied"),
-                       *extra)  # fmt: skip
+        cfg = make_cfg(
+            tiny_model_dir,
+            data,
+            out,
+            "data.val_files=null",
+            "trainer.save_freq=2",
+            "actor_rollout_ref.actor.optim.lr=1e-2",
+            *reward_overrides(rewards_file, "varied"),
+            *extra,
+        )
         with trainer_of(cfg) as t:
             held = engine_state(t)
         export_checkpoint(out / "global_step_2", tmp_path / f"{name}_hf")
@@ -489,8 +562,13 @@ def ckpt_run(tiny_model_dir, data, rewards_file, tmp_path_factory) -> dict:
     """Run A: 2 steps, a checkpoint every step, keep 1. A line for step 3 is then appended to metrics.jsonl (as a
     run killed after logging step 3 would leave). Run B: the same folder, 3 steps, resume_mode=auto."""
     out = tmp_path_factory.mktemp("ckpt")
-    common = ("data.val_files=null", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1",
-              f"trainer.rollout_data_dir={out / 'samples'}", *reward_overrides(rewards_file, "varied"))  # fmt: skip
+    common = (
+        "data.val_files=null",
+        "trainer.save_freq=1",
+        "trainer.max_ckpt_to_keep=1",
+        f"trainer.rollout_data_dir={out / 'samples'}",
+        *reward_overrides(rewards_file, "varied"),
+    )
     fit(make_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=2", *common))
     after_a = {
         "folders": sorted(p.name for p in out.glob("global_step_*")),
@@ -560,8 +638,9 @@ def test_resume_modes(ckpt_run, tiny_model_dir, data, base_state):
         assert t.step == 3 and t.sampler.state_dict()["offset"] == 3
         w = engine_state(t)
         assert len(same_weights(w, base_state)) < len(w) // 2  # trained for 3 steps
-    with trainer_of(cfg("trainer.resume_mode=resume_path", f"trainer.resume_from_path={out / 'global_step_3'}"),
-                    train=False) as t:  # fmt: skip
+    with trainer_of(
+        cfg("trainer.resume_mode=resume_path", f"trainer.resume_from_path={out / 'global_step_3'}"), train=False
+    ) as t:
         assert t.step == 3
     for bad in (out / "global_step_9", out, out / "samples"):
         with pytest.raises(ConfigError, match="not a complete checkpoint"):
@@ -577,8 +656,18 @@ def fresh_run(ckpt_run, tiny_model_dir, data, tmp_path_factory) -> Path:
     older run's global_step_3 and metrics for steps 1-3)."""
     out = tmp_path_factory.mktemp("fresh") / "run"
     shutil.copytree(ckpt_run["out"], out)
-    fit(make_cfg(tiny_model_dir, data, out, "data.val_files=null", "trainer.total_training_steps=1",
-                 "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1", "trainer.resume_mode=disable"))  # fmt: skip
+    fit(
+        make_cfg(
+            tiny_model_dir,
+            data,
+            out,
+            "data.val_files=null",
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
+            "trainer.max_ckpt_to_keep=1",
+            "trainer.resume_mode=disable",
+        )
+    )
     return out
 
 
@@ -664,8 +753,7 @@ def test_user_advantage_estimator_from_file_drives_the_update(tiny_model_dir, da
         "    return adv, adv\n"
     )
     out = tmp_path / "run"
-    cfg = make_cfg(tiny_model_dir, data, out, f"algorithm.adv_estimator={est}:quarter",
-                   "trainer.log_val_generations=0")  # fmt: skip
+    cfg = make_cfg(tiny_model_dir, data, out, f"algorithm.adv_estimator={est}:quarter", "trainer.log_val_generations=0")
     last = fit(cfg)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

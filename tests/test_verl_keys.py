@@ -78,22 +78,39 @@ def test_verls_default_values_are_accepted_except_for_features_vlmrl_lacks() -> 
 
 def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
     """No dead rules: each pattern covers a key of verl 0.9.1, or one that verl's scripts of 2025-26 still pass."""
-    older = {"trainer.use_legacy_worker_impl", "trainer.max_ckpt_to_keep", "actor_rollout_ref.rollout.mode",
-             "actor_rollout_ref.model.use_remove_padding", "data.return_raw_chat", "data.return_raw_input_ids",
-             "data.return_full_prompt", "reward_model.overlong_buffer.enable", "trainer.balance_batch",
-             "actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.model.use_liger",
-             "algorithm.kl_penalty", "algorithm.lam", "npu_profile.options",
-             "reward.custom_reward_function.reward_kwargs",
-             "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
-             "actor_rollout_ref.actor.fsdp_config.grad_offload", "critic.model.fsdp_config.param_offload",
-             "critic.model.fsdp_config.optimizer_offload",
-             "trainer.use_ray",  # vlmrl's own older key (now trainer.launcher)
-             "async.fallback_kl", "async.tis_by_default",  # vlmrl's short form of async_training.*
-             # the FSDP reward-model worker's keys (verl before the reward loop; its scripts of 2025 still pass them)
-             "reward_model.strategy", "reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu",
-             "reward_model.ulysses_sequence_parallel_size", "reward_model.launch_reward_fn_async",
-             "reward_model.micro_batch_size", "reward_model.model.use_remove_padding",
-             "reward_model.model.use_fused_kernels"}  # fmt: skip
+    older = {
+        "trainer.use_legacy_worker_impl",
+        "trainer.max_ckpt_to_keep",
+        "actor_rollout_ref.rollout.mode",
+        "actor_rollout_ref.model.use_remove_padding",
+        "data.return_raw_chat",
+        "data.return_raw_input_ids",
+        "data.return_full_prompt",
+        "reward_model.overlong_buffer.enable",
+        "trainer.balance_batch",
+        "actor_rollout_ref.model.use_fused_kernels",
+        "actor_rollout_ref.model.use_liger",
+        "algorithm.kl_penalty",
+        "algorithm.lam",
+        "npu_profile.options",
+        "reward.custom_reward_function.reward_kwargs",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+        "actor_rollout_ref.actor.fsdp_config.grad_offload",
+        "critic.model.fsdp_config.param_offload",
+        "critic.model.fsdp_config.optimizer_offload",
+        "trainer.use_ray",  # vlmrl's own older key (now trainer.launcher)
+        "async.fallback_kl",
+        "async.tis_by_default",  # vlmrl's short form of async_training.*
+        # the FSDP reward-model worker's keys (verl before the reward loop; its scripts of 2025 still pass them)
+        "reward_model.strategy",
+        "reward_model.use_dynamic_bsz",
+        "reward_model.forward_max_token_len_per_gpu",
+        "reward_model.ulysses_sequence_parallel_size",
+        "reward_model.launch_reward_fn_async",
+        "reward_model.micro_batch_size",
+        "reward_model.model.use_remove_padding",
+        "reward_model.model.use_fused_kernels",
+    }
     import fnmatch
 
     keys = verl_keys() | older
@@ -111,14 +128,17 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
         ("actor_rollout_ref.ref.entropy_from_logits_with_chunking=True", NOTICE, "entropy"),
         ("actor_rollout_ref.actor.freeze_vision_tower=True", ALIAS, "++actor_rollout_ref.model.freeze_vision_tower="),
         ("actor_rollout_ref.actor.optim.clip_grad=0.5", ALIAS, "++actor_rollout_ref.actor.grad_clip=0.5"),
-        ("actor_rollout_ref.rollout.max_num_seqs=64", ALIAS,
-         "++actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=64"),
+        (
+            "actor_rollout_ref.rollout.max_num_seqs=64",
+            ALIAS,
+            "++actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=64",
+        ),
         ("reward.custom_reward_function.path=r.py", ALIAS, "++custom_reward_function.path=r.py"),
         ("actor_rollout_ref.rollout.multi_stage_wake_up=True", FEATURE, "multi-stage wake-up (an SGLang feature)"),
         ("+actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", FEATURE, "Megatron-LM"),
         ("global_profiler.save_path=./mem", FEATURE, "verl's profiler"),
     ],
-)  # fmt: skip
+)
 def test_verl_keys_get_their_answer(override: str, kind: str, expected: str) -> None:
     t = translate([override])
     if kind == NOTICE:
@@ -131,7 +151,8 @@ def test_verl_keys_get_their_answer(override: str, kind: str, expected: str) -> 
 
 def test_aliases_take_effect_in_the_composed_config() -> None:
     cfg = load(
-        BASE + [
+        BASE
+        + [
             "actor_rollout_ref.actor.freeze_vision_tower=True",
             "actor_rollout_ref.actor.optim.clip_grad=0.5",
             "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
@@ -142,7 +163,7 @@ def test_aliases_take_effect_in_the_composed_config() -> None:
             "trainer.max_ckpt_to_keep=3",
             "actor_rollout_ref.actor.fsdp_config.offload_policy=True",
         ]
-    )  # fmt: skip
+    )
     arr = cfg.actor_rollout_ref
     assert arr.model.freeze_vision_tower is True and arr.actor.grad_clip == 0.5
     assert arr.actor.optim.warmup_style == "cosine" and arr.actor.fsdp_config.param_offload is True
@@ -159,10 +180,21 @@ def test_a_misspelling_still_gets_the_nearest_key_but_unrelated_keys_get_none() 
 
 def test_notices_print_once_on_stderr_and_the_run_goes_on(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "vlmrl.train", *BASE, "actor_rollout_ref.model.use_fused_kernels=True",
-         "actor_rollout_ref.actor.use_torch_compile=False", "--cfg", "job"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vlmrl.train",
+            *BASE,
+            "actor_rollout_ref.model.use_fused_kernels=True",
+            "actor_rollout_ref.actor.use_torch_compile=False",
+            "--cfg",
+            "job",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("use_fused_kernels=True: accepted with no effect") == 1
     assert "use_torch_compile=False: accepted with no effect" in proc.stderr

@@ -80,13 +80,19 @@ def test_rlla_reward_gets_extra_info_by_keyword() -> None:
         good, bad = rm.score(
             [
                 RewardSample(
-                    response=response, prompt="p", ground_truth=truth, data_source="rlla",
+                    response=response,
+                    prompt="p",
+                    ground_truth=truth,
+                    data_source="rlla",
                     extra_info={"experiment_name": "qwen_tools"},
                 ),
                 RewardSample(
-                    response="<think>no</think>\nIt is sunny.", prompt="p", ground_truth=truth, data_source="rlla",
+                    response="<think>no</think>\nIt is sunny.",
+                    prompt="p",
+                    ground_truth=truth,
+                    data_source="rlla",
                     extra_info={"experiment_name": "qwen_tools"},
                 ),
             ]
-        ).scores  # fmt: skip
+        ).scores
     assert good > bad

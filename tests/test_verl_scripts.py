@@ -42,11 +42,20 @@ SCRIPTS: dict[str, str | None] = {
     "run_qwen2.5-3b_geo3k_multiturn.sh": "the SGLang rollout is not implemented in vlmrl",
 }
 PLAN_LINES = {
-    "run_qwen2_5_vl-7b_lora.sh": ("LoRA rank 64", "lr 3e-06", "KL loss on (low_var_kl)",
-                                  "512 prompts x n=5 = 2560 samples per step", "15 epoch(s)"),
-    "run_qwen2_5_vl-7b_freeze_vision.sh": ("vision tower frozen", "LoRA rank 0",
-                                           "512 prompts x n=5 = 2560 samples per step", "15 epoch(s)"),
-}  # fmt: skip
+    "run_qwen2_5_vl-7b_lora.sh": (
+        "LoRA rank 64",
+        "lr 3e-06",
+        "KL loss on (low_var_kl)",
+        "512 prompts x n=5 = 2560 samples per step",
+        "15 epoch(s)",
+    ),
+    "run_qwen2_5_vl-7b_freeze_vision.sh": (
+        "vision tower frozen",
+        "LoRA rank 0",
+        "512 prompts x n=5 = 2560 samples per step",
+        "15 epoch(s)",
+    ),
+}
 """Lines of a script's dry-run plan that show its own settings."""
 QWEN3_VL = ["run_qwen3_vl-8b-megatron.sh", "run_qwen3_vl-30b-megatron.sh", "run_qwen3_vl-235b-megatron.sh"]
 """verl's Qwen3-VL scripts (all Megatron): refused as they are; their FSDP version (:func:`fsdp_version`) runs."""
@@ -102,8 +111,12 @@ def run_script(
         full = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", **(env or {})}
         return subprocess.run(
             [sys.executable, "-m", "vlmrl.run_verl", str(VERL / script), *_script_args(script, args)],
-            cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+            cwd=cwd,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -113,7 +126,6 @@ def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None 
     with the variables the script exported. The exit status is the trainer's, or bash's when the script goes on
     after the trainer's command and fails (verl's 30B script)."""
     from runs import cli_here
-
     from vlmrl.config.verl.scripts import commands
 
     with tempfile.TemporaryDirectory(prefix="verl-checkout-") as cwd:
@@ -142,9 +154,11 @@ def fsdp_version(script: str, folder: Path) -> Path:
     keep = [ln for i, ln in enumerate(lines) if not (i > start and ln.lstrip().startswith("#"))]
     keep = [ln for ln in keep if ".megatron." not in ln and "override_optimizer_config" not in ln]
     text = "\n".join(keep).replace("'ppo_megatron_trainer.yaml'", "'ppo_trainer.yaml'")
-    text = text.replace("algorithm.adv_estimator=grpo \\",
-                        "algorithm.adv_estimator=grpo \\\n    actor_rollout_ref.actor.strategy=fsdp2 \\\n"
-                        "    actor_rollout_ref.ref.strategy=fsdp2 \\")  # fmt: skip
+    text = text.replace(
+        "algorithm.adv_estimator=grpo \\",
+        "algorithm.adv_estimator=grpo \\\n    actor_rollout_ref.actor.strategy=fsdp2 \\\n"
+        "    actor_rollout_ref.ref.strategy=fsdp2 \\",
+    )
     assert "strategy=fsdp2" in text and ".megatron." not in text and "ppo_megatron_trainer" not in text
     out = folder / script.replace("-megatron", "-fsdp2")
     out.write_text(text + "\n")
@@ -195,10 +209,15 @@ def test_verls_qwen3_vl_script_on_fsdp_trains_at_tiny_scale(verl_home: Path, tmp
     model = ensure_tiny_model(0, TINY_QWEN3_VL)
     out = tmp_path / "run"
     proc = run_script(
-        str(fsdp_version("run_qwen3_vl-8b-megatron.sh", tmp_path)), verl_home, *OVERRIDES,
-        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}",
-        "trainer.logger=[console,jsonl,wandb]", timeout=600, env={"GEN_TP": "2"},
-    )  # fmt: skip
+        str(fsdp_version("run_qwen3_vl-8b-megatron.sh", tmp_path)),
+        verl_home,
+        *OVERRIDES,
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl,wandb]",
+        timeout=600,
+        env={"GEN_TP": "2"},
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"val/reward/mean"' in lines[0] and '"actor/kl_loss"' in lines[1]
@@ -261,9 +280,15 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     out = tmp_path / "run"
     engine = ["actor_rollout_ref.rollout.name=vllm"] if script == MULTI_TURN else []
     proc = run_script(
-        script, verl_home, *OVERRIDES, *engine, f"actor_rollout_ref.model.path={tiny_model_dir}",
-        f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl,wandb]", timeout=600,
-    )  # fmt: skip
+        script,
+        verl_home,
+        *OVERRIDES,
+        *engine,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl,wandb]",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     if script == MULTI_TURN:  # its trainer.save_freq=-1: no checkpoint
         assert not list(out.glob("global_step_*"))
@@ -303,8 +328,13 @@ def verl_ppo_lines(model: str) -> list[str]:
 def test_verls_ppo_launch_line_passes_the_dry_run(verl_home: Path, tiny_model_dir: str) -> None:
     """verl's GRPO Qwen2.5-VL script with verl's PPO critic lines: the dry run shows the critic, GAE, the adaptive
     in-reward KL and the memory of actor, reference, critic and engine."""
-    proc = script_here("run_qwen2_5_vl-7b.sh", verl_home, "trainer.dry_run=True",
-                       f"actor_rollout_ref.model.path={tiny_model_dir}", *verl_ppo_lines(tiny_model_dir))  # fmt: skip
+    proc = script_here(
+        "run_qwen2_5_vl-7b.sh",
+        verl_home,
+        "trainer.dry_run=True",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        *verl_ppo_lines(tiny_model_dir),
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
     assert "algorithm: gae (gamma 1, lambda 1), in-reward KL kl, adaptive coefficient 0.001" in proc.stdout
@@ -321,16 +351,26 @@ def test_verls_ppo_launch_line_trains_at_tiny_scale(verl_home: Path, tiny_model_
 
     out = tmp_path / "run"
     proc = run_script(
-        "run_qwen2_5_vl-7b.sh", verl_home, *OVERRIDES, f"actor_rollout_ref.model.path={tiny_model_dir}",
-        *verl_ppo_lines(tiny_model_dir), f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl]",
+        "run_qwen2_5_vl-7b.sh",
+        verl_home,
+        *OVERRIDES,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        *verl_ppo_lines(tiny_model_dir),
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl]",
         timeout=600,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and "val/reward/mean" in rows[0]
     for r in rows[1:]:
-        assert {"critic/vf_loss", "critic/vf_explained_var", "reward/kl_penalty", "reward/kl_coef",
-                "actor/kl_loss"} <= set(r)  # fmt: skip
+        assert {
+            "critic/vf_loss",
+            "critic/vf_explained_var",
+            "reward/kl_penalty",
+            "reward/kl_coef",
+            "actor/kl_loss",
+        } <= set(r)
     assert (out / "global_step_2" / "critic" / ".metadata").is_file()
     # verl's plain 7B script's own lines: its engine size, the actor's checkpoint, packed updates (use_remove_padding)
     assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout, proc.stdout[-3000:]
@@ -358,8 +398,9 @@ def text_model(home: Path, tiny_model_dir: str) -> Path:
     from transformers import Qwen2Config
 
     folder = home / "verl" / "models" / "Qwen" / "Qwen2.5-3B-Instruct"
-    Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2).save_pretrained(folder)  # fmt: skip
+    Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ).save_pretrained(folder)
     for f in Path(tiny_model_dir).glob("tokenizer*"):
         shutil.copy(f, folder / f.name)
     return folder
@@ -367,8 +408,10 @@ def text_model(home: Path, tiny_model_dir: str) -> Path:
 
 def one_step_env(home: Path, model: str | None = None) -> dict[str, str]:
     """The script's own variables, as a user sets them: the data (verl's geo3k preprocessing output), the model."""
-    env = {"TRAIN_FILE": str(home / "data" / "geo3k" / "train.parquet"),
-           "TEST_FILE": str(home / "data" / "geo3k" / "test.parquet")}  # fmt: skip
+    env = {
+        "TRAIN_FILE": str(home / "data" / "geo3k" / "train.parquet"),
+        "TEST_FILE": str(home / "data" / "geo3k" / "test.parquet"),
+    }
     return env | ({"MODEL_PATH": model} if model else {})
 
 
@@ -386,8 +429,9 @@ def test_verls_one_step_scripts_are_refused_only_for_their_model_or_a_named_feat
     assert "1 problem(s); the run would not start" in out, out[-4000:]
     assert "Traceback" not in out and "Did you mean" not in out and "not implemented in vlmrl" not in out
 
-    vl = script_here(ONE_STEP, verl_home, "trainer.dry_run=True", "trainer.device=cuda",
-                     env=one_step_env(verl_home, tiny_model_dir))  # fmt: skip
+    vl = script_here(
+        ONE_STEP, verl_home, "trainer.dry_run=True", "trainer.device=cuda", env=one_step_env(verl_home, tiny_model_dir)
+    )
     plan = vl.stdout
     assert vl.returncode == 0 and "OK: the run would start" in plan, (vl.stdout + vl.stderr)[-4000:]
     assert "workers: 1 node(s) x 6 GPU(s) = 6 training worker(s)" in plan, plan
@@ -409,10 +453,16 @@ def test_verls_one_step_script_trains_at_tiny_scale(verl_home: Path, tiny_model_
 
     out = tmp_path / "run"
     proc = run_script(
-        ONE_STEP, verl_home, *OVERRIDES, "trainer.cpu_workers=1", "rollout.cpu_workers=2",
-        f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl]", timeout=600,
+        ONE_STEP,
+        verl_home,
+        *OVERRIDES,
+        "trainer.cpu_workers=1",
+        "rollout.cpu_workers=2",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl]",
+        timeout=600,
         env=one_step_env(verl_home, tiny_model_dir),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "1 training worker(s)" in proc.stdout and "2 rollout worker(s)" in proc.stdout, proc.stdout[-3000:]
     assert "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runs import processes
 from transformers import AutoModelForImageTextToText
 from utils import clip, expanded, noise, video_prompt
 
+from runs import processes
 from vlmrl.batch import RewardSample, RolloutBatch
 from vlmrl.config import ActorRolloutRefConfig, RolloutConfig
 from vlmrl.models import forward, qwen_vl
@@ -48,30 +48,37 @@ def test_rope_index_is_transformers_for_images_and_vllm_for_videos(tiny_processo
         video_prompt(tiny_processor, "Two pictures.", [], 2.0, images=[noise(1), noise(2, (56, 112))]),
         video_prompt(tiny_processor, "One.", [], 2.0, images=[noise(3)]),
     ]
-    rb = RolloutBatch([expanded(tiny_processor, p) for p in prompts], [[5, 6], [7]], [[0.0] * 2, [0.0]], ["stop"] * 2,
-                      n=1)  # fmt: skip
+    rb = RolloutBatch(
+        [expanded(tiny_processor, p) for p in prompts], [[5, 6], [7]], [[0.0] * 2, [0.0]], ["stop"] * 2, n=1
+    )
     x = build_inputs(prompts, rb, process_images(tiny_processor, prompts), tiny_processor.tokenizer.pad_token_id)
     grid = torch.cat([im.image_grid_thw for im in x.images])
     mine = qwen_vl.rope_index(x.input_ids, x.attention_mask, ids, hf_model.config, grid)
-    theirs = hf_model.model.get_rope_index(x.input_ids, qwen_vl.mm_token_type_ids(x.input_ids, ids), grid,
-                                           attention_mask=x.attention_mask)[0]  # fmt: skip
+    theirs = hf_model.model.get_rope_index(
+        x.input_ids, qwen_vl.mm_token_type_ids(x.input_ids, ids), grid, attention_mask=x.attention_mask
+    )[0]
     assert torch.equal(mine, theirs)
 
     p = video_prompt(tiny_processor, "What happens?", [clip(6)], fps=1.5)  # 3 temporal patches, 2 s each
     rb = RolloutBatch([expanded(tiny_processor, p)], [[5, 6]], [[0.0, 0.0]], ["stop"], n=1)
     x = build_inputs([p], rb, process_images(tiny_processor, [p]), tiny_processor.tokenizer.pad_token_id)
     v = x.images[0]
-    pos = qwen_vl.rope_index(x.input_ids, x.attention_mask, ids, hf_model.config, None, v.video_grid_thw,
-                             v.second_per_grid_ts)  # fmt: skip
+    pos = qwen_vl.rope_index(
+        x.input_ids, x.attention_mask, ids, hf_model.config, None, v.video_grid_thw, v.second_per_grid_ts
+    )
     pads = (x.input_ids[0] == ids.video_pad).nonzero().flatten()
     start, end = int(pads[0]), int(pads[-1])
     t_axis = pos[0, 0, start : end + 1].unique().tolist()
     s0 = int(pos[0, 0, start])
     assert [t - s0 for t in t_axis] == [0, 2, 5]  # trunc(k x 2 tokens/s x 1.333 s)
     assert int(pos[0, 0, end + 1]) == int(pos[:, 0, : end + 1].max()) + 1 == s0 + 6
-    theirs = hf_model.model.get_rope_index(x.input_ids, qwen_vl.mm_token_type_ids(x.input_ids, ids),
-                                           video_grid_thw=v.video_grid_thw, second_per_grid_ts=v.second_per_grid_ts,
-                                           attention_mask=x.attention_mask)[0]  # fmt: skip
+    theirs = hf_model.model.get_rope_index(
+        x.input_ids,
+        qwen_vl.mm_token_type_ids(x.input_ids, ids),
+        video_grid_thw=v.video_grid_thw,
+        second_per_grid_ts=v.second_per_grid_ts,
+        attention_mask=x.attention_mask,
+    )[0]
     assert int(theirs[0, 0, end + 1]) < int(pos[0, 0, end + 1])  # why vlmrl builds its own
 
 
@@ -83,9 +90,15 @@ def test_vllm_video_and_image_video_logprobs_match_the_trainer(tiny_model_dir, t
     from vlmrl.rollout.vllm import VLLMRollout
 
     vp, ip = tiny_processor.video_processor, tiny_processor.image_processor
-    engine = VLLMRollout(tiny_model_dir, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=1,
-                         limit_videos=1, pixel_bounds=qwen_vl.pixel_bounds(ip),
-                         video_pixel_bounds=qwen_vl.pixel_bounds(vp))  # fmt: skip
+    engine = VLLMRollout(
+        tiny_model_dir,
+        rollout_cfg=RolloutConfig(),
+        max_model_len=512,
+        limit_images=1,
+        limit_videos=1,
+        pixel_bounds=qwen_vl.pixel_bounds(ip),
+        video_pixel_bounds=qwen_vl.pixel_bounds(vp),
+    )
     mm = engine.llm.llm_engine.vllm_config.model_config.multimodal_config
     assert mm.mm_processor_cache_gb == 0 and mm.get_limit_per_prompt("video") == 1
     prompts = [
@@ -96,11 +109,23 @@ def test_vllm_video_and_image_video_logprobs_match_the_trainer(tiny_model_dir, t
     assert len({tuple(r) for r in rb.response_ids}) > 2
     for k, p in enumerate(prompts):  # the engine expanded the single pads as the processor does
         enc = tiny_processor(
-            text=[p.prompt_text], images=p.images or None, videos=[v.frames for v in p.videos],
-            videos_kwargs={"video_metadata": [{k: x for k, x in qwen_vl.video_metadata(len(v.frames), v.sample_fps)
-                                               .items() if k != "do_sample_frames"} for v in p.videos],
-                           "do_sample_frames": False, "cap_pixels_per_frame": False}, return_tensors="pt",
-        )  # fmt: skip
+            text=[p.prompt_text],
+            images=p.images or None,
+            videos=[v.frames for v in p.videos],
+            videos_kwargs={
+                "video_metadata": [
+                    {
+                        k: x
+                        for k, x in qwen_vl.video_metadata(len(v.frames), v.sample_fps).items()
+                        if k != "do_sample_frames"
+                    }
+                    for v in p.videos
+                ],
+                "do_sample_frames": False,
+                "cap_pixels_per_frame": False,
+            },
+            return_tensors="pt",
+        )
         assert rb.prompt_ids[4 * k] == enc["input_ids"][0].tolist()
     for fn in (forward.shared_sample_logits, forward.full_sequence_logits):
         gap = lp_gap(hf_model, tiny_processor, prompts, rb, fn)
@@ -108,16 +133,22 @@ def test_vllm_video_and_image_video_logprobs_match_the_trainer(tiny_model_dir, t
         assert gap <= 1e-4
     # the same forward with transformers' own M-RoPE positions after the video disagrees: the check above can fail
     ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
-    x = build_inputs(prompts[:1], rb.select_groups([0]), process_images(tiny_processor, prompts[:1]),
-                     tiny_processor.tokenizer.pad_token_id)  # fmt: skip
+    x = build_inputs(
+        prompts[:1],
+        rb.select_groups([0]),
+        process_images(tiny_processor, prompts[:1]),
+        tiny_processor.tokenizer.pad_token_id,
+    )
     v = x.images[0]
     with torch.no_grad():
         logits = hf_model(
-            input_ids=x.input_ids, attention_mask=x.attention_mask,
+            input_ids=x.input_ids,
+            attention_mask=x.attention_mask,
             mm_token_type_ids=qwen_vl.mm_token_type_ids(x.input_ids, ids),
-            pixel_values_videos=v.pixel_values_videos.repeat(4, 1), video_grid_thw=v.video_grid_thw.repeat(4, 1),
+            pixel_values_videos=v.pixel_values_videos.repeat(4, 1),
+            video_grid_thw=v.video_grid_thw.repeat(4, 1),
             second_per_grid_ts=v.second_per_grid_ts.repeat(4),
-        ).logits  # fmt: skip
+        ).logits
     R = x.responses.shape[1]
     lp = torch.log_softmax(logits[:, -R - 1 : -1].float(), -1).gather(-1, x.responses[..., None]).squeeze(-1)
     wrong = max(float((lp[i, : len(r)] - torch.tensor(r)).abs().max()) for i, r in enumerate(rb.logprobs[:4]))
@@ -149,8 +180,9 @@ def _update_rank(rank: int, world: int, rendezvous: str, model_dir: str, groups:
     from vlmrl.workers.policy import PolicyWorker
 
     # a collective the other rank never joins fails in a minute instead of hanging the test
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
     proc = AutoProcessor.from_pretrained(model_dir)
     every = [
         video_prompt(proc, "What happens?", [clip(6)], fps=1.5, index=0),  # the video group
@@ -159,8 +191,13 @@ def _update_rank(rank: int, world: int, rendezvous: str, model_dir: str, groups:
     prompts = [every[g] for g in groups]
     n = 4
     resp = [[10 + (3 * g + k) % 7, 20 + k, 30] for g in groups for k in range(n)]
-    rb = RolloutBatch([expanded(proc, p) for p in prompts for _ in range(n)], resp, [[0.0] * 3] * len(resp),
-                      ["length"] * len(resp), n=n)  # fmt: skip
+    rb = RolloutBatch(
+        [expanded(proc, p) for p in prompts for _ in range(n)],
+        resp,
+        [[0.0] * 3] * len(resp),
+        ["length"] * len(resp),
+        n=n,
+    )
     x = build_inputs(prompts, rb, process_images(proc, prompts), proc.tokenizer.pad_token_id)
     arr = ActorRolloutRefConfig()
     arr.model.path = model_dir
@@ -173,9 +210,12 @@ def _update_rank(rank: int, world: int, rendezvous: str, model_dir: str, groups:
     before = worker.logprobs(x)
     metrics = worker.update(x, adv, len(resp))
     out[(world, rank)] = {
-        "before": before, "after": worker.logprobs(x), "grad_norm": metrics["actor/grad_norm"],
-        "pg_loss": metrics["actor/pg_loss"], "pushed": sorted(name for name, _ in worker.engine_weights()),
-    }  # fmt: skip
+        "before": before,
+        "after": worker.logprobs(x),
+        "grad_norm": metrics["actor/grad_norm"],
+        "pg_loss": metrics["actor/pg_loss"],
+        "pushed": sorted(name for name, _ in worker.engine_weights()),
+    }
     dist.destroy_process_group()
 
 
@@ -190,8 +230,10 @@ def test_ranks_without_videos_run_the_dummy_vision_pass_and_train_alike(tiny_mod
         runs = [(2, [[0], [1]]), (1, [[0, 1]])]
         for world, shards in runs:
             rdv = f"file://{tmp_path / f'rdv{world}'}"
-            procs = [ctx.Process(target=_update_rank, args=(r, world, rdv, str(tiny_model_dir), shards[r], out))
-                     for r in range(world)]  # fmt: skip
+            procs = [
+                ctx.Process(target=_update_rank, args=(r, world, rdv, str(tiny_model_dir), shards[r], out))
+                for r in range(world)
+            ]
             for p in procs:
                 p.start()
             for p in procs:
@@ -255,8 +297,23 @@ def video_colour_data(tmp_path_factory) -> Path:
     from vlmrl.preprocess import synthetic
 
     data = tmp_path_factory.mktemp("video_colour")
-    synthetic.main(["--output-dir", str(data), "--families", "video_colour", "--image-size", "112", "--train-size",
-                    "1024", "--test-size", "48", "--seed", "0", "--no-progress"])  # fmt: skip
+    synthetic.main(
+        [
+            "--output-dir",
+            str(data),
+            "--families",
+            "video_colour",
+            "--image-size",
+            "112",
+            "--train-size",
+            "1024",
+            "--test-size",
+            "48",
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     return data
 
 
@@ -266,15 +323,15 @@ def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, vi
     """The video colour task learns (validation >= 0.9 after 70 steps) with the tiny Qwen2.5-VL and the tiny Qwen3-VL
     (its frames behind text timestamps, positioned one by one)."""
     from runs import base_args, metrics, run_to_end
-
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     model = tiny_model_dir if family == "qwen2_5_vl" else str(ensure_tiny_model(0, FAMILY_SPECS[family]))
 
     data = video_colour_data
     out = tmp_path / "run"
-    run = run_to_end(base_args(model, data, out, "trainer.total_training_steps=70", "trainer.test_freq=70"),
-                     timeout=900)  # fmt: skip
+    run = run_to_end(
+        base_args(model, data, out, "trainer.total_training_steps=70", "trainer.test_freq=70"), timeout=900
+    )
     assert "videos/prompt 1" in run.output()
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}

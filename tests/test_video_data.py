@@ -35,8 +35,14 @@ def load(files, processor, **kw) -> RLDataset:
 def test_frame_sampling_and_frame_size_follow_qwen_vl_utils():
     from qwen_vl_utils import vision_process as qvu
 
-    for total, fps_src, kw in [(30, 10.0, {}), (7, 2.0, {}), (300, 30.0, {"fps": 1.0}), (9, 3.0, {"nframes": 4}),
-                               (1000, 25.0, {"fps": 4.0, "max_frames": 16}), (5, 1.0, {"min_frames": 6})]:  # fmt: skip
+    for total, fps_src, kw in [
+        (30, 10.0, {}),
+        (7, 2.0, {}),
+        (300, 30.0, {"fps": 1.0}),
+        (9, 3.0, {"nframes": 4}),
+        (1000, 25.0, {"fps": 4.0, "max_frames": 16}),
+        (5, 1.0, {"min_frames": 6}),
+    ]:
         ele = dict(kw)
         want_n = qvu.smart_nframes(ele, total_frames=total, video_fps=fps_src)
         sampling = qwen_vl.FrameSampling(**{k: v for k, v in kw.items()})
@@ -64,9 +70,27 @@ def test_synthetic_video_families_write_verl_schema_parquet(tmp_path, tiny_proce
     from vlmrl.preprocess import synthetic
 
     out = tmp_path / "synth"
-    synthetic.main(["--output-dir", str(out), "--families", "video_colour,video_motion,video_order,colour",
-                    "--train-size", "24", "--test-size", "8", "--image-size", "112", "--video-frames", "4",
-                    "--video-fps", "2", "--no-progress", "--num-proc", "2"])  # fmt: skip
+    synthetic.main(
+        [
+            "--output-dir",
+            str(out),
+            "--families",
+            "video_colour,video_motion,video_order,colour",
+            "--train-size",
+            "24",
+            "--test-size",
+            "8",
+            "--image-size",
+            "112",
+            "--video-frames",
+            "4",
+            "--video-fps",
+            "2",
+            "--no-progress",
+            "--num-proc",
+            "2",
+        ]
+    )
     table = pq.read_table(out / "train.parquet")
     assert table.column_names[:4] == ["data_source", "prompt", "images", "videos"]
     recs = table.to_pylist()
@@ -89,8 +113,9 @@ def test_synthetic_video_families_write_verl_schema_parquet(tmp_path, tiny_proce
         coloured = [np.flatnonzero((fr != 255).any(axis=2).any(axis=1 - axis)) for fr in frames]
         assert all(len(c) for c in coloured)
         sign = 1 if r["reward_model"]["ground_truth"] in ("right", "down") else -1
-        first = [int(c[0]) if not (c[0] == 0 and c[-1] == 111) else int(c[np.argmax(np.diff(c) > 1) + 1])
-                 for c in coloured]  # fmt: skip
+        first = [
+            int(c[0]) if not (c[0] == 0 and c[-1] == 111) else int(c[np.argmax(np.diff(c) > 1) + 1]) for c in coloured
+        ]
         assert all((b - a) * sign % 112 == 14 for a, b in zip(first, first[1:])), first
     # the order family: two colours, the answer the second one
     for r in by_family["video_order"]:
@@ -146,8 +171,19 @@ def test_jsonl_with_a_video_file_and_a_frame_folder(tmp_path, media, tiny_proces
     ]
     src = tmp_path / "clips.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    args = ["--input", str(src), "--image-dir", str(media), "--no-progress", "--video-fps", "2",
-            "--video-min-pixels", "3136", "--video-max-pixels", "12544"]  # fmt: skip
+    args = [
+        "--input",
+        str(src),
+        "--image-dir",
+        str(media),
+        "--no-progress",
+        "--video-fps",
+        "2",
+        "--video-min-pixels",
+        "3136",
+        "--video-max-pixels",
+        "12544",
+    ]
     jsonl.main([*args, "--output-dir", str(tmp_path / "bytes")])
     jsonl.main([*args, "--output-dir", str(tmp_path / "paths"), "--store-paths"])
     first, second = pq.read_table(tmp_path / "bytes" / "train.parquet").to_pylist()
@@ -210,8 +246,19 @@ def test_jsonl_every_video_reject_reason(tmp_path, media, monkeypatch):
     src = tmp_path / "bad.jsonl"
     src.write_text("\n".join(json.dumps({"question": q, "answer": "a", "videos": v}) for q, v, _ in rows_) + "\n")
     out = tmp_path / "out"
-    report = jsonl.main(["--input", str(src), "--image-dir", str(media), "--output-dir", str(out), "--no-progress",
-                         "--max-video-bytes", str(limit)])  # fmt: skip
+    report = jsonl.main(
+        [
+            "--input",
+            str(src),
+            "--image-dir",
+            str(media),
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--max-video-bytes",
+            str(limit),
+        ]
+    )
     got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     want = [(f"{src}:{k + 1}", reason) for k, (_, _, reason) in enumerate(rows_) if reason]
     assert [(r["source"], r["reason"]) for r in got] == want, got
@@ -260,8 +307,12 @@ def test_a_video_longer_than_the_frame_cap_is_refused(tmp_path, tiny_processor, 
         load(long_file, tiny_processor)[0]
     assert len(load(parquet("fits.parquet", f"fits.{ext}"), tiny_processor)[0].videos[0].frames) >= 2
     src = tmp_path / "clips.jsonl"
-    src.write_text("".join(json.dumps({"question": "<video>Q?", "answer": "a", "videos": [f"{n}.{ext}"]}) + "\n"
-                           for n in ("long", "fits")))  # fmt: skip
+    src.write_text(
+        "".join(
+            json.dumps({"question": "<video>Q?", "answer": "a", "videos": [f"{n}.{ext}"]}) + "\n"
+            for n in ("long", "fits")
+        )
+    )
     out = tmp_path / "out"
     report = jsonl.main(["--input", str(src), "--image-dir", str(media), "--output-dir", str(out), "--no-progress"])
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
@@ -274,8 +325,12 @@ def test_dataset_reads_verl_video_entries_and_names_bad_rows(tmp_path, media, ti
     DataError naming file and row."""
 
     def write(name: str, videos: list, question: str = "<video>What moves?") -> str:
-        rec = {"data_source": "mine", "prompt": [{"role": "user", "content": question}], "videos": videos,
-               "reward_model": {"style": "rule", "ground_truth": "a"}}  # fmt: skip
+        rec = {
+            "data_source": "mine",
+            "prompt": [{"role": "user", "content": question}],
+            "videos": videos,
+            "reward_model": {"style": "rule", "ground_truth": "a"},
+        }
         path = media / name
         pq.write_table(pa.Table.from_pylist([rec]), path)
         return str(path)
@@ -310,8 +365,15 @@ def test_video_keys_are_config_keys_and_bad_values_are_refused():
     from vlmrl.config import ConfigError
     from vlmrl.config import load as load_config
 
-    cfg = load_config(["data.train_files=x.parquet", "actor_rollout_ref.model.path=m", "data.video_key=clips",
-                       "data.video_fps=1.0", "data.video_max_pixels=50176"])  # fmt: skip
+    cfg = load_config(
+        [
+            "data.train_files=x.parquet",
+            "actor_rollout_ref.model.path=m",
+            "data.video_key=clips",
+            "data.video_fps=1.0",
+            "data.video_max_pixels=50176",
+        ]
+    )
     assert cfg.data.video_key == "clips" and cfg.data.video_fps == 1.0
     bad = ["data.video_fps=0", "data.video_max_frames=1", "data.video_min_pixels=99999", "data.video_max_pixels=3136"]
     with pytest.raises(ConfigError) as e:

@@ -86,10 +86,21 @@ def build_verl_home(home: Path) -> Path:
     )
     for script, folder in (("geo3k.py", "geo3k"), ("geo3k_multiturn_w_tool.py", "geo3k_multiturn_w_tool")):
         subprocess.run(
-            [sys.executable, "-c", runner, str(VERL_EXAMPLES / script), "--local_dataset_path", str(src),
-             "--local_save_dir", str(home / "data" / folder)],
-            check=True, capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                runner,
+                str(VERL_EXAMPLES / script),
+                "--local_dataset_path",
+                str(src),
+                "--local_save_dir",
+                str(home / "data" / folder),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "HOME": str(home)},
+            timeout=300,
+        )
         assert all((home / "data" / folder / f"{split}.parquet").is_file() for split in ("train", "test"))
     return home
 
@@ -102,11 +113,15 @@ def cached_verl_home() -> Path:
 
     from vlmrl.testing.tiny import cache_root, cached_build
 
-    code = [VERL_EXAMPLES / "geo3k.py", VERL_EXAMPLES / "geo3k_multiturn_w_tool.py",
-            Path(__file__).parents[1] / "vlmrl" / "testing" / "smoke.py"]  # fmt: skip
+    code = [
+        VERL_EXAMPLES / "geo3k.py",
+        VERL_EXAMPLES / "geo3k_multiturn_w_tool.py",
+        Path(__file__).parents[1] / "vlmrl" / "testing" / "smoke.py",
+    ]
     key = hashlib.sha256(b"".join(f.read_bytes() for f in code) + inspect.getsource(build_verl_home).encode())
-    return cached_build(cache_root() / f"verl-home-{key.hexdigest()[:12]}", "data/geo3k_multiturn_w_tool/test.parquet",
-                        build_verl_home)  # fmt: skip
+    return cached_build(
+        cache_root() / f"verl-home-{key.hexdigest()[:12]}", "data/geo3k_multiturn_w_tool/test.parquet", build_verl_home
+    )
 
 
 def verl_geo3k_launch_line(home: Path) -> list[str]:
@@ -123,8 +138,9 @@ def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: flo
     vp, ip = processor.video_processor, processor.image_processor
     vids = []
     for frames in videos:
-        size = qwen_vl.video_frame_size(*frames[0].size, len(frames), qwen_vl.patch_factor(vp),
-                                        *qwen_vl.pixel_bounds(vp), None)  # fmt: skip
+        size = qwen_vl.video_frame_size(
+            *frames[0].size, len(frames), qwen_vl.patch_factor(vp), *qwen_vl.pixel_bounds(vp), None
+        )
         resized = qwen_vl.resize_frames(frames, size)
         stamps = [k / fps for k in range(len(frames))]
         vids.append(Video(resized, stamps + stamps[-1:] * (len(resized) - len(frames)), fps, frames[0].size))
@@ -133,8 +149,19 @@ def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: flo
     messages = [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
     prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = qwen_vl.engine_prompt_ids(processor.tokenizer, prompt_text, len(images), len(videos))
-    return PromptSample(index, f"test:{index}", "test", messages, prompt_text, ids, ims, [im.size for im in images],
-                        "red", {}, videos=vids)  # fmt: skip
+    return PromptSample(
+        index,
+        f"test:{index}",
+        "test",
+        messages,
+        prompt_text,
+        ids,
+        ims,
+        [im.size for im in images],
+        "red",
+        {},
+        videos=vids,
+    )
 
 
 def family_of_processor(processor) -> qwen_vl.Family:
@@ -212,8 +239,23 @@ def synthetic_data(out: Path, families: str = "colour", train: int = 16, test: i
     """``preprocess/synthetic.py`` data in ``out`` (seed 0, no progress bar); returns ``out``."""
     from vlmrl.preprocess.synthetic import main as synthetic
 
-    synthetic(["--output-dir", str(out), "--families", families, "--image-size", str(size), "--train-size",
-               str(train), "--test-size", str(test), "--seed", "0", "--no-progress"])  # fmt: skip
+    synthetic(
+        [
+            "--output-dir",
+            str(out),
+            "--families",
+            families,
+            "--image-size",
+            str(size),
+            "--train-size",
+            str(train),
+            "--test-size",
+            str(test),
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     return out
 
 
@@ -223,9 +265,20 @@ def inline_cfg(model: str, data: Path, out: Path, *extra: str):
     from vlmrl.config import load
 
     return load(
-        [f"data.train_files={data / 'train.parquet'}", "data.val_files=null", f"actor_rollout_ref.model.path={model}",
-         f"trainer.default_local_dir={out}", "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-         "data.max_response_length=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false", *extra],
+        [
+            f"data.train_files={data / 'train.parquet'}",
+            "data.val_files=null",
+            f"actor_rollout_ref.model.path={model}",
+            f"trainer.default_local_dir={out}",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=4",
+            "trainer.logger=[jsonl]",
+            "trainer.val_before_train=false",
+            *extra,
+        ],
         config_name="tiny_cpu",
-    )  # fmt: skip
+    )

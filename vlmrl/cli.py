@@ -67,8 +67,10 @@ def _resolve(name: str, available: list[str]) -> str:
     if len(hits) > 1:
         raise ValueError(f"metric {name!r} is ambiguous: {', '.join(sorted(hits))}")
     near = difflib.get_close_matches(name, available, n=5, cutoff=0.5)
-    raise ValueError(f"metric {name!r} was not logged by this run" + (f"; did you mean {', '.join(near)}?" if near
-                     else "; --metric omitted lists them"))  # fmt: skip
+    raise ValueError(
+        f"metric {name!r} was not logged by this run"
+        + (f"; did you mean {', '.join(near)}?" if near else "; --metric omitted lists them")
+    )
 
 
 def analyze(argv: list[str]) -> int:
@@ -102,18 +104,34 @@ def analyze(argv: list[str]) -> int:
         print(f"vlmrl analyze: {e}", file=sys.stderr)
         return 2
     rows = [r for r in run.rows if any(n in r for n in names)]
-    summary = {}
-    for n in names:
-        vals = [float(r[n]) for r in rows if n in r and math.isfinite(float(r[n]))]
-        summary[n] = ({"first": vals[0], "last": vals[-1], "min": min(vals), "max": max(vals),
-                       "mean": sum(vals) / len(vals), "steps": len(vals)} if vals else {"steps": 0})  # fmt: skip
+    summary = {n: _summary([float(r[n]) for r in rows if n in r and math.isfinite(float(r[n]))]) for n in names}
     shown = [r for i, r in enumerate(rows) if i % a.every == 0 or i == len(rows) - 1]
     if a.plot:
         print(f"vlmrl analyze: wrote {plot_metrics(rows, names, a.plot, run.name)}", file=sys.stderr)
     if a.json:
-        print(json.dumps({"run": run.name, "rows": [{"step": r["step"], **{n: r.get(n) for n in names}}
-                                                    for r in shown], "summary": summary}))  # fmt: skip
-        return 0
+        table = [{"step": r["step"], **{n: r.get(n) for n in names}} for r in shown]
+        print(json.dumps({"run": run.name, "rows": table, "summary": summary}))
+    else:
+        _print_table(shown, names, summary)
+    return 0
+
+
+def _summary(vals: list[float]) -> dict[str, float]:
+    """first, last, min, max, mean and the number of steps of one metric's finite values."""
+    if not vals:
+        return {"steps": 0}
+    return {
+        "first": vals[0],
+        "last": vals[-1],
+        "min": min(vals),
+        "max": max(vals),
+        "mean": sum(vals) / len(vals),
+        "steps": len(vals),
+    }
+
+
+def _print_table(shown: list[dict], names: list[str], summary: dict[str, dict[str, float]]) -> None:
+    """The rows as a table, then each metric's summary line."""
     width = max(12, *(len(n) for n in names))
     print("step".rjust(6) + "".join(n.rjust(width + 2) for n in names))
     for r in shown:
@@ -121,9 +139,8 @@ def analyze(argv: list[str]) -> int:
     print()
     for n in names:
         s = summary[n]
-        print(f"{n}: " + (", ".join(f"{k} {_fmt(v) if k != 'steps' else v}" for k, v in s.items()) if s["steps"]
-                          else "never logged in these steps"))  # fmt: skip
-    return 0
+        parts = ", ".join(f"{k} {_fmt(v) if k != 'steps' else v}" for k, v in s.items())
+        print(f"{n}: " + (parts if s["steps"] else "never logged in these steps"))
 
 
 def plot_metrics(rows: list[dict], names: list[str], path: str, title: str) -> str:

@@ -255,9 +255,11 @@ def _multi_turn(cfg: VLMRLConfig, rep: Report) -> None:
         rep.problems.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {type(e).__name__}: {e}")
         return
     turns = f"at most {mt.max_assistant_turns} assistant turn(s)" if mt.max_assistant_turns else "turns: no limit"
-    rep.plan.append(f"multi-turn: tools {names} ({mt.format}), {turns}, {mt.max_parallel_calls} call(s) per turn, "
-                    f"tool timeout {mt.tool_timeout_s:g} s, the whole trajectory within data.max_response_length="
-                    f"{cfg.data.max_response_length}")  # fmt: skip
+    rep.plan.append(
+        f"multi-turn: tools {names} ({mt.format}), {turns}, {mt.max_parallel_calls} call(s) per turn, "
+        f"tool timeout {mt.tool_timeout_s:g} s, the whole trajectory within data.max_response_length="
+        f"{cfg.data.max_response_length}"
+    )
 
 
 def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
@@ -287,9 +289,13 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             f"rollout pool (actor_rollout_ref.hybrid_engine=False, one-step off-policy): {cfg.rollout.nnodes} node(s) "
             f"x {rollout_per_node(cfg, cuda)} {unit} rollout worker(s) = {pool}; the batch of step t+1 generated "
             "while step t trains (staleness 1), weights synced by a collective after each update"
-            + (f"; a step whose behaviour KL exceeds {cfg.async_training.fallback_kl} makes the next one wait for a "
-               "fresh generation" if cfg.async_training.fallback_kl else "")
-        )  # fmt: skip
+            + (
+                f"; a step whose behaviour KL exceeds {cfg.async_training.fallback_kl} makes the next one wait for a "
+                "fresh generation"
+                if cfg.async_training.fallback_kl
+                else ""
+            )
+        )
 
     launcher = launcher_of(cfg)
     if launcher == "ray":
@@ -370,26 +376,14 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     from vlmrl.models.value_head import checkpoint_params
 
     alg = cfg.algorithm
-    kl = (f"in-reward KL {alg.kl_penalty}, {alg.kl_ctrl.type} coefficient {alg.kl_ctrl.kl_coef:g}"
-          + (f" (target {alg.kl_ctrl.target_kl:g}, horizon {alg.kl_ctrl.horizon})" if alg.kl_ctrl.type == "adaptive"
-             else "")) if alg.use_kl_in_reward else "no in-reward KL"  # fmt: skip
     critic = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if needs_of(cfg).critic else ""
-    rep.plan.append(f"algorithm: {alg.adv_estimator}{critic}, {kl}")
+    rep.plan.append(f"algorithm: {alg.adv_estimator}{critic}, {_kl_in_reward(cfg)}")
     act = cfg.actor_rollout_ref.actor
     low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
     high = act.clip_ratio_high if act.clip_ratio_high is not None else act.clip_ratio
     rep.plan.append(f"policy loss: {act.policy_loss.loss_mode} ({act.loss_agg_mode}, clip {low:g} / {high:g})")
     if alg.name:
-        from vlmrl.algos.algorithm import load_class, parameters
-
-        try:
-            defaults = parameters(load_class(alg.name))
-            given = dict(alg.params)
-            shown = ", ".join(f"{k}={given.get(k, v)!r}" + ("" if k in given else " (default)")
-                              for k, v in defaults.items())  # fmt: skip
-            rep.plan.append(f"algorithm class: {alg.name}({shown})")
-        except Exception as e:  # noqa: BLE001 - the config check names the problem; the plan says it is missing
-            rep.plan.append(f"algorithm class: {alg.name} (does not load: {type(e).__name__})")
+        rep.plan.append(_algorithm_class(cfg))
     _rollout_correction(cfg, rep)
     crit = critic_plan(cfg)
     if crit is not None:
@@ -406,11 +400,38 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     rm = cfg.reward_model
     rm_params = checkpoint_params(rm.model.path) if rm.enable and rm.model.path else None
     if rm.enable:
-        where = ("on every training worker, FSDP-sharded, no gradient" if rm.style == "discriminative"
-                 else f"a judge on its own {rm.rollout.name} engine in the driver")  # fmt: skip
+        where = (
+            "on every training worker, FSDP-sharded, no gradient"
+            if rm.style == "discriminative"
+            else f"a judge on its own {rm.rollout.name} engine in the driver"
+        )
         size = f", {rm_params / 1e6:.1f} M parameters ({_size(4 * rm_params)} in fp32)" if rm_params else ""
         rep.plan.append(f"reward model: {rm.style}, {rm.model.path}{size}; {where}")
     _memory(cfg, folder, crit, rm_params, rep)
+
+
+def _kl_in_reward(cfg: VLMRLConfig) -> str:
+    """The in-reward KL setting in words."""
+    alg = cfg.algorithm
+    if not alg.use_kl_in_reward:
+        return "no in-reward KL"
+    ctrl = alg.kl_ctrl
+    target = f" (target {ctrl.target_kl:g}, horizon {ctrl.horizon})" if ctrl.type == "adaptive" else ""
+    return f"in-reward KL {alg.kl_penalty}, {ctrl.type} coefficient {ctrl.kl_coef:g}{target}"
+
+
+def _algorithm_class(cfg: VLMRLConfig) -> str:
+    """The plan's line for ``algorithm.name``: the class with its parameters (given, or defaults)."""
+    from vlmrl.algos.algorithm import load_class, parameters
+
+    alg = cfg.algorithm
+    try:
+        defaults = parameters(load_class(alg.name))
+    except Exception as e:  # noqa: BLE001 - the config check names the problem; the plan says it is missing
+        return f"algorithm class: {alg.name} (does not load: {type(e).__name__})"
+    given = dict(alg.params)
+    shown = ", ".join(f"{k}={given.get(k, v)!r}" + ("" if k in given else " (default)") for k, v in defaults.items())
+    return f"algorithm class: {alg.name}({shown})"
 
 
 def _rollout_correction(cfg: VLMRLConfig, rep: Report) -> None:
@@ -430,7 +451,7 @@ def _rollout_correction(cfg: VLMRLConfig, rep: Report) -> None:
         parts += (
             [f"bypass mode (the engine's log-probs as the old ones, {rc.loss_type} loss)"] if rc.bypass_mode else []
         )
-        rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))  # fmt: skip
+        rep.plan.append("rollout correction against the engine's log-probs: " + ", ".join(parts))
 
 
 def _memory(cfg: VLMRLConfig, folder: str | None, crit: Any, rm_params: int | None, rep: Report) -> None:

@@ -50,8 +50,10 @@ def saved_config(path: Path) -> dict[str, Any]:
             for i, v in enumerate(value):
                 walk(v, f"{key}[{i}]")
         elif isinstance(value, str) and "${" in value:
-            raise ValueError(f"{path}: {key} holds an interpolation (${{...}}); a saved config is data, resolved when "
-                             "it was written: give the base model with --model")  # fmt: skip
+            raise ValueError(
+                f"{path}: {key} holds an interpolation (${{...}}); a saved config is data, resolved when "
+                "it was written: give the base model with --model"
+            )
 
     for key in ("actor_rollout_ref.model", "critic.model"):  # what export reads
         node: Any = data
@@ -148,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="saved weight dtype")
     ap.add_argument("--model", default=None, help="base model folder or hub id (default: the one the run used)")
     ap.add_argument(
-        "--trust-remote-code", action="store_true", help="run the base model folder's own Python code (off: a "
-        "checkpoint's config cannot turn it on)",
-    )  # fmt: skip
+        "--trust-remote-code",
+        action="store_true",
+        help="run the base model folder's own Python code (off: a checkpoint's config cannot turn it on)",
+    )
     ap.add_argument("--critic", action="store_true", help="export the critic (value model) instead of the policy")
     ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
@@ -158,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         out = export_checkpoint(
-            a.checkpoint, a.output, a.dtype, model_path=a.model, trust_remote_code=a.trust_remote_code,
-            critic=a.critic, overwrite=a.overwrite,
-        )  # fmt: skip
+            a.checkpoint,
+            a.output,
+            a.dtype,
+            model_path=a.model,
+            trust_remote_code=a.trust_remote_code,
+            critic=a.critic,
+            overwrite=a.overwrite,
+        )
     except (FileNotFoundError, FileExistsError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2

@@ -80,8 +80,11 @@ class StartupClock:
 
     def line(self, detail: dict[str, str] | None = None) -> str:
         """``start-up: T s to the first step (stage s, ...)``; ``detail`` adds words after a stage's seconds."""
-        parts = ", ".join(f"{k} {v:.1f}{' (' + detail[k] + ')' if detail and k in detail else ''}"
-                          for k, v in self.parts.items() if v >= 0.05 or (detail and k in detail))  # fmt: skip
+        parts = ", ".join(
+            f"{k} {v:.1f}{' (' + detail[k] + ')' if detail and k in detail else ''}"
+            for k, v in self.parts.items()
+            if v >= 0.05 or (detail and k in detail)
+        )
         return f"start-up: {self.total:.1f} s to the first step ({parts})"
 
 

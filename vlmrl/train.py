@@ -72,9 +72,9 @@ def _startup_error(e: StartupError, cfg: Any) -> NoReturn:
     whose = "The worker's" if failure.what.startswith("worker ") else "The failing step's"
     text = (
         f"vlmrl: the run could not start ({datetime.datetime.now().isoformat(timespec='seconds')})\n{failure.line()}"
-        f"\n\nThe driver's traceback:\n{driver}" + (f"\n{whose} traceback:\n{failure.details}" if failure.details
-                                                    else "")
-    )  # fmt: skip
+        f"\n\nThe driver's traceback:\n{driver}"
+        + (f"\n{whose} traceback:\n{failure.details}" if failure.details else "")
+    )
     log = _write_log(str(cfg.trainer.default_local_dir), text)
     print(f"vlmrl: start-up failed: {failure.line()} (traceback: {log})", file=sys.stderr, flush=True)
     sys.exit(STARTUP_ERROR_EXIT)

@@ -126,8 +126,9 @@ def load_callable(spec: str, what: str = "function", default_name: str | None = 
     if is_file_target(target):
         path = Path(target).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"{what} file '{target}' does not exist (resolved to '{path.resolve()}', cwd "
-                                    f"'{os.getcwd()}')")  # fmt: skip
+            raise FileNotFoundError(
+                f"{what} file '{target}' does not exist (resolved to '{path.resolve()}', cwd '{os.getcwd()}')"
+            )
         try:
             module = import_file(path)
         except ValueError as e:

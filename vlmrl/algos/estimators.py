@@ -77,8 +77,10 @@ def register_adv_est(name: Any, needs: Needs | None = None) -> Callable[[Estimat
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
         if key in ADV_ESTIMATORS and ADV_ESTIMATORS[key] is not fn:  # as verl's decorator
-            raise ValueError(f"advantage estimator {key!r} is already registered ({ADV_ESTIMATORS[key].__module__}."
-                             f"{ADV_ESTIMATORS[key].__name__}): choose another name")  # fmt: skip
+            raise ValueError(
+                f"advantage estimator {key!r} is already registered ({ADV_ESTIMATORS[key].__module__}."
+                f"{ADV_ESTIMATORS[key].__name__}): choose another name"
+            )
         ADV_ESTIMATORS[key] = fn
         ESTIMATOR_NEEDS[key] = needs or Needs()
         return fn
@@ -117,11 +119,13 @@ class EstimatorConfig(_Attrs):
     def from_algorithm(cls, alg: Any) -> EstimatorConfig:
         """From vlmrl's ``AlgorithmConfig``."""
         return cls(
-            gamma=alg.gamma, lam=alg.lam, adv_estimator=alg.adv_estimator,
+            gamma=alg.gamma,
+            lam=alg.lam,
+            adv_estimator=alg.adv_estimator,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             gdpo_reward_keys=list(alg.gdpo_reward_keys) if alg.gdpo_reward_keys else None,
             gdpo_reward_weights=list(alg.gdpo_reward_weights) if alg.gdpo_reward_weights else None,
-        )  # fmt: skip
+        )
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -161,8 +165,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @register_adv_est("grpo", needs=GROUP_SCORES)
-def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
-         **kwargs):  # fmt: skip
+def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None, **kwargs):
     """GRPO: (r - group mean) / (group std + eps), or without the std (``norm_adv_by_std_in_grpo=False``)."""
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
@@ -174,15 +177,17 @@ def grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_st
 
 
 @register_adv_est("grpo_vectorized", needs=GROUP_SCORES)
-def grpo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
-                    config=None, **kwargs):  # fmt: skip
+def grpo_vectorized(
+    token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None, **kwargs
+):
     """verl's loop-free GRPO: the same numbers as ``grpo`` (vlmrl's ``grpo`` has no loop either)."""
     return grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config)
 
 
 @register_adv_est("dr_grpo", needs=GROUP_SCORES)
-def dr_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
-            **kwargs):  # fmt: skip
+def dr_grpo(
+    token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None, **kwargs
+):
     """Dr. GRPO: r - group mean, never divided by the std (pair with loss_agg_mode=seq-mean-token-sum-norm)."""
     return grpo(token_level_rewards, response_mask, index, epsilon, False, config)
 
@@ -240,8 +245,9 @@ def gpg(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alp
 
 
 @register_adv_est("grpo_passk", needs=GROUP_SCORES)
-def grpo_passk(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
-               **kwargs):  # fmt: skip
+def grpo_passk(
+    token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None, **kwargs
+):
     """Pass@k: only each group's best sample learns, by its margin over the second best (over the group's std)."""
     if config is not None:
         norm_adv_by_std_in_grpo = config.get("norm_adv_by_std_in_grpo", True)
@@ -311,8 +317,17 @@ def _zero_tail(baselines, rows, lengths, trajectories) -> None:
 
 
 @register_adv_est("optimal_token_baseline", needs=Needs(policy_probs=True))
-def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
-                           rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
+def optimal_token_baseline(
+    token_level_rewards,
+    response_mask,
+    index,
+    old_log_probs,
+    sum_pi_squared,
+    rollout_is_weights=None,
+    handle_zero_tail=True,
+    epsilon=1e-8,
+    **kwargs,
+):
     """Optimal token baseline: per step t, the group's reward-to-go weighted by each trajectory's cumulative path
     variance (``_path_weights``), as baseline of that step."""
     with torch.no_grad():
@@ -325,8 +340,9 @@ def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_pr
             if len(trajectories) == 1:
                 continue
             m = response_mask[trajectories]
-            b = (returns[trajectories] * w_cum[trajectories] * m).sum(dim=0) / ((w_cum[trajectories] * m).sum(dim=0)
-                                                                               + epsilon)  # fmt: skip
+            b = (returns[trajectories] * w_cum[trajectories] * m).sum(dim=0) / (
+                (w_cum[trajectories] * m).sum(dim=0) + epsilon
+            )
             baselines[trajectories] = b.unsqueeze(0).expand(len(trajectories), -1)
             if handle_zero_tail:
                 _zero_tail(baselines, trajectories, m.sum(dim=-1), trajectories.tolist())
@@ -335,8 +351,17 @@ def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_pr
 
 
 @register_adv_est("tir_optimal_token_baseline", needs=Needs(policy_probs=True))
-def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
-                               rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8, **kwargs):  # fmt: skip
+def tir_optimal_token_baseline(
+    token_level_rewards,
+    response_mask,
+    index,
+    old_log_probs,
+    sum_pi_squared,
+    rollout_is_weights=None,
+    handle_zero_tail=True,
+    epsilon=1e-8,
+    **kwargs,
+):
     """The optimal token baseline for multi-turn, tool-interleaved responses: steps are the generated tokens only
     (tool outputs, masked, are skipped), aligned by their order among a trajectory's generated tokens."""
     with torch.no_grad():
@@ -388,8 +413,17 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, index, epsi
 
 
 @register_adv_est("gdpo", needs=Needs(sequence_level=True, group=True, reward_components=True, reads=frozenset()))
-def gdpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True, config=None,
-         non_tensor_batch=None, batch=None, **kwargs):  # fmt: skip
+def gdpo(
+    token_level_rewards,
+    response_mask,
+    index,
+    epsilon=1e-6,
+    norm_adv_by_std_in_grpo=True,
+    config=None,
+    non_tensor_batch=None,
+    batch=None,
+    **kwargs,
+):
     """GDPO: each reward component (``algorithm.gdpo_reward_keys``) normalised within its group on its own (GRPO),
     then weighted (``gdpo_reward_weights``), summed and whitened over the batch's tokens. Without keys: the total."""
     scores_list, weights = [token_level_rewards], None
@@ -401,8 +435,10 @@ def gdpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_st
         scores_list = []
         for key in keys:
             if key not in non_tensor_batch:
-                raise ValueError(f"algorithm.gdpo_reward_keys: {key!r} is not a reward component "
-                                 f"(components: {sorted(non_tensor_batch)})")  # fmt: skip
+                raise ValueError(
+                    f"algorithm.gdpo_reward_keys: {key!r} is not a reward component "
+                    f"(components: {sorted(non_tensor_batch)})"
+                )
             comp = torch.zeros_like(response_mask, dtype=torch.float32)
             comp[rows, last] = torch.tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=comp.device)
             scores_list.append(comp)
@@ -441,8 +477,10 @@ def extra_inputs(
         kwargs["reward_baselines"] = torch.tensor(baselines, dtype=dtype)
     if needs.policy_probs:
         if old_logprobs is None or sum_pi_squared is None:
-            raise ValueError(f"algorithm.adv_estimator={name} needs the policy's old log-probs and sum of squared "
-                             "token probabilities")  # fmt: skip
+            raise ValueError(
+                f"algorithm.adv_estimator={name} needs the policy's old log-probs and sum of squared "
+                "token probabilities"
+            )
         kwargs |= {"old_log_probs": old_logprobs, "sum_pi_squared": sum_pi_squared, "rollout_is_weights": None}
     if needs.critic:
         kwargs["values"] = values
@@ -452,12 +490,15 @@ def extra_inputs(
 def checked(name: str, out: Any, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """An estimator's ``(advantages, returns)``, checked: a pair of [B, R] tensors of ``shape``, all finite."""
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-        raise ValueError(f"advantage estimator {name!r} must return (advantages, returns) tensors, got "
-                         f"{type(out).__name__}")  # fmt: skip
+        raise ValueError(
+            f"advantage estimator {name!r} must return (advantages, returns) tensors, got {type(out).__name__}"
+        )
     for what, t in zip(("advantages", "returns"), out):
         if tuple(t.shape) != shape:
-            raise ValueError(f"advantage estimator {name!r} returned {what} of shape {tuple(t.shape)}, expected "
-                             f"{shape} (token rewards' shape)")  # fmt: skip
+            raise ValueError(
+                f"advantage estimator {name!r} returned {what} of shape {tuple(t.shape)}, expected "
+                f"{shape} (token rewards' shape)"
+            )
         if not torch.isfinite(t).all():
             raise FloatingPointError(f"advantage estimator {name!r} produced NaN/inf {what}")
     return out
@@ -486,8 +527,15 @@ def sequence_advantages(
     read_mask[torch.arange(B), last] = 1.0
     fn = get_adv_estimator_fn(name)
     kwargs = extra_inputs(name, torch.float64, components, baselines)
-    out = fn(token_level_rewards=rewards, response_mask=read_mask, index=group.numpy(), epsilon=1e-6,
-             norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
+    out = fn(
+        token_level_rewards=rewards,
+        response_mask=read_mask,
+        index=group.numpy(),
+        epsilon=1e-6,
+        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+        config=config,
+        **kwargs,
+    )
     adv, _ = checked(name, out, (B, L))
     return adv[torch.arange(B), last].float()
 

@@ -193,8 +193,9 @@ def _metrics(clipfrac: torch.Tensor, ppo_kl: torch.Tensor, lower: torch.Tensor |
 
 
 @register_policy_loss("vanilla")
-def vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-            rollout_is_weights=None):  # fmt: skip
+def vanilla(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """PPO's clipped surrogate with asymmetric bounds (DAPO's clip-higher: clip_ratio_low/high) and the dual clip
     (``clip_ratio_c``; 0 turns it off, which verl does not offer) for negative advantages."""
     low, high = config.clip_bounds()
@@ -212,8 +213,9 @@ def vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="to
     else:  # vlmrl: clip_ratio_c=0 turns the dual clip off
         losses, lower = clipped, torch.tensor(0.0)
     loss = _agg(losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return loss, _metrics(masked_mean(torch.gt(l2, l1).float(), response_mask), masked_mean(-neg_kl, response_mask),
-                          lower)  # fmt: skip
+    return loss, _metrics(
+        masked_mean(torch.gt(l2, l1).float(), response_mask), masked_mean(-neg_kl, response_mask), lower
+    )
 
 
 def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, valid_fn):
@@ -232,8 +234,9 @@ def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, conf
 
 
 @register_policy_loss("dppo_tv")
-def dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-            rollout_is_weights=None):  # fmt: skip
+def dppo_tv(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """DPPO with the total-variation bound: |p - p_old| within clip_ratio_high (A > 0) / clip_ratio_low (A <= 0)."""
 
     def valid(p, p_old, _lp, _lp_old, low, high):
@@ -243,8 +246,9 @@ def dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="to
 
 
 @register_policy_loss("dppo_kl")
-def dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-            rollout_is_weights=None):  # fmt: skip
+def dppo_kl(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """DPPO with the binary-KL bound between the old and new token probabilities."""
 
     def valid(p, p_old, lp, lp_old, low, high):
@@ -255,8 +259,15 @@ def dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="to
 
 
 @register_policy_loss("gspo")
-def gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean", config=None,
-         rollout_is_weights=None):  # fmt: skip
+def gspo(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode="seq-mean-token-mean",
+    config=None,
+    rollout_is_weights=None,
+):
     """GSPO: the sequence's geometric-mean ratio (its per-token gradient kept), clipped (typically with small
     bounds: 3e-4 / 4e-4); verl recommends ``loss_agg_mode=seq-mean-token-mean``."""
     low, high = config.clip_bounds()
@@ -272,8 +283,15 @@ def gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-m
 
 
 @register_policy_loss("sapo")
-def sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean", config=None,
-         rollout_is_weights=None):  # fmt: skip
+def sapo(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode="seq-mean-token-mean",
+    config=None,
+    rollout_is_weights=None,
+):
     """SAPO: a soft sigmoid gate on the ratio instead of a hard clip (``actor.tau_pos`` / ``tau_neg``); always
     aggregated seq-mean-token-mean, as verl does."""
     tau_pos = torch.as_tensor(config.tau_pos, dtype=advantages.dtype, device=advantages.device)
@@ -286,15 +304,17 @@ def sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-m
 
 
 @register_policy_loss("gpg")
-def gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-        rollout_is_weights=None):  # fmt: skip
+def gpg(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """GPG: plain policy gradient, -log p * A (no ratio, no clip)."""
     return _agg(-log_prob * advantages, response_mask, loss_agg_mode, config, rollout_is_weights), {}
 
 
 @register_policy_loss("clip_cov")
-def clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-             rollout_is_weights=None):  # fmt: skip
+def clip_cov(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """Clip-Cov: PPO clip, plus the gradient of a random ``clip_cov_ratio`` share of the tokens whose advantage x
     log-prob covariance lies in (clip_cov_lb, clip_cov_ub) cut (entropy-collapse control)."""
     pl = config.policy_loss
@@ -328,8 +348,9 @@ def clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="t
 
 
 @register_policy_loss("kl_cov")
-def kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-           rollout_is_weights=None):  # fmt: skip
+def kl_cov(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """KL-Cov: the unclipped surrogate, with a |log ratio| penalty (``ppo_kl_coef``) on the ``kl_cov_ratio`` share of
     tokens with the largest advantage x log-prob covariance."""
     pl = config.policy_loss
@@ -355,8 +376,9 @@ def kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="tok
 
 
 @register_policy_loss("geo_mean")
-def geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-             rollout_is_weights=None):  # fmt: skip
+def geo_mean(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """GMPO: the geometric mean of the per-token clipped ratios of a sequence times its mean advantage. Averaged over
     the mini-batch's sequences (``global_batch_size``; verl: over the micro-batch's)."""
     low, high = config.clip_bounds()
@@ -384,8 +406,9 @@ def geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="t
 
 
 @register_policy_loss("dro")
-def dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-        rollout_is_weights=None):  # fmt: skip
+def dro(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """DRO: -(log p * A - beta/2 * (log ratio)^2), ``actor.policy_loss.dro_beta`` > 0 required."""
     beta = config.policy_loss.dro_beta
     if beta is None or beta <= 0:
@@ -397,8 +420,9 @@ def dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-
 
 
 @register_policy_loss("cispo")
-def cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-          rollout_is_weights=None):  # fmt: skip
+def cispo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """CISPO: REINFORCE weighted by the clipped, stop-gradient ratio (no token loses its gradient)."""
     low, high = config.clip_bounds()
     neg_kl, ratio = _ratio(log_prob, old_log_prob)
@@ -408,8 +432,15 @@ def cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="toke
     return loss, _metrics(masked_mean((ratio != clipped).float(), response_mask), masked_mean(-neg_kl, response_mask))
 
 
-def reinforce(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-sum", config=None,
-              rollout_is_weights=None):  # fmt: skip
+def reinforce(
+    rollout_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode="seq-mean-token-sum",
+    config=None,
+    rollout_is_weights=None,
+):
     """REINFORCE, -A log p (times the importance weights): bypass mode's ``loss_type=reinforce``."""
     losses = -advantages * log_prob
     if rollout_is_weights is not None:
@@ -419,15 +450,18 @@ def reinforce(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mo
 
 
 @register_policy_loss("bypass_mode")
-def bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                rollout_is_weights=None):  # fmt: skip
+def bypass_mode(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """Rollout correction's bypass mode: the old log-probs are the engine's; the importance weights and the rejection
     mask are computed against the current policy (``config.policy_loss.rollout_correction``), then PPO clip on the
     kept tokens (``loss_type=ppo_clip``, no weights) or REINFORCE with the weights (``loss_type=reinforce``)."""
     rc = config.policy_loss.rollout_correction if config is not None else None
     if rc is None:
-        raise ValueError("actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction.bypass_mode=True "
-                         "(the trainer then uses the engine's log-probs as the old ones and this loss)")  # fmt: skip
+        raise ValueError(
+            "actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction.bypass_mode=True "
+            "(the trainer then uses the engine's log-probs as the old ones and this loss)"
+        )
     loss_type = getattr(rc, "loss_type", "ppo_clip")
     with torch.no_grad():
         weights, mask, corr = correct(log_prob, old_log_prob, response_mask, rc)

@@ -205,6 +205,13 @@ def token_advantages(
     fn = get_adv_estimator_fn(estimator)
     kwargs = extra_inputs(estimator, token_rewards.dtype, components, baselines, old_logprobs, sum_pi_squared, values)
     m = mask.to(token_rewards.dtype)
-    out = fn(token_level_rewards=token_rewards, response_mask=m, index=group.cpu().numpy(), epsilon=1e-6,
-             norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kwargs)  # fmt: skip
+    out = fn(
+        token_level_rewards=token_rewards,
+        response_mask=m,
+        index=group.cpu().numpy(),
+        epsilon=1e-6,
+        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+        config=config,
+        **kwargs,
+    )
     return checked(estimator, out, tuple(token_rewards.shape))

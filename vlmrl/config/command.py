@@ -36,8 +36,16 @@ Composes configs/<NAME>.yaml (default grpo; or NAME.yaml in --config-path) with 
 keys and verl's: vlmrl/config/schema.py, vlmrl/config/verl/rules.py) and trains. trainer.dry_run=True checks
 everything and prints the plan instead; --cfg job prints the composed config."""
 
-_FLAGS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path", "--config-dir": "dir",
-          "-cd": "dir", "--cfg": "cfg", "-c": "cfg"}  # fmt: skip
+_FLAGS = {
+    "--config-name": "name",
+    "-cn": "name",
+    "--config-path": "path",
+    "-cp": "path",
+    "--config-dir": "dir",
+    "-cd": "dir",
+    "--cfg": "cfg",
+    "-c": "cfg",
+}
 
 
 @dataclass
@@ -97,8 +105,10 @@ def parse(argv: list[str]) -> Command:
         elif a in ("--help", "-h"):
             cmd.help = True
         elif a.startswith("-"):
-            cmd.problems.append(f"'{a}': not an option of vlmrl.train (it takes --config-name, --config-path, "
-                                "--config-dir and --cfg job; one run per command, no --multirun).")  # fmt: skip
+            cmd.problems.append(
+                f"'{a}': not an option of vlmrl.train (it takes --config-name, --config-path, "
+                "--config-dir and --cfg job; one run per command, no --multirun)."
+            )
         elif "=" in a or a.startswith("~"):
             cmd.overrides.append(a)
         else:
@@ -122,11 +132,16 @@ def _config_files(cmd: Command) -> tuple[list[str], list[str]]:
     name, stem = cmd.config_name, cmd.config_name.removesuffix(".yaml")
     if stem in VERL_CONFIGS:  # verl's own config (its --config-path=config is verl's package folder, not ours)
         cmd.config_name, cmd.config_path = "grpo", None
-        return [], ([f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {VERL_CONFIGS[stem]}."]
-                    if VERL_CONFIGS[stem] else [])  # fmt: skip
+        return [], (
+            [f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {VERL_CONFIGS[stem]}."]
+            if VERL_CONFIGS[stem]
+            else []
+        )
     if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
-        return [], [f"--config-name={name}: name a config file inside --config-path, --config-dir or vlmrl's configs "
-                    "(no absolute path, no '..')."]  # fmt: skip
+        return [], [
+            f"--config-name={name}: name a config file inside --config-path, --config-dir or vlmrl's configs "
+            "(no absolute path, no '..')."
+        ]
     file = os.path.join(folders[0] if cmd.config_path else str(configs_dir()), stem + ".yaml")
     doc: Any = None
     if cmd.config_path:

@@ -44,8 +44,9 @@ def defaults_entries(defaults: Any) -> list[str]:
     """The names a defaults list holds: its strings and the keys of its mappings."""
     if not isinstance(defaults, list):
         return []
-    return [str(d) for d in defaults if not isinstance(d, dict)] + [str(k) for d in defaults if isinstance(d, dict)
-                                                                    for k in d]  # fmt: skip
+    return [str(d) for d in defaults if not isinstance(d, dict)] + [
+        str(k) for d in defaults if isinstance(d, dict) for k in d
+    ]
 
 
 def _hydra_parts(file: str) -> list[str]:
@@ -85,11 +86,14 @@ def hydra_config_problems(folders: list[str]) -> list[str]:
             dirs.sort()
             seen += len(files) + len(dirs)
             if seen > MAX_CONFIG_FILES:
-                return problems + [f"{folder}: more than {MAX_CONFIG_FILES} files to check for Hydra settings; "
-                                   "point --config-path / --config-dir at a folder of config files."]  # fmt: skip
+                return problems + [
+                    f"{folder}: more than {MAX_CONFIG_FILES} files to check for Hydra settings; "
+                    "point --config-path / --config-dir at a folder of config files."
+                ]
             for name in sorted(files):
                 if name.endswith((".yaml", ".yml")):
                     file = os.path.join(root, name)
-                    problems += [f"{file}: {part} would set Hydra's own config; {NO_EFFECT}."
-                                 for part in _hydra_parts(file)]  # fmt: skip
+                    problems += [
+                        f"{file}: {part} would set Hydra's own config; {NO_EFFECT}." for part in _hydra_parts(file)
+                    ]
     return problems

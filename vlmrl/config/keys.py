@@ -99,8 +99,9 @@ def translate(overrides: list[str]) -> Translated:
         elif key.startswith("algorithm.") and key.count(".") == 1:
             # a key the schema does not know under algorithm: an argument of algorithm.name's class (checked later:
             # without a class it is an unknown key)
-            out.overrides.append(f"~algorithm.params.{key[10:]}" if prefix == "~" else
-                                 f"++algorithm.params.{key[10:]}{rest}")  # fmt: skip
+            out.overrides.append(
+                f"~algorithm.params.{key[10:]}" if prefix == "~" else f"++algorithm.params.{key[10:]}{rest}"
+            )
         elif key in verl.verl_keys() or any(k.startswith(key + ".") for k in verl.verl_keys()):
             out.problems.append(f"'{key}': not implemented in vlmrl: a verl setting vlmrl has no counterpart for.")
         else:

@@ -37,14 +37,18 @@ def read_token_file(path: str) -> str:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{what} is not a regular file (a FIFO, a device or a folder): point it at a file "
-                              "holding the secret")  # fmt: skip
+            raise ConfigError(
+                f"{what} is not a regular file (a FIFO, a device or a folder): point it at a file holding the secret"
+            )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ConfigError(f"{what} can be written by other users (mode {stat.filemode(st.st_mode)}), who could "
-                              f"replace the secret: chmod 600 {path}")  # fmt: skip
+            raise ConfigError(
+                f"{what} can be written by other users (mode {stat.filemode(st.st_mode)}), who could "
+                f"replace the secret: chmod 600 {path}"
+            )
         if st.st_size > MAX_TOKEN_FILE_BYTES:
-            raise ConfigError(f"{what} is {st.st_size} bytes: a token file holds one secret (at most "
-                              f"{MAX_TOKEN_FILE_BYTES} bytes)")  # fmt: skip
+            raise ConfigError(
+                f"{what} is {st.st_size} bytes: a token file holds one secret (at most {MAX_TOKEN_FILE_BYTES} bytes)"
+            )
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
             raise ConfigError(f"{what} is not a regular file")

@@ -298,9 +298,15 @@ def rollout_plan(cfg: VLMRLConfig, plan: WorkerPlan, cuda_available: bool | None
     """What each worker of the rollout pool is told (``hybrid_engine=False``): the training plan's engine settings
     on the rollout pool's workers, with no critic, reference or correction (they train nothing)."""
     return dataclasses.replace(
-        plan, role="rollout", world=rollout_world(cfg, cuda_available), tp=tp_size(cfg), critic=None,
-        reference=False, rollout_correction=None, reward_model=None,
-    )  # fmt: skip
+        plan,
+        role="rollout",
+        world=rollout_world(cfg, cuda_available),
+        tp=tp_size(cfg),
+        critic=None,
+        reference=False,
+        rollout_correction=None,
+        reward_model=None,
+    )
 
 
 def rollout_correction(cfg: VLMRLConfig) -> RolloutCorrectionConfig | None:

@@ -158,8 +158,9 @@ class RLDataset:
                 counts, vcounts, length, keep, cut = self._measure(src, start, entries, reasons)
                 truncated += cut
                 images, videos = np.asarray(counts, dtype=np.int32), np.asarray(vcounts, dtype=np.int32)
-                kept.append((np.full(int(keep.sum()), si, dtype=np.int32), rows[keep], length[keep], images[keep],
-                             videos[keep]))  # fmt: skip
+                kept.append(
+                    (np.full(int(keep.sum()), si, dtype=np.int32), rows[keep], length[keep], images[keep], videos[keep])
+                )
                 rows_read += len(rows)
                 start += len(entries)
         dtypes = (np.int32, np.int64, np.int64, np.int32, np.int32)
@@ -168,8 +169,9 @@ class RLDataset:
         """(``prompt_lengths``: tokens, image tokens included; ``num_images``, ``num_videos``: of each kept record.)"""
         self.report: dict[str, Any] = self._report(rows_read, reasons, truncated, sw)
 
-    def _measure(self, src: ParquetSource, start: int, entries: list[Any], reasons: Counter[str]) -> tuple[
-            list[int], list[int], np.ndarray, np.ndarray, int]:  # fmt: skip
+    def _measure(
+        self, src: ParquetSource, start: int, entries: list[Any], reasons: Counter[str]
+    ) -> tuple[list[int], list[int], np.ndarray, np.ndarray, int]:
         """One chunk of ``src``'s records from row ``start`` (``entries``: their images and videos), checked and
         measured: image and video counts, prompt lengths, which are kept (the others counted in ``reasons``), and
         how many text-only prompts are truncated."""

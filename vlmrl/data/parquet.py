@@ -186,8 +186,13 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
-_FRAME_TYPES = (pa.types.is_null, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                pa.types.is_large_binary)  # fmt: skip
+_FRAME_TYPES = (
+    pa.types.is_null,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+)
 
 
 def _frame_like(t: pa.DataType) -> bool:

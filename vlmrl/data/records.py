@@ -187,8 +187,10 @@ def confined_path(path: str, base_dir: str | os.PathLike, kind: str = "image") -
     try:
         return resolve_inside(path, base_dir)
     except PathOutside:
-        raise DataError(f"{kind} path {path!r} leaves the data folder {Path(base_dir).resolve()} (a dataset may only "
-                        "name files inside it)") from None  # fmt: skip
+        raise DataError(
+            f"{kind} path {path!r} leaves the data folder {Path(base_dir).resolve()} (a dataset may only "
+            "name files inside it)"
+        ) from None
     except ValueError as e:
         raise DataError(f"{kind} path {e}") from None
 

@@ -202,8 +202,9 @@ def check_video_file(path: Path, max_bytes: int = MAX_VIDEO_FILE_BYTES) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise VideoError("unreadable_video", f"video path is not a regular file: {path}")
     if st.st_size > max_bytes:
-        raise VideoError("video_file_too_large", f"video file is {st.st_size} bytes, over the {max_bytes}-byte limit: "
-                                                 f"{path}")  # fmt: skip
+        raise VideoError(
+            "video_file_too_large", f"video file is {st.st_size} bytes, over the {max_bytes}-byte limit: {path}"
+        )
     if st.st_size == 0:
         raise VideoError("empty_video", f"video file is empty (0 bytes): {path}")
 
@@ -298,8 +299,10 @@ def decode_frames(path: Path, indices: list[int], size: FrameSize = None, *, kee
         try:
             for k, frame in enumerate(c.decode(st)):
                 if Image.MAX_IMAGE_PIXELS and frame.width * frame.height > Image.MAX_IMAGE_PIXELS:  # a size change
-                    raise VideoError("video_too_large", f"{path}: frame {k} is {frame.width}x{frame.height}, over "
-                                                        "Pillow's decompression-bomb limit")  # fmt: skip
+                    raise VideoError(
+                        "video_too_large",
+                        f"{path}: frame {k} is {frame.width}x{frame.height}, over Pillow's decompression-bomb limit",
+                    )
                 if k in wanted and keep:
                     image = frame.to_image()
                     if rule is not None and k == first:  # the size is known now: resize what waited for it
@@ -316,8 +319,9 @@ def decode_frames(path: Path, indices: list[int], size: FrameSize = None, *, kee
             raise VideoError("corrupt_video", f"{path}: cannot be decoded ({type(e).__name__}: {e})") from None
     missing = sorted(i for i in wanted if i not in got)
     if missing:
-        raise VideoError("corrupt_video", f"{path}: ends before frame {missing[0]} ({len(got)} of {len(wanted)} "
-                                          "frames decoded)")  # fmt: skip
+        raise VideoError(
+            "corrupt_video", f"{path}: ends before frame {missing[0]} ({len(got)} of {len(wanted)} frames decoded)"
+        )
     return [got[i] for i in indices] if keep else []
 
 

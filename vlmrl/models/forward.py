@@ -98,9 +98,14 @@ def rope_position_ids(
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return pos.unsqueeze(0).expand(3, -1, -1)
     return qwen_vl.rope_index(
-        input_ids, attention_mask, vision_ids, qwen_vl.inner_model(model).config,
-        vision.image_grid_thw, vision.video_grid_thw, vision.second_per_grid_ts,
-    )  # fmt: skip
+        input_ids,
+        attention_mask,
+        vision_ids,
+        qwen_vl.inner_model(model).config,
+        vision.image_grid_thw,
+        vision.video_grid_thw,
+        vision.second_per_grid_ts,
+    )
 
 
 def shared_prompt_logits(
@@ -251,10 +256,12 @@ def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, i
     if not img and not vid and feats.dummy is not None:
         return Vision(image_embeds=feats.dummy)  # no pad takes them: only their gradient's path matters
     return Vision(
-        torch.cat(img) if img else None, torch.cat(igrid).to(device) if igrid else None,
-        torch.cat(vid) if vid else None, torch.cat(vgrid).to(device) if vgrid else None,
+        torch.cat(img) if img else None,
+        torch.cat(igrid).to(device) if igrid else None,
+        torch.cat(vid) if vid else None,
+        torch.cat(vgrid).to(device) if vgrid else None,
         torch.cat(secs) if secs else None,
-    )  # fmt: skip
+    )
 
 
 def full_sequence_logits(
@@ -314,8 +321,16 @@ def packed_logits(
         order, rows, inv = distinct_prompts(mb)
         vision = _vision_of(mb, feats, [(p, None) for p in order])
         at = mb.input_ids.device
-        p_pos, r_pos = shared_prompt_positions(model, mb.input_ids, mb.attention_mask, P, torch.tensor(rows, device=at),
-                                               torch.tensor(inv, device=at), vision_ids, vision)  # fmt: skip
+        p_pos, r_pos = shared_prompt_positions(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            P,
+            torch.tensor(rows, device=at),
+            torch.tensor(inv, device=at),
+            vision_ids,
+            vision,
+        )
         layout = packing.pack_shared(mb.attention_mask, R, rows, inv)
         grid = torch.zeros((3, *mb.input_ids.shape), dtype=p_pos.dtype, device=p_pos.device)
         grid[:, rows, :P] = p_pos
@@ -459,7 +474,15 @@ def last_token_scores(
         order, rows, inv = distinct_prompts(mb)
         ids = torch.nn.functional.pad(mb.input_ids, (0, 1))
         mask = torch.nn.functional.pad(mb.attention_mask, (0, 1))
-        out = shared_prompt_logits(model, ids, mask, R + 1, torch.tensor(rows), torch.tensor(inv), vision_ids,
-                                   vision=_vision_of(mb, feats, [(p, None) for p in order]))  # fmt: skip
+        out = shared_prompt_logits(
+            model,
+            ids,
+            mask,
+            R + 1,
+            torch.tensor(rows),
+            torch.tensor(inv),
+            vision_ids,
+            vision=_vision_of(mb, feats, [(p, None) for p in order]),
+        )
     at = torch.arange(out.shape[0], device=out.device)
     return out[at, lengths.to(out.device), 0].float(), extra

@@ -108,9 +108,13 @@ def varlen_attention(
     for b, qb, kb, vb in zip(seg.blocks, qs, ks, vs):
         (S, L), Lk = b.queries.shape, b.keys.shape[1]
         o = F.scaled_dot_product_attention(
-            qb.view(H, S, L, D).transpose(0, 1), kb.view(H, S, Lk, D).transpose(0, 1),
-            vb.view(H, S, Lk, D).transpose(0, 1), attn_mask=b.mask, dropout_p=dropout, scale=scaling,
-        )  # fmt: skip
+            qb.view(H, S, L, D).transpose(0, 1),
+            kb.view(H, S, Lk, D).transpose(0, 1),
+            vb.view(H, S, Lk, D).transpose(0, 1),
+            attn_mask=b.mask,
+            dropout_p=dropout,
+            scale=scaling,
+        )
         out.append(o.transpose(1, 2).reshape(S * L, H, D))
     return torch.cat(out)[seg.out].unsqueeze(0), None
 
@@ -130,9 +134,17 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments, dro
     (flash-attention >= 2.1). GQA is handled by the kernel."""
     keys, cu_k, cu_q = seg.flash_keys()
     out = _flash_varlen()(
-        q[0].transpose(0, 1), k[0, :, keys].transpose(0, 1), v[0, :, keys].transpose(0, 1), cu_q, cu_k,
-        int(cu_q.diff().max()), int(cu_k.diff().max()), dropout_p=dropout, softmax_scale=scale, causal=True,
-    )  # fmt: skip
+        q[0].transpose(0, 1),
+        k[0, :, keys].transpose(0, 1),
+        v[0, :, keys].transpose(0, 1),
+        cu_q,
+        cu_k,
+        int(cu_q.diff().max()),
+        int(cu_k.diff().max()),
+        dropout_p=dropout,
+        softmax_scale=scale,
+        causal=True,
+    )
     return out.unsqueeze(0)
 
 
@@ -246,8 +258,9 @@ def _segments(cu: torch.Tensor, prefixes: list[tuple[int, int]], kinds: list[tup
             tokens += n[s]
         for g in groups:
             i = torch.tensor(sorted(g), device=lens.device)
-            block, valid = _block(starts[i], lens[i], None if p_starts is None else p_starts[i],
-                                  None if p_lens is None else p_lens[i])  # fmt: skip
+            block, valid = _block(
+                starts[i], lens[i], None if p_starts is None else p_starts[i], None if p_lens is None else p_lens[i]
+            )
             blocks.append(block)
             real.append(valid.flatten())
     T = int(cu[-1])

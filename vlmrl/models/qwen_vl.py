@@ -251,9 +251,13 @@ def video_metadata(num_frames: int, sample_fps: float) -> dict[str, Any]:
     """Metadata of already-sampled frames for vLLM and the processor: their sampled fps is ``sample_fps`` (so both
     derive the same ``second_per_grid_ts``) and nothing is sampled again."""
     return {
-        "fps": float(sample_fps), "total_num_frames": int(num_frames), "frames_indices": list(range(num_frames)),
-        "duration": num_frames / sample_fps, "video_backend": "vlmrl", "do_sample_frames": False,
-    }  # fmt: skip
+        "fps": float(sample_fps),
+        "total_num_frames": int(num_frames),
+        "frames_indices": list(range(num_frames)),
+        "duration": num_frames / sample_fps,
+        "video_backend": "vlmrl",
+        "do_sample_frames": False,
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ tokens
@@ -407,8 +411,9 @@ def encoder_outputs(
     return out
 
 
-def _row_positions(b: int, kinds: list[int], grids: dict[int, Any], seconds: Any, merge: int,
-                   tps: float | None) -> list[Any]:  # fmt: skip
+def _row_positions(
+    b: int, kinds: list[int], grids: dict[int, Any], seconds: Any, merge: int, tps: float | None
+) -> list[Any]:
     """One row's positions, piece by piece ([3, n] arrays): text runs, then each vision item's (t, h, w) grid
     (``kinds``: 0 text, 1 image pad, 2 video pad, of the row's real tokens; ``grids``: each kind's grid rows)."""
     import numpy as np

@@ -154,8 +154,9 @@ def global_sums(device: str, world: int, *values: float) -> list[float]:
     return t.tolist()
 
 
-def save_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   world: int) -> None:  # fmt: skip
+def save_trainable(
+    folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, world: int
+) -> None:
     """Sharded model + optimizer state into ``folder`` (a collective: every rank calls it with the same folder),
     plus this rank's scheduler and RNG states as JSON (``extra_rank<R>.json``: plain data, nothing to unpickle)."""
     import json
@@ -174,8 +175,9 @@ def save_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.O
         os.fsync(f.fileno())
 
 
-def load_trainable(folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   world: int) -> None:  # fmt: skip
+def load_trainable(
+    folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, world: int
+) -> None:
     """Restore what ``save_trainable`` wrote (same world size for the RNG states; model and optimizer reshard
     freely). Nothing stored in the files runs: DCP's metadata goes through an allowlist unpickler, byte items load
     with ``weights_only=True``, the extra state is JSON (``vlmrl.safe_load``)."""
@@ -266,5 +268,6 @@ def check_output_folder(output: str | os.PathLike, overwrite: bool = False) -> N
     held = [p.name for p in (folder.glob("*.safetensors") if folder.is_dir() else [])][:3]
     held += ["config.json"] if (folder / "config.json").is_file() else []
     if held and not overwrite:
-        raise FileExistsError(f"{folder} already holds a model ({', '.join(held)}): give another --output, or "
-                              "--overwrite to replace it")  # fmt: skip
+        raise FileExistsError(
+            f"{folder} already holds a model ({', '.join(held)}): give another --output, or --overwrite to replace it"
+        )

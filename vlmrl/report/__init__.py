@@ -62,9 +62,10 @@ def _runs_table(runs: list[RunData]) -> str:
         )
     return (
         "<table><tr><th>run</th><th>folder</th><th>steps</th><th>rows</th><th>metrics last written</th>"
-        "<th>lines skipped (partial/not JSON)</th><th>values skipped (not numbers)</th></tr>" + "".join(rows)
+        "<th>lines skipped (partial/not JSON)</th><th>values skipped (not numbers)</th></tr>"
+        + "".join(rows)
         + "</table>"
-    )  # fmt: skip
+    )
 
 
 def _notices_html(runs: list[RunData]) -> str:
@@ -81,8 +82,10 @@ def _health_html(runs: list[RunData], findings: dict[str, list[Finding]]) -> str
         if not found:
             parts.append(f"<p><b>{escape(r.name)}</b>: no problems found in {len(r.rows)} step(s).</p>")
             continue
-        parts.append(f"<p><b>{escape(r.name)}</b></p><table><tr><th>check</th><th>metric</th><th>from step</th>"
-                     "<th>what</th><th>usual fix</th></tr>")  # fmt: skip
+        parts.append(
+            f"<p><b>{escape(r.name)}</b></p><table><tr><th>check</th><th>metric</th><th>from step</th>"
+            "<th>what</th><th>usual fix</th></tr>"
+        )
         for f in found:
             parts.append(
                 f"<tr class='{escape(f.severity)}'><td>{escape(f.severity)}: {escape(f.check)}</td>"
@@ -100,10 +103,12 @@ def _stage_table(runs: list[RunData]) -> str:
         return ""
     head = "".join(f"<th>{escape(n)} s</th>" for n in names)
     body = "".join(
-        f"<tr><td>{escape(run)}</td>" + "".join(f"<td>{m.get(n, 0.0):.3f}</td>" for n in names)
+        f"<tr><td>{escape(run)}</td>"
+        + "".join(f"<td>{m.get(n, 0.0):.3f}</td>" for n in names)
         + f"<td><b>{sum(m.values()):.3f}</b></td></tr>"
-        for run, m in meds.items() if m
-    )  # fmt: skip
+        for run, m in meds.items()
+        if m
+    )
     return f"<table><tr><th>run</th>{head}<th>step s</th></tr>{body}</table>"
 
 
@@ -111,8 +116,10 @@ def _gallery_html(runs: list[RunData]) -> str:
     parts = ["<section id='validation'><h2>Latest validation samples</h2>"]
     for r in runs:
         if not r.galleries:
-            parts.append(f"<p><b>{escape(r.name)}</b>: no validation gallery yet (one is written at each validation, "
-                         "with trainer.log_val_generations samples).</p>")  # fmt: skip
+            parts.append(
+                f"<p><b>{escape(r.name)}</b>: no validation gallery yet (one is written at each validation, "
+                "with trainer.log_val_generations samples).</p>"
+            )
             continue
         for g in reversed(r.galleries):  # the newest one that can still be read
             try:
@@ -121,8 +128,10 @@ def _gallery_html(runs: list[RunData]) -> str:
                 parts.append(f"<p class='warning'><b>{escape(r.name)}</b>: {escape(str(e))}</p>")
                 continue
             # the gallery is itself one self-contained page (images inlined, text escaped): shown in a sandbox
-            parts.append(f"<p><b>{escape(r.name)}</b>: {escape(g.name)}</p><iframe sandbox srcdoc=\"{escape(doc)}\" "
-                         f"title=\"validation {escape(r.name)}\"></iframe>")  # fmt: skip
+            parts.append(
+                f'<p><b>{escape(r.name)}</b>: {escape(g.name)}</p><iframe sandbox srcdoc="{escape(doc)}" '
+                f'title="validation {escape(r.name)}"></iframe>'
+            )
             break
     parts.append("</section>")
     return "".join(parts)
@@ -141,8 +150,10 @@ def check_output(runs: list[RunData], output: str | os.PathLike, png_dir: str | 
         real = target.resolve()
         hit = next((p for p in inputs if p == real or _same_file(p, real)), None)
         if hit is not None:
-            raise ReportError(f"refusing to write {target}: it is {hit}, which the report reads (run "
-                              f"{inputs[hit].name}); write the report elsewhere (--output, --png-dir)")  # fmt: skip
+            raise ReportError(
+                f"refusing to write {target}: it is {hit}, which the report reads (run "
+                f"{inputs[hit].name}); write the report elsewhere (--output, --png-dir)"
+            )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -192,8 +203,10 @@ def build_report(
     for panel in PANELS:
         if not has_data(panel, runs):
             wanted = ", ".join(panel.keys + panel.twin) if panel.kind == "lines" else "timing/step_s"
-            parts.append(f"<section class='panel empty' id='panel-{panel.name}'><h2>{escape(panel.title)}</h2>"
-                         f"<p class='meta'>no data: no run logged {escape(wanted)}</p></section>")  # fmt: skip
+            parts.append(
+                f"<section class='panel empty' id='panel-{panel.name}'><h2>{escape(panel.title)}</h2>"
+                f"<p class='meta'>no data: no run logged {escape(wanted)}</p></section>"
+            )
             continue
         png = render(panel, runs, smooth)
         (pngs / f"{panel.name}.png").write_bytes(png)

@@ -25,8 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         help="TensorBoard-style smoothing weight in [0, 1) (default 0: none; raw values stay faint)",
     )
     ap.add_argument("--png-dir", help="where the PNG per panel goes (default: <output stem>_panels/)")
-    ap.add_argument("--drift-threshold", type=float, default=0.05,
-                    help="health check: largest acceptable rollout/logprob_diff (default 0.05)")  # fmt: skip
+    ap.add_argument(
+        "--drift-threshold",
+        type=float,
+        default=0.05,
+        help="health check: largest acceptable rollout/logprob_diff (default 0.05)",
+    )
     a = ap.parse_args(argv)
     if not 0.0 <= a.smooth < 1.0:
         ap.error(f"--smooth must be in [0, 1), got {a.smooth}")

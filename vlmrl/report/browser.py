@@ -20,8 +20,14 @@ def find_browser() -> str | None:
     return None
 
 
-def screenshot(page: str | os.PathLike, png: str | os.PathLike, width: int = 1100, height: int = 2400,
-               browser: str | None = None, timeout_s: float = 120.0) -> Path:  # fmt: skip
+def screenshot(
+    page: str | os.PathLike,
+    png: str | os.PathLike,
+    width: int = 1100,
+    height: int = 2400,
+    browser: str | None = None,
+    timeout_s: float = 120.0,
+) -> Path:
     """Render ``page`` headless at ``width`` x ``height`` into ``png``; every host name resolves to nothing and no
     proxy answers, so an external resource would show as missing. Raises ``RuntimeError`` with the browser's output
     when no screenshot came out."""
@@ -30,9 +36,20 @@ def screenshot(page: str | os.PathLike, png: str | os.PathLike, width: int = 110
         raise RuntimeError(f"no browser found (looked for {', '.join(BROWSERS)})")
     out = Path(png)
     out.unlink(missing_ok=True)
-    cmd = [browser, "--headless", "--disable-gpu", "--hide-scrollbars", "--no-first-run", "--mute-audio",
-           f"--window-size={width},{height}", f"--screenshot={out}", "--host-resolver-rules=MAP * ~NOTFOUND",
-           "--proxy-server=127.0.0.1:9", "--virtual-time-budget=5000", Path(page).resolve().as_uri()]  # fmt: skip
+    cmd = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--mute-audio",
+        f"--window-size={width},{height}",
+        f"--screenshot={out}",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--proxy-server=127.0.0.1:9",
+        "--virtual-time-budget=5000",
+        Path(page).resolve().as_uri(),
+    ]
     if os.geteuid() == 0:
         cmd.insert(1, "--no-sandbox")  # Chromium's sandbox refuses to run as root
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)

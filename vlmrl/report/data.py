@@ -160,8 +160,11 @@ def _row(raw: bytes) -> dict[str, Any] | None:
 
 def _clean(row: dict[str, Any]) -> int:
     """Drop the values of ``row`` that are not numbers (and ``timing/*`` values that are not finite); how many."""
-    bad = [k for k, v in row.items() if k != "step"
-           and (as_number(v) is None or (k.startswith("timing/") and finite(v) is None))]  # fmt: skip
+    bad = [
+        k
+        for k, v in row.items()
+        if k != "step" and (as_number(v) is None or (k.startswith("timing/") and finite(v) is None))
+    ]
     for k in bad:
         del row[k]
     return len(bad)
@@ -180,8 +183,10 @@ def read_metrics(path: str | os.PathLike, root: str | os.PathLike | None = None)
         while True:
             if consumed >= cap:
                 if f.read(1):  # there is more
-                    notice = (f"{path} is {max(size, consumed + 1)} bytes, over the report's cap of {cap} bytes: "
-                              f"only the first {consumed} bytes read")  # fmt: skip
+                    notice = (
+                        f"{path} is {max(size, consumed + 1)} bytes, over the report's cap of {cap} bytes: "
+                        f"only the first {consumed} bytes read"
+                    )
                 break
             line = f.readline(MAX_LINE_BYTES + 1)
             if not line:
@@ -244,8 +249,10 @@ def load_run(target: str | os.PathLike, name: str | None = None) -> RunData:
     if bad:
         notices.append(f"{metrics}: {bad} value(s) skipped (not numbers, or timing/* values that are not finite)")
     if skipped:
-        notices.append(f"{metrics}: {skipped} line(s) skipped (not JSON objects with a step: a running job's partial "
-                       "last line, a line over the length cap or nested too deep)")  # fmt: skip
+        notices.append(
+            f"{metrics}: {skipped} line(s) skipped (not JSON objects with a step: a running job's partial "
+            "last line, a line over the length cap or nested too deep)"
+        )
     galleries = _galleries(folder, root, notices)
     return RunData(name or root.name, folder, rows, skipped, galleries, metrics, root, bad, notices)
 

@@ -74,8 +74,10 @@ def videos_html(videos: list[Video]) -> str:
             f"<figure class='frame'>{_img_tag(im, _FRAME)}<figcaption>{t:.2f} s</figcaption></figure>"
             for im, t in zip(v.frames, v.timestamps)
         )
-        parts.append(f"<div class='video'><span class='meta'>video {k + 1}: {len(v.frames)} frames at "
-                     f"{v.sample_fps:g} fps</span><div>{frames}</div></div>")  # fmt: skip
+        parts.append(
+            f"<div class='video'><span class='meta'>video {k + 1}: {len(v.frames)} frames at "
+            f"{v.sample_fps:g} fps</span><div>{frames}</div></div>"
+        )
     return "".join(parts)
 
 
@@ -93,8 +95,9 @@ def turns_html(traj: Trajectory) -> str:
             n = sum(c.images for c in traj.calls if c.turn == assistant and c.error is None)
             shown = "".join(_img_tag(im) for im in (next(images, None) for _ in range(n)) if im is not None)
         label = f"turn {assistant + 1}: policy" if role == "assistant" else "tool"
-        parts.append(f"<div class='turn {escape(role)}'><span class='meta'>{label}</span>{shown}"
-                     f"<pre>{_text(text)}</pre></div>")  # fmt: skip
+        parts.append(
+            f"<div class='turn {escape(role)}'><span class='meta'>{label}</span>{shown}<pre>{_text(text)}</pre></div>"
+        )
     return "".join(parts)
 
 

@@ -46,60 +46,146 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("reward", "Reward: total, per component, per data source, validation",
-          ("reward/mean", r"reward/(?!source/)[^/]+/mean", r"reward/source/.+/mean", "val/reward/mean",
-           r"val/(?!reward/).+/reward"), "reward",
-          about="Train reward per step (mean over the batch), each reward component, each data_source when a batch "
-          "mixes several, and validation (markers)."),
-    Panel("response_length", "Response length and clip ratio", ("response_length/mean", "response_length/max"),
-          "tokens", ("response_length/clip_ratio",), "share cut at max_response_length",
-          about="A clip ratio near 1 means responses run into data.max_response_length."),
-    Panel("entropy", "Entropy of the policy's tokens", ("actor/entropy",), "nats / token",
-          about="A fall to near 0 is entropy collapse: the policy stops exploring."),
-    Panel("kl_clip", "KL and clip fraction", ("actor/kl_loss", "actor/ppo_kl"), "KL", ("actor/pg_clipfrac",),
-          "clip fraction", about="KL to the reference (kl_loss, when use_kl_loss) and to the rollout policy "
-          "(ppo_kl); the share of tokens whose ratio was clipped."),
+    Panel(
+        "reward",
+        "Reward: total, per component, per data source, validation",
+        (
+            "reward/mean",
+            r"reward/(?!source/)[^/]+/mean",
+            r"reward/source/.+/mean",
+            "val/reward/mean",
+            r"val/(?!reward/).+/reward",
+        ),
+        "reward",
+        about="Train reward per step (mean over the batch), each reward component, each data_source when a batch "
+        "mixes several, and validation (markers).",
+    ),
+    Panel(
+        "response_length",
+        "Response length and clip ratio",
+        ("response_length/mean", "response_length/max"),
+        "tokens",
+        ("response_length/clip_ratio",),
+        "share cut at max_response_length",
+        about="A clip ratio near 1 means responses run into data.max_response_length.",
+    ),
+    Panel(
+        "entropy",
+        "Entropy of the policy's tokens",
+        ("actor/entropy",),
+        "nats / token",
+        about="A fall to near 0 is entropy collapse: the policy stops exploring.",
+    ),
+    Panel(
+        "kl_clip",
+        "KL and clip fraction",
+        ("actor/kl_loss", "actor/ppo_kl"),
+        "KL",
+        ("actor/pg_clipfrac",),
+        "clip fraction",
+        about="KL to the reference (kl_loss, when use_kl_loss) and to the rollout policy "
+        "(ppo_kl); the share of tokens whose ratio was clipped.",
+    ),
     Panel("grad_norm", "Gradient norm (before clipping)", ("actor/grad_norm", "critic/grad_norm"), "L2 norm"),
-    Panel("critic", "Critic: value loss, values and returns, explained variance",
-          ("critic/vf_loss", "critic/values/mean", "critic/returns/mean"), "loss / value",
-          ("critic/vf_explained_var", "critic/vf_clipfrac"), "explained variance / clip fraction",
-          about="PPO with a critic: the clipped value loss, the mean value and return of the generated tokens, the "
-          "share of the returns' variance the values explain (1: all; <= 0: no better than their mean) and the "
-          "share of tokens whose value was clipped."),
-    Panel("reward_kl", "KL in the reward", ("reward/kl_penalty",), "KL per token", ("reward/kl_coef",),
-          "coefficient", about="algorithm.use_kl_in_reward: the KL to the reference subtracted from the token "
-          "rewards (times the coefficient, which the adaptive controller moves towards target_kl)."),
-    Panel("algorithm", "Your algorithm's metrics", (r"algorithm/.+",), "value",
-          about="What algorithm.name's class returns from get_metrics (logged under algorithm/)."),
-    Panel("rollout_corr", "Rollout correction", ("rollout_corr/rollout_is_mean", "rollout_corr/kl",
-          "rollout_corr/k3_kl"), "weight / KL", (r"rollout_corr/rollout_rs(_seq)?_masked_fraction",
-          "rollout_corr/rollout_is_ratio_fraction_high"), "share of tokens / sequences",
-          about="algorithm.rollout_correction: the mean importance weight (trainer's old over the engine's "
-          "probabilities), the KL between them, and the shares beyond the bounds or rejected."),
-    Panel("overlap", "One-step off-policy: generation, training and waiting", ("timing/gen_s", "timing/train_s",
-          "timing/wait_prev_gen_s", "timing/param_sync_s"), "seconds", ("async/staleness",), "staleness (updates)",
-          about="actor_rollout_ref.hybrid_engine=False: per step, the rollout pool's generation of the next batch "
-          "(overlapping the training), the update, the time the step waited for the batch it trains on, and the "
-          "weight sync into the engines; staleness: updates between the weights that generated a batch and the "
-          "ones it trains (1, or 0 on the first step, after a resume and after a fallback)."),
-    Panel("reward_model", "Reward model: its score next to the reward", ("reward_model/score/mean", "reward/mean",
-          r"reward/(?!rm/|source/)[^/]+/mean", "val/reward_model/score/mean"), "score",
-          ("reward_model/errors", "reward_model/parse_errors"), "samples without a score",
-          about="reward_model.enable: the model's mean score of the batch's responses beside the total reward and "
-          "each rule component (a weight-0 rule component shows what the model's score is worth by a checkable "
-          "measure: a score that rises while the rule stays flat is the policy exploiting the model), and the "
-          "samples it could not score (a failed forward, a judge's verdict that did not parse)."),
-    Panel("drift", "Engine vs trainer log-prob drift", ("rollout/logprob_diff",), "mean |diff| per token",
-          about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2)."),
-    Panel("zero_variance", "Groups without reward variance", ("advantages/zero_variance_share",), "share of groups",
-          about="Prompts whose samples all scored alike: their advantages are 0 and they teach nothing."),
-    Panel("step_time", "Step time by stage", kind="stages", ylabel="seconds",
-          about="Median seconds per stage (first step, the warm-up, left out); several runs: one bar each."),
-    Panel("throughput", "Throughput and step time", ("throughput/tokens_per_s",), "tokens / s", ("timing/step_s",),
-          "s / step"),
-    Panel("memory", "Memory", (r"perf/.+_gb",), "GiB",
-          about="Peak device memory per step (GPU) and the workers' resident memory (largest worker)."),
-)  # fmt: skip
+    Panel(
+        "critic",
+        "Critic: value loss, values and returns, explained variance",
+        ("critic/vf_loss", "critic/values/mean", "critic/returns/mean"),
+        "loss / value",
+        ("critic/vf_explained_var", "critic/vf_clipfrac"),
+        "explained variance / clip fraction",
+        about="PPO with a critic: the clipped value loss, the mean value and return of the generated tokens, the "
+        "share of the returns' variance the values explain (1: all; <= 0: no better than their mean) and the "
+        "share of tokens whose value was clipped.",
+    ),
+    Panel(
+        "reward_kl",
+        "KL in the reward",
+        ("reward/kl_penalty",),
+        "KL per token",
+        ("reward/kl_coef",),
+        "coefficient",
+        about="algorithm.use_kl_in_reward: the KL to the reference subtracted from the token "
+        "rewards (times the coefficient, which the adaptive controller moves towards target_kl).",
+    ),
+    Panel(
+        "algorithm",
+        "Your algorithm's metrics",
+        (r"algorithm/.+",),
+        "value",
+        about="What algorithm.name's class returns from get_metrics (logged under algorithm/).",
+    ),
+    Panel(
+        "rollout_corr",
+        "Rollout correction",
+        ("rollout_corr/rollout_is_mean", "rollout_corr/kl", "rollout_corr/k3_kl"),
+        "weight / KL",
+        (r"rollout_corr/rollout_rs(_seq)?_masked_fraction", "rollout_corr/rollout_is_ratio_fraction_high"),
+        "share of tokens / sequences",
+        about="algorithm.rollout_correction: the mean importance weight (trainer's old over the engine's "
+        "probabilities), the KL between them, and the shares beyond the bounds or rejected.",
+    ),
+    Panel(
+        "overlap",
+        "One-step off-policy: generation, training and waiting",
+        ("timing/gen_s", "timing/train_s", "timing/wait_prev_gen_s", "timing/param_sync_s"),
+        "seconds",
+        ("async/staleness",),
+        "staleness (updates)",
+        about="actor_rollout_ref.hybrid_engine=False: per step, the rollout pool's generation of the next batch "
+        "(overlapping the training), the update, the time the step waited for the batch it trains on, and the "
+        "weight sync into the engines; staleness: updates between the weights that generated a batch and the "
+        "ones it trains (1, or 0 on the first step, after a resume and after a fallback).",
+    ),
+    Panel(
+        "reward_model",
+        "Reward model: its score next to the reward",
+        ("reward_model/score/mean", "reward/mean", r"reward/(?!rm/|source/)[^/]+/mean", "val/reward_model/score/mean"),
+        "score",
+        ("reward_model/errors", "reward_model/parse_errors"),
+        "samples without a score",
+        about="reward_model.enable: the model's mean score of the batch's responses beside the total reward and "
+        "each rule component (a weight-0 rule component shows what the model's score is worth by a checkable "
+        "measure: a score that rises while the rule stays flat is the policy exploiting the model), and the "
+        "samples it could not score (a failed forward, a judge's verdict that did not parse).",
+    ),
+    Panel(
+        "drift",
+        "Engine vs trainer log-prob drift",
+        ("rollout/logprob_diff",),
+        "mean |diff| per token",
+        about="Mean |log p_engine - log p_trainer| of the sampled tokens; it should stay near 0 (bf16: ~1e-2).",
+    ),
+    Panel(
+        "zero_variance",
+        "Groups without reward variance",
+        ("advantages/zero_variance_share",),
+        "share of groups",
+        about="Prompts whose samples all scored alike: their advantages are 0 and they teach nothing.",
+    ),
+    Panel(
+        "step_time",
+        "Step time by stage",
+        kind="stages",
+        ylabel="seconds",
+        about="Median seconds per stage (first step, the warm-up, left out); several runs: one bar each.",
+    ),
+    Panel(
+        "throughput",
+        "Throughput and step time",
+        ("throughput/tokens_per_s",),
+        "tokens / s",
+        ("timing/step_s",),
+        "s / step",
+    ),
+    Panel(
+        "memory",
+        "Memory",
+        (r"perf/.+_gb",),
+        "GiB",
+        about="Peak device memory per step (GPU) and the workers' resident memory (largest worker).",
+    ),
+)
 
 
 def matching(panel_keys: tuple[str, ...], available: set[str]) -> list[str]:
@@ -179,8 +265,9 @@ def _stages(ax: object, runs: list[RunData]) -> None:
         rows = rows[:: max(1, len(rows) // 60)]
         labels = [str(r["step"]) for r in rows]
         parts = {k.split("/")[1][:-2]: [_seconds(r, k) for r in rows] for k in STEP_STAGES}
-        parts["other"] = [max(0.0, _seconds(r, "timing/step_s") - sum(_seconds(r, k) for k in STEP_STAGES))
-                          for r in rows]  # fmt: skip
+        parts["other"] = [
+            max(0.0, _seconds(r, "timing/step_s") - sum(_seconds(r, k) for k in STEP_STAGES)) for r in rows
+        ]
         ax.set_xlabel("step")
     else:
         meds = [stage_medians(r) for r in runs]
@@ -194,8 +281,12 @@ def _stages(ax: object, runs: list[RunData]) -> None:
         ax.bar(range(len(labels)), vals, bottom=bottom, label=name, color=f"C{i % 10}")
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=45 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center",
-                       fontsize=7 if len(labels) > 20 else 9)  # fmt: skip
+    ax.set_xticklabels(
+        labels,
+        rotation=45 if len(labels) > 8 else 0,
+        ha="right" if len(labels) > 8 else "center",
+        fontsize=7 if len(labels) > 20 else 9,
+    )
 
 
 def draw(panel: Panel, runs: list[RunData], smooth: float = 0.0) -> object:

@@ -86,9 +86,12 @@ class RewardModelWorker:
             out_prompts.append(_with_ids(p, tok(head, add_special_tokens=False)["input_ids"]))
             out_resp.append(tok(tail, add_special_tokens=False)["input_ids"])
         rb = RolloutBatch(
-            prompt_ids=[q.prompt_ids for q in out_prompts], response_ids=out_resp,
-            logprobs=[[] for _ in out_resp], finish_reasons=list(rollout.finish_reasons), n=1,
-        )  # fmt: skip
+            prompt_ids=[q.prompt_ids for q in out_prompts],
+            response_ids=out_resp,
+            logprobs=[[] for _ in out_resp],
+            finish_reasons=list(rollout.finish_reasons),
+            n=1,
+        )
         return out_prompts, rb
 
     def _expanded(self, ids: list[int], v: Any) -> list[int]:
@@ -121,8 +124,12 @@ class RewardModelWorker:
                     raise ValueError("reward_model.max_length cut a multi-turn response: raise it")
                 rollout = RolloutBatch(rollout.prompt_ids, resp, [[] for _ in resp], rollout.finish_reasons, rollout.n)
         x = build_inputs(
-            prompts, rollout, vision, self.pad_id, process_response_images(self.processor, rollout),
-        )  # fmt: skip
+            prompts,
+            rollout,
+            vision,
+            self.pad_id,
+            process_response_images(self.processor, rollout),
+        )
         return x, cut
 
     # ------------------------------------------------------------------------------------------------- score

@@ -99,8 +99,14 @@ class Pairs:
         from vlmrl.batch import RewardSample
 
         text = self.tok.decode(ids, skip_special_tokens=True)
-        sample = RewardSample(response=text, prompt=p.prompt_text, ground_truth=p.ground_truth,
-                              data_source=p.data_source, extra_info=p.extra_info, images=p.images)  # fmt: skip
+        sample = RewardSample(
+            response=text,
+            prompt=p.prompt_text,
+            ground_truth=p.ground_truth,
+            data_source=p.data_source,
+            extra_info=p.extra_info,
+            images=p.images,
+        )
         from vlmrl.scoring.loading import normalize
 
         return normalize(self.label(sample))[0] >= 0.5
@@ -171,11 +177,15 @@ def load_pairs(path: str, processor: Any, label: str = "synthetic") -> Pairs:
         chosen, rejected = table["chosen"].to_pylist(), table["rejected"].to_pylist()
         for row, (c, r) in enumerate(zip(chosen, rejected)):
             if c is None or r is None:
-                raise ValueError(f"{path} row {row}: {'chosen' if c is None else 'rejected'} is null; a preference "
-                                 "pair needs both responses (an empty string is an empty response)")  # fmt: skip
+                raise ValueError(
+                    f"{path} row {row}: {'chosen' if c is None else 'rejected'} is null; a preference "
+                    "pair needs both responses (an empty string is an empty response)"
+                )
             if str(c) == str(r):
-                raise ValueError(f"{path} row {row}: chosen and rejected are the same response: the pair teaches "
-                                 "nothing (its loss is log 2 whatever the model)")  # fmt: skip
+                raise ValueError(
+                    f"{path} row {row}: chosen and rejected are the same response: the pair teaches "
+                    "nothing (its loss is log 2 whatever the model)"
+                )
         chosen, rejected = [str(x) for x in chosen], [str(x) for x in rejected]
     elif "chosen" in names or "rejected" in names:
         raise ValueError(f"{path}: has one of the chosen / rejected columns; a preference pair needs both")
@@ -207,8 +217,16 @@ def pair_scores(model: torch.nn.Module, x: Any, vision_ids: Any, device: str) ->
 
 
 @torch.no_grad()
-def pair_accuracy(model: torch.nn.Module, pairs: Pairs, processor: Any, eos: int, pad: int, device: str,
-                  seed: int = 1, batch: int = 32) -> float:  # fmt: skip
+def pair_accuracy(
+    model: torch.nn.Module,
+    pairs: Pairs,
+    processor: Any,
+    eos: int,
+    pad: int,
+    device: str,
+    seed: int = 1,
+    batch: int = 32,
+) -> float:
     """Share of held-out pairs (one per record, fixed by ``seed``) whose chosen response scores higher."""
     model.eval()
     rng = random.Random(seed)
@@ -302,12 +320,19 @@ def train_reward_model(
 
     out = optimise(model, step_loss, steps=steps, lr=lr, seed=seed, tag="reward_model", log_every=log_every)
     if val is not None:
-        out["heldout_pair_accuracy"] = pair_accuracy(model, val, processor, eos, pad, device)
-        out["heldout_pairs"] = float(len(val.ds))
-        print(f"[reward_model] held-out pair accuracy {out['heldout_pair_accuracy']:.3f} "
-              f"({len(val.ds)} pairs)", flush=True)  # fmt: skip
-    info = {"base": model_path, "data": data, "val_data": val_data, "batch_size": batch_size, "lr": lr,
-            "label": label, "pairs_per_record": pairs_per_record, **out}  # fmt: skip
+        accuracy = pair_accuracy(model, val, processor, eos, pad, device)
+        out.update(heldout_pair_accuracy=accuracy, heldout_pairs=float(len(val.ds)))
+        print(f"[reward_model] held-out pair accuracy {accuracy:.3f} ({len(val.ds)} pairs)", flush=True)
+    info = {
+        "base": model_path,
+        "data": data,
+        "val_data": val_data,
+        "batch_size": batch_size,
+        "lr": lr,
+        "label": label,
+        "pairs_per_record": pairs_per_record,
+        **out,
+    }
     _save(model, processor, Path(output), info)
     return out
 
@@ -349,9 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     try:
-        train_reward_model(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
-                           lr=a.lr, seed=a.seed, label=a.label, pairs_per_record=a.pairs_per_record,
-                           overwrite=a.overwrite)  # fmt: skip
+        train_reward_model(
+            a.model,
+            a.data,
+            a.output,
+            val_data=a.val_data,
+            steps=a.steps,
+            batch_size=a.batch_size,
+            lr=a.lr,
+            seed=a.seed,
+            label=a.label,
+            pairs_per_record=a.pairs_per_record,
+            overwrite=a.overwrite,
+        )
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"vlmrl.reward_model.train: {e}", file=sys.stderr)
         return 2

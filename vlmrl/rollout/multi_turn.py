@@ -211,17 +211,20 @@ class MultiTurnAgent:
         create_kwargs = kwargs.get("create_kwargs") if isinstance(kwargs, dict) else None
         data = {k: v for k, v in dict(create_kwargs or {}).items() if k not in AGENT_KWARGS}
         return ToolRequest(
-            c.call.name, dict(c.call.arguments), data, image=p.images[0] if p.images else None,
-            source_image=p.source_images[0] if p.source_images else None, image_bounds=self.bounds,
+            c.call.name,
+            dict(c.call.arguments),
+            data,
+            image=p.images[0] if p.images else None,
+            source_image=p.source_images[0] if p.source_images else None,
+            image_bounds=self.bounds,
             ground_truth=p.ground_truth,
-        )  # fmt: skip
+        )
 
     def _error(self, c: _Call, kind: str, msg: str, seconds: float = 0.0) -> ToolCallRecord:
         """A failed call: the policy reads ``Error: ...`` (cut to ``max_tool_response_length``), the record keeps
         the kind and the message."""
         text = truncate(f"Error: {msg}", int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
-        return ToolCallRecord(c.call.name, c.call.arguments, text, error=f"{kind}: {msg}", seconds=seconds,
-                              turn=c.turn)  # fmt: skip
+        return ToolCallRecord(c.call.name, c.call.arguments, text, error=f"{kind}: {msg}", seconds=seconds, turn=c.turn)
 
     def _record(self, c: _Call, out: ToolOutcome, added: int) -> tuple[ToolCallRecord, list[Image.Image]]:
         """The record and resized images of a call's outcome; ``added``: tool images this trajectory already took in
@@ -232,8 +235,10 @@ class MultiTurnAgent:
         n = len(out.images)
         used = len(c.state.traj.images) + added
         if n and used + n > int(self.cfg.max_tool_images):
-            msg = (f"{n} more image(s) would exceed max_tool_images={self.cfg.max_tool_images} (tool images per "
-                   f"trajectory; {used} already)")  # fmt: skip
+            msg = (
+                f"{n} more image(s) would exceed max_tool_images={self.cfg.max_tool_images} (tool images per "
+                f"trajectory; {used} already)"
+            )
             return self._error(c, "bad_result", msg, out.seconds), []
         if n and len(c.state.images) + added + n > self.max_images:
             msg = f"{n} more image(s) would exceed the {self.max_images} images per trajectory the engine takes"
@@ -244,8 +249,9 @@ class MultiTurnAgent:
         except ValueError as e:
             return self._error(c, "bad_result", f"an image cannot be shown to the model: {e}", out.seconds), []
         text = truncate(out.text, int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
-        return ToolCallRecord(c.call.name, c.call.arguments, text, images=len(images), reward=out.reward,
-                              seconds=out.seconds, turn=c.turn), images  # fmt: skip
+        return ToolCallRecord(
+            c.call.name, c.call.arguments, text, images=len(images), reward=out.reward, seconds=out.seconds, turn=c.turn
+        ), images
 
 
 def multi_turn_metrics(trajectories: list[Trajectory], tool_names: list[str] | None = None) -> dict[str, float]:

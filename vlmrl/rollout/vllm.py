@@ -122,8 +122,9 @@ def default_cache_off() -> dict[str, Any]:
     return translate_engine_kwargs({"disable_mm_preprocessor_cache": True})
 
 
-def _mm_processor_kwargs(limit_videos: int, pixel_bounds: tuple[int, int] | None,
-                         video_pixel_bounds: tuple[int, int] | None) -> dict[str, Any] | None:  # fmt: skip
+def _mm_processor_kwargs(
+    limit_videos: int, pixel_bounds: tuple[int, int] | None, video_pixel_bounds: tuple[int, int] | None
+) -> dict[str, Any] | None:
     """The engine's multimodal processor sizes: the data's pixel bounds (per modality when videos come)."""
     if limit_videos > 0:
         # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
@@ -227,9 +228,20 @@ class VLLMRollout:
 
         self.device = device
         self.sleep_enabled = device == "cuda" and bool(rollout_cfg.free_cache_engine)
-        kwargs = engine_args(model_path, rollout_cfg, max_model_len, limit_images, limit_videos, device, seed,
-                             distributed, tensor_parallel_size, trust_remote_code, pixel_bounds,
-                             video_pixel_bounds)  # fmt: skip
+        kwargs = engine_args(
+            model_path,
+            rollout_cfg,
+            max_model_len,
+            limit_images,
+            limit_videos,
+            device,
+            seed,
+            distributed,
+            tensor_parallel_size,
+            trust_remote_code,
+            pixel_bounds,
+            video_pixel_bounds,
+        )
         sw = Timer.start()
         gc.freeze()  # vLLM collects garbage several times while it starts: the objects that exist now are not garbage
         self.llm = LLM(**kwargs)
@@ -274,8 +286,10 @@ class VLLMRollout:
             if p.images:
                 mm["image"] = p.images if len(p.images) > 1 else p.images[0]
             if p.videos:
-                items = [(np.stack([np.asarray(f) for f in v.frames]), video_metadata(len(v.frames), v.sample_fps))
-                         for v in p.videos]  # fmt: skip
+                items = [
+                    (np.stack([np.asarray(f) for f in v.frames]), video_metadata(len(v.frames), v.sample_fps))
+                    for v in p.videos
+                ]
                 mm["video"] = items if len(items) > 1 else items[0]
             if mm:
                 req["multi_modal_data"] = mm

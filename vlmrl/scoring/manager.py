@@ -122,8 +122,11 @@ class RewardManager:
         where = "in-process" if self.num_workers == 0 else f"{self.num_workers} worker processes"
         log.info(
             "reward: %s (%s, timeout %s, on_error=%s)",
-            self.scorer.describe(), where, timeout_text(self.timeout_s), self.on_error,
-        )  # fmt: skip
+            self.scorer.describe(),
+            where,
+            timeout_text(self.timeout_s),
+            self.on_error,
+        )
 
     @property
     def needs_images(self) -> bool:

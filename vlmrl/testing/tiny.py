@@ -277,10 +277,12 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
 
     # Qwen3-VL's processors: 16-px patches; the image processor's size bounds one image, the video processor's a
     # whole video (vlmrl resizes frames itself and passes them with do_resize=False)
-    ip = Qwen2VLImageProcessor(size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
-                               image_mean=[0.5] * 3, image_std=[0.5] * 3)  # fmt: skip
-    vp = Qwen3VLVideoProcessor(size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
-                               image_mean=[0.5] * 3, image_std=[0.5] * 3)  # fmt: skip
+    ip = Qwen2VLImageProcessor(
+        size=size, patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    vp = Qwen3VLVideoProcessor(
+        size=size, patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
     return Qwen3VLProcessor(image_processor=ip, video_processor=vp, tokenizer=tokenizer, chat_template=_template(spec))
 
 
@@ -308,7 +310,36 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         pad_token_id=ids["<|endoftext|>"],
         tie_word_embeddings=spec.tie_word_embeddings,
     )
-    vision = dict(
+    vision = _qwen2_vision_config(spec)
+    config = (Qwen2VLConfig if spec.family == "qwen2_vl" else Qwen2_5_VLConfig)(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # older readers look at the top level
+        setattr(config, k, text[k])
+    return config
+
+
+def _qwen2_vision_config(spec: TinySpec) -> dict:
+    """The vision tower's config of a Qwen2.5-VL (windowed attention) or Qwen2-VL spec."""
+    if spec.family == "qwen2_vl":  # Qwen2-VL's tower: full attention, fixed-width MLP, no time scaling of videos
+        return dict(
+            depth=spec.vision_depth,
+            embed_dim=spec.vision_hidden,
+            hidden_size=spec.hidden,
+            mlp_ratio=2,
+            num_heads=spec.vision_heads,
+            in_channels=3,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        )
+    return dict(
         depth=spec.vision_depth,
         hidden_size=spec.vision_hidden,
         intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
@@ -322,22 +353,6 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         fullatt_block_indexes=list(spec.fullatt_blocks) or [spec.vision_depth - 1],
         tokens_per_second=2,
     )
-    if spec.family == "qwen2_vl":  # Qwen2-VL's tower: full attention, fixed-width MLP, no time scaling of videos
-        vision = dict(depth=spec.vision_depth, embed_dim=spec.vision_hidden, hidden_size=spec.hidden, mlp_ratio=2,
-                      num_heads=spec.vision_heads, in_channels=3, patch_size=14, spatial_merge_size=2,
-                      temporal_patch_size=2)  # fmt: skip
-    config = (Qwen2VLConfig if spec.family == "qwen2_vl" else Qwen2_5_VLConfig)(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=spec.tie_word_embeddings,
-    )
-    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # older readers look at the top level
-        setattr(config, k, text[k])
-    return config
 
 
 def _mrope_section(spec: TinySpec) -> list[int]:
@@ -366,7 +381,7 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
             "rope_theta": 5e6,
             "mrope_section": _mrope_section(spec),
             "mrope_interleaved": True,
-        },  # fmt: skip
+        },
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
@@ -375,21 +390,13 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
     if spec.family == "qwen3_vl_moe":
         # expert width != hidden: transformers tells its two layouts of a fused expert weight apart by shape only
         # (a square down_proj would load as saved, transposed)
-        text.update(num_experts=spec.num_experts, num_experts_per_tok=2, moe_intermediate_size=spec.hidden * 3 // 2,
-                    decoder_sparse_step=1)  # fmt: skip
-    vision = dict(
-        depth=spec.vision_depth,
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
-        num_heads=spec.vision_heads,
-        out_hidden_size=spec.hidden,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        in_channels=3,
-        num_position_embeddings=256,
-        deepstack_visual_indexes=list(range(min(spec.deepstack_layers, spec.vision_depth))),
-    )
+        text.update(
+            num_experts=spec.num_experts,
+            num_experts_per_tok=2,
+            moe_intermediate_size=spec.hidden * 3 // 2,
+            decoder_sparse_step=1,
+        )
+    vision = _qwen3_vision_config(spec)
     cls = Qwen3VLMoeConfig if spec.family == "qwen3_vl_moe" else Qwen3VLConfig
     config = cls(
         text_config=text,
@@ -405,6 +412,23 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
     if spec.family == "qwen3_vl_moe":  # as the hub's config.json has it (vLLM reads it; transformers always does so)
         config.text_config.norm_topk_prob = True
     return config
+
+
+def _qwen3_vision_config(spec: TinySpec) -> dict:
+    """Qwen3-VL's vision tower: 16-px patches, learned position embeddings, DeepStack mergers."""
+    return dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=list(range(min(spec.deepstack_layers, spec.vision_depth))),
+    )
 
 
 def _model_class(spec: TinySpec):
@@ -527,8 +551,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output", required=True, help="folder to write the HF checkpoint to")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", choices=list(SIZES), default="tiny", help="model-size preset (default: tiny)")
-    ap.add_argument("--family", choices=list(FAMILY_SPECS), default="qwen2_5_vl",
-                    help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens")  # fmt: skip
+    ap.add_argument(
+        "--family",
+        choices=list(FAMILY_SPECS),
+        default="qwen2_5_vl",
+        help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens",
+    )
     ap.add_argument("--hidden", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's decoder layers")
     ap.add_argument("--vision-hidden", type=int, help="override the preset's vision hidden size")
@@ -545,8 +573,11 @@ def main(argv: list[str] | None = None) -> None:
     out = build_tiny_model(a.output, a.seed, spec)
     size = sum(f.stat().st_size for f in out.iterdir())
     files = sorted(p.name for p in out.iterdir())
-    print(json.dumps({"output": str(out), "seed": a.seed, "size": a.size, "family": spec.family, "bytes": size,
-                      "files": files}))  # fmt: skip
+    print(
+        json.dumps(
+            {"output": str(out), "seed": a.seed, "size": a.size, "family": spec.family, "bytes": size, "files": files}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -76,8 +76,15 @@ class TeacherEngine:
         return out
 
 
-def _imitation_step(model: torch.nn.Module, opt: torch.optim.Optimizer, agent: MultiTurnAgent, processor: Any,
-                    prompts: list[Any], max_response_length: int, device: str) -> tuple[torch.Tensor, Any]:  # fmt: skip
+def _imitation_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    agent: MultiTurnAgent,
+    processor: Any,
+    prompts: list[Any],
+    max_response_length: int,
+    device: str,
+) -> tuple[torch.Tensor, Any]:
     """One step on the teacher's trajectories of ``prompts`` (the tools run for real): the mean negative log-prob of
     the model's tokens; the loss and the rollout."""
     tokenizer = processor.tokenizer
@@ -93,6 +100,48 @@ def _imitation_step(model: torch.nn.Module, opt: torch.optim.Optimizer, agent: M
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return loss, rb
+
+
+def _imitate(
+    model: torch.nn.Module,
+    agent: MultiTurnAgent,
+    ds: RLDataset,
+    processor: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    max_response_length: int,
+    device: str,
+    log_every: int,
+) -> dict[str, float]:
+    """The imitation steps on the teacher's trajectories; the last step's figures."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    sw = Timer.start()
+    last: dict[str, float] = {}
+    first_loss = float("nan")
+    for step in range(1, steps + 1):
+        prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
+        loss, rb = _imitation_step(model, opt, agent, processor, prompts, max_response_length, device)
+        mtm = multi_turn_metrics(rb.trajectories)
+        first_loss = loss.item() if step == 1 else first_loss
+        last = {
+            "step": step,
+            "first_loss": first_loss,
+            "loss": loss.item(),
+            "called_share": mtm.get("multi_turn/called_share", 0.0),
+            "tool_errors": mtm.get("multi_turn/tool_errors", 0.0),
+            "seconds": sw.elapsed,
+        }
+        if step % log_every == 0 or step in (1, steps):
+            print(
+                f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
+                f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)",
+                flush=True,
+            )
+    return last
 
 
 def warm_start(
@@ -129,24 +178,21 @@ def warm_start(
         ds = RLDataset(data, processor, data_cfg, split="train", tools=schemas)
         bounds = (qwen_vl.patch_factor(processor.image_processor), *ds.pixel_bounds)
         engine = TeacherEngine(teacher, tokenizer, seed)
-        agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length,
-                               max_images=ds.max_images_per_prompt + mt.max_tool_images)  # fmt: skip
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        rng = random.Random(seed)
-        sw = Timer.start()
-        last: dict[str, float] = {}
-        first_loss = float("nan")
-        for step in range(1, steps + 1):
-            prompts = ds.get_batch(rng.sample(range(len(ds)), min(batch_size, len(ds))))
-            loss, rb = _imitation_step(model, opt, agent, processor, prompts, max_response_length, device)
-            mtm = multi_turn_metrics(rb.trajectories)
-            first_loss = loss.item() if step == 1 else first_loss
-            last = {"step": step, "first_loss": first_loss, "loss": loss.item(),
-                    "called_share": mtm.get("multi_turn/called_share", 0.0),
-                    "tool_errors": mtm.get("multi_turn/tool_errors", 0.0), "seconds": sw.elapsed}  # fmt: skip
-            if step % log_every == 0 or step in (1, steps):
-                print(f"[warm_start] step {step}/{steps} loss {last['loss']:.4f} called {last['called_share']:.2f} "
-                      f"tool errors {last['tool_errors']:.0f} ({last['seconds']:.0f} s)", flush=True)  # fmt: skip
+        max_images = ds.max_images_per_prompt + mt.max_tool_images
+        agent = MultiTurnAgent(engine, tools, mt, tokenizer, bounds, max_response_length, max_images=max_images)
+        last = _imitate(
+            model,
+            agent,
+            ds,
+            processor,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            max_response_length=max_response_length,
+            device=device,
+            log_every=log_every,
+        )
     finally:
         tools.close()  # its worker processes, also when a step fails
     out = Path(output)
@@ -178,9 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vlmrl.testing.warm_start: {e}", file=sys.stderr)
         return 2
     data = a.data if len(a.data) > 1 else a.data[0]
-    warm_start(a.model, a.output, data, teacher, tool_config=a.tools, steps=a.steps, batch_size=a.batch_size,
-               lr=a.lr, max_response_length=a.max_response_length, max_assistant_turns=a.max_assistant_turns,
-               seed=a.seed)  # fmt: skip
+    warm_start(
+        a.model,
+        a.output,
+        data,
+        teacher,
+        tool_config=a.tools,
+        steps=a.steps,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        max_response_length=a.max_response_length,
+        max_assistant_turns=a.max_assistant_turns,
+        seed=a.seed,
+    )
     print(f"[warm_start] wrote {a.output}")
     return 0
 

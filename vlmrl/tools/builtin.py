@@ -31,14 +31,19 @@ class ImageZoomTool(BaseTool):
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4,
-                                "description": "[x1, y1, x2, y2]: top-left and bottom-right corners in pixels."},
+                    "bbox_2d": {
+                        "type": "array",
+                        "items": {"type": "number"},
+                        "minItems": 4,
+                        "maxItems": 4,
+                        "description": "[x1, y1, x2, y2]: top-left and bottom-right corners in pixels.",
+                    },
                     "label": {"type": "string", "description": "What is in the box (optional)."},
                 },
                 "required": ["bbox_2d"],
             },
         },
-    }  # fmt: skip
+    }
 
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: Any = None) -> None:
         super().__init__(config, tool_schema)
@@ -154,15 +159,32 @@ class Geo3kCheckTool(BaseTool):
 # ----------------------------------------------------------------------------------------------- calculator
 
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS = {
-    "sqrt": math.sqrt, "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
-    "atan": math.atan, "log": math.log, "exp": math.exp, "abs": abs, "round": round, "floor": math.floor,
-    "ceil": math.ceil, "radians": math.radians, "degrees": math.degrees,
-}  # fmt: skip
+    "sqrt": math.sqrt,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
+    "log": math.log,
+    "exp": math.exp,
+    "abs": abs,
+    "round": round,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "radians": math.radians,
+    "degrees": math.degrees,
+}
 _CONSTS = {"pi": math.pi, "e": math.e}
 MAX_EXPRESSION = 200
 MAX_MAGNITUDE = 1e100
@@ -198,9 +220,12 @@ def calculate(expression: str) -> float:
                 raise ValueError("result out of range")
             return out
         if (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
-            and not node.keywords and 1 <= len(node.args) <= 2
-        ):  # fmt: skip
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCS
+            and not node.keywords
+            and 1 <= len(node.args) <= 2
+        ):
             return _FUNCS[node.func.id](*(ev(a) for a in node.args))
         raise ValueError(f"unsupported element {type(node).__name__} in {expression!r}")
 

@@ -52,8 +52,10 @@ def resolve_class(class_name: str, where: str) -> type:
     module, _, attr = class_name.rpartition(".") if name is None else (target, "", name)
     if not module:
         known = ", ".join(sorted(BUILTIN))
-        raise ToolConfigError(f"{where}: class_name {class_name!r} is not a built-in tool ({known}), a file.py:Class "
-                              "or a package.module.Class")  # fmt: skip
+        raise ToolConfigError(
+            f"{where}: class_name {class_name!r} is not a built-in tool ({known}), a file.py:Class "
+            "or a package.module.Class"
+        )
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:

@@ -89,9 +89,13 @@ async def _call(tool: BaseTool, req: ToolRequest) -> Any:
     iid = None
     try:
         created = await _invoke(
-            tool.create, create_kwargs=create_kwargs, image=req.image, source_image=req.source_image,
-            image_bounds=req.image_bounds, ground_truth=req.ground_truth,
-        )  # fmt: skip
+            tool.create,
+            create_kwargs=create_kwargs,
+            image=req.image,
+            source_image=req.source_image,
+            image_bounds=req.image_bounds,
+            ground_truth=req.ground_truth,
+        )
         iid = created[0] if isinstance(created, tuple) else created
         return await _invoke(tool.execute, iid, dict(req.arguments))
     finally:
@@ -207,9 +211,14 @@ class ToolRunner:
             what = "tool calls (" + ", ".join(sorted(self.tools)) + ")"
             setting = "actor_rollout_ref.rollout.multi_turn.tool_timeout_s"
             self.pool = SupervisedPool(
-                what, setting, num_workers, timeout_s, initializer=_build_tools, initargs=(str(tool_config_path),),
+                what,
+                setting,
+                num_workers,
+                timeout_s,
+                initializer=_build_tools,
+                initargs=(str(tool_config_path),),
                 preload=["vlmrl.tools.runner", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process"],
-            )  # fmt: skip
+            )
             self.pool.warm()  # now, not at the first call: the built-ins' imports take seconds
 
     @property

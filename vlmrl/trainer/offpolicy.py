@@ -135,8 +135,9 @@ class OffPolicyRollout(Rollouts):
     def infos(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return self.pool.infos
 
-    def next_batch(self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool) -> tuple[
-            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
+    def next_batch(
+        self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool
+    ) -> tuple[list[PromptSample], RolloutBatch, dict[str, float]]:
         """The batch generated while the previous step trained (generated now on the first step, after a resume,
         or after a fallback); then the trainer's weights go into the engines and (``launch``) the next step's batch
         starts generating. The ``async/*`` metrics."""
@@ -168,8 +169,9 @@ class OffPolicyRollout(Rollouts):
             },
         )
 
-    def generate(self, prompts: list[PromptSample], step: int, updates: int, k: int = 0,
-                 validate: bool = False) -> RolloutBatch:  # fmt: skip
+    def generate(
+        self, prompts: list[PromptSample], step: int, updates: int, k: int = 0, validate: bool = False
+    ) -> RolloutBatch:
         """Once the generation in flight is done, with the trainer's current weights."""
         self.drain()
         self.sync(updates)

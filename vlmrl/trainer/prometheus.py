@@ -190,8 +190,9 @@ class PrometheusExporter:
         self.port = int(self._server.server_address[1])
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}/metrics"
         poll = min(0.5, request_timeout_s / 4)  # how often deadlines are checked
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(poll,), name="vlmrl-prometheus",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(poll,), name="vlmrl-prometheus", daemon=True
+        )
         self._thread.start()
 
     def _gauge(self, key: str) -> Any:

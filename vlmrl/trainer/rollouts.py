@@ -48,14 +48,16 @@ class Rollouts(ABC):
     """What the workers beyond the training group reported when they started (the start-up line)."""
 
     @abstractmethod
-    def next_batch(self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool) -> tuple[
-            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
+    def next_batch(
+        self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool
+    ) -> tuple[list[PromptSample], RolloutBatch, dict[str, float]]:
         """The step's batch: its prompts, its rollout and the metrics of getting it. ``updates``: the policy
         updates done; ``launch``: no further generation comes this step (the next step's batch may start)."""
 
     @abstractmethod
-    def generate(self, prompts: list[PromptSample], step: int, updates: int, k: int = 0,
-                 validate: bool = False) -> RolloutBatch:  # fmt: skip
+    def generate(
+        self, prompts: list[PromptSample], step: int, updates: int, k: int = 0, validate: bool = False
+    ) -> RolloutBatch:
         """Generate ``prompts`` now with the weights after ``updates`` updates (``k``: the step's k-th batch;
         ``validate``: the validation's sampling)."""
 
@@ -87,14 +89,16 @@ class HybridRollouts(Rollouts):
         self.group, self.tp = group, tp
         self.infos = []
 
-    def next_batch(self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool) -> tuple[
-            list[PromptSample], RolloutBatch, dict[str, float]]:  # fmt: skip
+    def next_batch(
+        self, draw: Draw, timer: Timer, step: int, updates: int, launch: bool
+    ) -> tuple[list[PromptSample], RolloutBatch, dict[str, float]]:
         prompts, _ = draw()
         with timer("rollout"):
             return prompts, self.generate(prompts, step, updates), {}
 
-    def generate(self, prompts: list[PromptSample], step: int, updates: int, k: int = 0,
-                 validate: bool = False) -> RolloutBatch:  # fmt: skip
+    def generate(
+        self, prompts: list[PromptSample], step: int, updates: int, k: int = 0, validate: bool = False
+    ) -> RolloutBatch:
         """Prompts split evenly over the engine groups (the ranks of a tensor-parallel group all get their
         group's), gathered in order, one copy per group."""
         return gather_leaders(self.group.generate(chunk_prompts(prompts, self.group.world, self.tp), validate), self.tp)

@@ -57,8 +57,14 @@ class CriticWorker:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         fc = plan.fsdp
         if dist.is_initialized():
-            self.model = fsdp_wrap(self.model, device, fc.param_offload, fc.reshard_after_forward,
-                                    compute_dtype(fc.dtype, device), fc.wrap_policy.min_num_params)  # fmt: skip
+            self.model = fsdp_wrap(
+                self.model,
+                device,
+                fc.param_offload,
+                fc.reshard_after_forward,
+                compute_dtype(fc.dtype, device),
+                fc.wrap_policy.min_num_params,
+            )
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, plan.optim, total_steps)
         # optimizer state in host memory between steps (critic.fsdp.optimizer_offload; param_offload keeps it there)
         self.offload_optimizer = device == "cuda" and fc.optimizer_offload and not fc.param_offload
@@ -132,9 +138,14 @@ class CriticWorker:
             mask = mb.response_mask
             m = mask.to(vpreds.dtype)
             loss, clipfrac = value_loss(
-                vpreds, returns[idx, :R].to(vpreds.device), old_values[idx, :R].to(vpreds.device), mask,
-                p.cliprange_value, p.loss_agg_mode, **agg_kw,
-            )  # fmt: skip
+                vpreds,
+                returns[idx, :R].to(vpreds.device),
+                old_values[idx, :R].to(vpreds.device),
+                mask,
+                p.cliprange_value,
+                p.loss_agg_mode,
+                **agg_kw,
+            )
             # FSDP averages gradients over ranks; the global denominators already did: undo the average
             (loss * self.world + extra).backward()
             n_tok = float(mask.sum())
@@ -144,10 +155,14 @@ class CriticWorker:
         for name, value in sums.items():
             metrics.setdefault(name, []).append(value if name == "critic/vf_loss" else value / tokens_here)
         gn = clip_and_step(
-            self.optimizer, p.grad_clip, self.device if self.offload_optimizer else None,
-            lambda gn: f"non-finite critic gradient norm ({gn}); the critic's weights were not changed. Usual "
-            "causes: critic.optim.lr too high, returns far from the values' scale (rewards of large magnitude)",
-        )  # fmt: skip
+            self.optimizer,
+            p.grad_clip,
+            self.device if self.offload_optimizer else None,
+            lambda gn: (
+                f"non-finite critic gradient norm ({gn}); the critic's weights were not changed. Usual "
+                "causes: critic.optim.lr too high, returns far from the values' scale (rewards of large magnitude)"
+            ),
+        )
         metrics.setdefault("critic/grad_norm", []).append(gn)
 
     def save(self, folder: str) -> None:

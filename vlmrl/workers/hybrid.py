@@ -111,10 +111,12 @@ class HybridWorker:
         with stage(f"{who} could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
             self._load_processor(plan)
         if arr.rollout.name == "vllm" and engine:
-            with stage(f"{who} could not start the vLLM engine for {path}",
-                       "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, "
-                       "engine_kwargs.vllm) against the model and this machine, or use "
-                       "actor_rollout_ref.rollout.name=hf"):  # fmt: skip
+            with stage(
+                f"{who} could not start the vLLM engine for {path}",
+                "check actor_rollout_ref.rollout's engine settings (max_model_len, gpu_memory_utilization, "
+                "engine_kwargs.vllm) against the model and this machine, or use "
+                "actor_rollout_ref.rollout.name=hf",
+            ):
                 self.engine = self._vllm_engine(plan)
         # vLLM reseeds the process at start: seed after it. vLLM samples from this process's torch generator, so the
         # ranks sharing a tensor-parallel engine must hold the same state at every rollout (else each samples its
@@ -147,13 +149,18 @@ class HybridWorker:
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         if not dist.is_initialized():  # a collective waiting longer than nccl_timeout fails instead of hanging
-            with stage(f"{who} could not join the workers' process group",
-                       "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
-                       "clusters)"):  # fmt: skip
+            with stage(
+                f"{who} could not join the workers' process group",
+                "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
+                "clusters)",
+            ):
                 dist.init_process_group(
-                    "nccl" if self.device == "cuda" else "gloo", init_method=init_method, rank=rank,
-                    world_size=plan.world, timeout=datetime.timedelta(seconds=arr.nccl_timeout),
-                )  # fmt: skip
+                    "nccl" if self.device == "cuda" else "gloo",
+                    init_method=init_method,
+                    rank=rank,
+                    world_size=plan.world,
+                    timeout=datetime.timedelta(seconds=arr.nccl_timeout),
+                )
 
     def _load_models(self, plan: WorkerPlan, who: str, policy: bool) -> None:
         """The models this worker holds: the policy and reference (or a rollout worker's own HF copy), the critic,
@@ -161,16 +168,23 @@ class HybridWorker:
         arr, path = plan.arr, plan.arr.model.path
         self.policy: Any = None
         model_sw = Timer.start()
-        with stage(f"{who} could not load the model from {path}",
-                   "check actor_rollout_ref.model.path (a complete Qwen-VL folder or hub id: config.json and every "
-                   "*.safetensors file it lists)"):  # fmt: skip
+        with stage(
+            f"{who} could not load the model from {path}",
+            "check actor_rollout_ref.model.path (a complete Qwen-VL folder or hub id: config.json and every "
+            "*.safetensors file it lists)",
+        ):
             if policy:
-                self.policy = PolicyWorker(arr, device=self.device, total_steps=plan.total_steps,
-                                           vision_ids=self.vision_ids, seed=plan.seed,
-                                           max_response_length=plan.max_response_length,
-                                           reference=plan.reference,
-                                           rollout_correction=plan.rollout_correction,
-                                           algorithm=plan.algorithm)  # fmt: skip
+                self.policy = PolicyWorker(
+                    arr,
+                    device=self.device,
+                    total_steps=plan.total_steps,
+                    vision_ids=self.vision_ids,
+                    seed=plan.seed,
+                    max_response_length=plan.max_response_length,
+                    reference=plan.reference,
+                    rollout_correction=plan.rollout_correction,
+                    algorithm=plan.algorithm,
+                )
             elif arr.rollout.name == "hf":  # a rollout worker's own copy of the model, generating only
                 from vlmrl.models.trainable import load_model
 
@@ -179,20 +193,29 @@ class HybridWorker:
         self.model_s = model_sw.elapsed
         self.critic = None
         if plan.critic is not None:
-            with stage(f"{who} could not load the critic from {plan.critic.path}",
-                       "check critic.model.path (a Qwen2.5-VL folder, or a critic checkpoint with its value "
-                       "head; unset: the actor's path)"):  # fmt: skip
+            with stage(
+                f"{who} could not load the critic from {plan.critic.path}",
+                "check critic.model.path (a Qwen2.5-VL folder, or a critic checkpoint with its value "
+                "head; unset: the actor's path)",
+            ):
                 from vlmrl.workers.critic import CriticWorker
 
-                self.critic = CriticWorker(plan.critic, device=self.device, total_steps=plan.total_steps,
-                                           vision_ids=self.vision_ids, seed=plan.seed,
-                                           max_response_length=plan.max_response_length)  # fmt: skip
+                self.critic = CriticWorker(
+                    plan.critic,
+                    device=self.device,
+                    total_steps=plan.total_steps,
+                    vision_ids=self.vision_ids,
+                    seed=plan.seed,
+                    max_response_length=plan.max_response_length,
+                )
         self.reward_model = None
         if plan.reward_model is not None and policy:
             rmp = plan.reward_model
-            with stage(f"{who} could not load the reward model from {rmp.path}",
-                       "check reward_model.model.path (a Qwen2.5-VL folder with a score head: python -m "
-                       "vlmrl.reward_model.train writes one)"):  # fmt: skip
+            with stage(
+                f"{who} could not load the reward model from {rmp.path}",
+                "check reward_model.model.path (a Qwen2.5-VL folder with a score head: python -m "
+                "vlmrl.reward_model.train writes one)",
+            ):
                 from vlmrl.reward_model.discriminative import RewardModelWorker
 
                 self.reward_model = RewardModelWorker(rmp, self.device, self.processor)
@@ -235,13 +258,22 @@ class HybridWorker:
         factor = qwen_vl.patch_factor(self.processor.image_processor)
         group = None
         if self.tp > 1:  # every rank creates every engine's group, in the same order (a collective)
-            groups = [dist.new_group(list(range(g * self.tp, (g + 1) * self.tp)), backend="gloo")
-                      for g in range(self.world // self.tp)]  # fmt: skip
+            groups = [
+                dist.new_group(list(range(g * self.tp, (g + 1) * self.tp)), backend="gloo")
+                for g in range(self.world // self.tp)
+            ]
             leader = self.engine_group * self.tp
             group = ToolGroup(groups[self.engine_group], leader, self.rank == leader)
         tools = ToolRunner(mt.tool_config_path, mt.tool_workers, mt.tool_timeout_s, group)
-        return MultiTurnAgent(self.engine, tools, mt, self.tokenizer, (factor, *self.image_bounds),
-                              plan.max_response_length, max_images=plan.limit_images)  # fmt: skip
+        return MultiTurnAgent(
+            self.engine,
+            tools,
+            mt,
+            self.tokenizer,
+            (factor, *self.image_bounds),
+            plan.max_response_length,
+            max_images=plan.limit_images,
+        )
 
     # ----------------------------------------------------------------------------------------------- rollout
     def generate(self, prompts: list[PromptSample], validate: bool = False, seed: int | None = None) -> RolloutBatch:
@@ -268,8 +300,9 @@ class HybridWorker:
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
         return rb
 
-    def score_rewards(self, prompts: list[PromptSample], rollout: RolloutBatch, n_micro: int) -> tuple[
-            list[float] | None, str | None, int]:  # fmt: skip
+    def score_rewards(
+        self, prompts: list[PromptSample], rollout: RolloutBatch, n_micro: int
+    ) -> tuple[list[float] | None, str | None, int]:
         """The reward model's scores of these samples in ``n_micro`` forwards (the same on every rank), or the error
         that stopped it (the driver counts the samples as reward errors), and how many responses ``max_length``
         cut."""
@@ -322,9 +355,12 @@ class HybridWorker:
         timer = Timer()
         with timer("input_prep"):
             x = build_inputs(
-                prompts, rb, process_images(self.processor, prompts), self.pad_id,
+                prompts,
+                rb,
+                process_images(self.processor, prompts),
+                self.pad_id,
                 process_response_images(self.processor, rb),
-            )  # fmt: skip
+            )
         return x, timer.metrics()
 
     def prepare(self, shard: TrainShard, need_old: bool, need_pi2: bool = False) -> PreparedShard:
@@ -470,10 +506,15 @@ class HybridWorker:
     def info(self) -> dict[str, Any]:
         """Where this worker runs."""
         return {
-            "rank": self.rank, "device": self.device, "pid": os.getpid(), "node": socket.gethostname(),
-            "startup_s": self.startup_s, "process_s": self.ready_at - psutil.Process().create_time(),
-            "engine_s": float(getattr(self.engine, "start_s", 0.0)), "model_s": self.model_s,
-        }  # fmt: skip
+            "rank": self.rank,
+            "device": self.device,
+            "pid": os.getpid(),
+            "node": socket.gethostname(),
+            "startup_s": self.startup_s,
+            "process_s": self.ready_at - psutil.Process().create_time(),
+            "engine_s": float(getattr(self.engine, "start_s", 0.0)),
+            "model_s": self.model_s,
+        }
 
     def rss_bytes(self) -> int:
         """Resident memory of this process."""

@@ -65,8 +65,12 @@ def start_forkserver(vllm: bool) -> None:
     from vlmrl.supervise import PRELOAD
 
     mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.config.command", WORKER_PRELOAD])
-    env = {**worker_env("cpu"), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-           FORKSERVER_PARENT: str(os.getpid()), PRELOAD_VLLM: "1" if vllm else "0"}  # fmt: skip
+    env = {
+        **worker_env("cpu"),
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        FORKSERVER_PARENT: str(os.getpid()),
+        PRELOAD_VLLM: "1" if vllm else "0",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -170,8 +174,11 @@ class ProcessWorkerGroup(WorkerGroup):
         sw = Timer.start()
         for rank in range(self.world):
             # collectives' sockets on loopback: gloo (CPU) and NCCL's bootstrap (GPU)
-            env = {**os.environ, **worker_env(self.device),
-                   "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
+            env = {
+                **os.environ,
+                **worker_env(self.device),
+                "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            }
             if self.device == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
                 env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
@@ -269,8 +276,10 @@ class ProcessWorkerGroup(WorkerGroup):
             return WorkerError(message)
         hint = "the worker's own output or the system log may say why"
         if code == -signal.SIGKILL:
-            hint = ("a process killed by SIGKILL while loading is most often out of memory (dmesg says): fewer workers "
-                    "(trainer.cpu_workers), or a machine with more memory")  # fmt: skip
+            hint = (
+                "a process killed by SIGKILL while loading is most often out of memory (dmesg says): fewer workers "
+                "(trainer.cpu_workers), or a machine with more memory"
+            )
         failure = StartupFailure(f"{self._who(rank)} died while starting", _exit_text(code), hint)
         return WorkerError(message, failure=failure)
 

@@ -193,7 +193,7 @@ class RayWorkerGroup(WorkerGroup):
             + ("n_gpus_per_node" if self.device == "cuda" else "cpu_workers")
             + (", use trainer.device=cpu" if self.device == "cuda" and not any(r.get("GPU") for r in have) else "")
             + ", or add machines"
-        )  # fmt: skip
+        )
         if not ray_address(cfg) and _fits(have, bundle, per) < nodes:  # a cluster started here does not grow
             raise WorkerError(problem)
         # one placement group per node, STRICT_PACK: a node's workers (an engine's tensor-parallel group among them)

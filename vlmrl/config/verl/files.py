@@ -49,8 +49,11 @@ def file_problems(doc: dict[str, Any], where: str) -> list[str]:
     """Keys of a verl config file that are not settings: any that would reach Hydra's own config (its ``hydra:``
     section but ``searchpath``, ``+hydra...``, a ``hydra/`` defaults entry), and any key that is not a setting's name
     (``+x``, ``a=b``, ``x/y``: override syntax, not data)."""
-    problems = [f"{where}: its defaults entry '{e}' names Hydra's own config; {NO_EFFECT}."
-                for e in defaults_entries(doc.get("defaults")) if names_hydra(e)]  # fmt: skip
+    problems = [
+        f"{where}: its defaults entry '{e}' names Hydra's own config; {NO_EFFECT}."
+        for e in defaults_entries(doc.get("defaults"))
+        if names_hydra(e)
+    ]
 
     def walk(node: dict[Any, Any], path: str) -> None:
         for k, v in node.items():
@@ -58,8 +61,11 @@ def file_problems(doc: dict[str, Any], where: str) -> list[str]:
             if not path and k == "defaults":
                 continue
             if not path and k == "hydra" and isinstance(v, dict):
-                problems.extend(f"{where}: 'hydra.{sub}' would set Hydra's own config; {NO_EFFECT}."
-                                for sub in v if sub != "searchpath")  # fmt: skip
+                problems.extend(
+                    f"{where}: 'hydra.{sub}' would set Hydra's own config; {NO_EFFECT}."
+                    for sub in v
+                    if sub != "searchpath"
+                )
             elif names_hydra(k) and not path:
                 problems.append(f"{where}: '{k}' would set Hydra's own config; {NO_EFFECT}.")
             elif not _PLAIN_KEY.match(str(k)):
@@ -83,14 +89,24 @@ def read_config_file(doc: dict[str, Any], name: str, file: str) -> tuple[list[st
             why = VERL_CONFIGS[parent]
             return [], [f"{where} builds on verl's {parent} config; not implemented in vlmrl: {why}."], []
     if others:
-        return [], [f"{where}: its defaults {sorted(others)} are verl config groups vlmrl does not have; pass their "
-                    "settings as key=value overrides."], []  # fmt: skip
+        return (
+            [],
+            [
+                f"{where}: its defaults {sorted(others)} are verl config groups vlmrl does not have; pass their "
+                "settings as key=value overrides."
+            ],
+            [],
+        )
     leaves = flatten({k: v for k, v in doc.items() if k not in ("defaults", "hydra")})
-    notes = [f"--config-name={name}: verl's config file {file} read as {len(leaves)} override(s) on vlmrl's grpo "
-             "config (the command line's come after it and win)."]  # fmt: skip
+    notes = [
+        f"--config-name={name}: verl's config file {file} read as {len(leaves)} override(s) on vlmrl's grpo "
+        "config (the command line's come after it and win)."
+    ]
     if "searchpath" in (doc.get("hydra") or {}):
-        notes.append(f"{where}: its hydra.searchpath points Hydra at verl's own configs; vlmrl's grpo config stands "
-                     "for them, so it is not used.")  # fmt: skip
+        notes.append(
+            f"{where}: its hydra.searchpath points Hydra at verl's own configs; vlmrl's grpo config stands "
+            "for them, so it is not used."
+        )
     return [f"{k}={render(v)}" for k, v in leaves], [], notes
 
 
@@ -103,8 +119,10 @@ def bare_engine_args(argv: list[str]) -> tuple[list[str], list[str]]:
     out, notices = [], []
     for a in argv:
         if "=" not in a and not a.startswith("-") and a in engines:
-            notices.append(f"'{a}': a bare argument equal to actor_rollout_ref.rollout.name (verl's scripts pass "
-                           "their ENGINE argument on to the trainer): ignored.")  # fmt: skip
+            notices.append(
+                f"'{a}': a bare argument equal to actor_rollout_ref.rollout.name (verl's scripts pass "
+                "their ENGINE argument on to the trainer): ignored."
+            )
             continue
         out.append(a)
     return out, notices

@@ -112,8 +112,16 @@ def _trained_model(prefix: str) -> tuple[Rule, ...]:
     )
 
 
-_JUDGE_KEYS = ("name", "temperature", "top_p", "top_k", "response_length", "prompt_length", "max_model_len",
-               "gpu_memory_utilization")  # fmt: skip
+_JUDGE_KEYS = (
+    "name",
+    "temperature",
+    "top_p",
+    "top_k",
+    "response_length",
+    "prompt_length",
+    "max_model_len",
+    "gpu_memory_utilization",
+)
 _RM_POOL = "a reward model in a resource pool of its own (vlmrl: the discriminative model on the training workers, "
 _RM_POOL += "the judge's engine in the driver)"
 
@@ -200,7 +208,7 @@ RULES: tuple[Rule, ...] = (
             f"{g}.param_offload",
             mapping={False: DROP, True: True},
             why="FSDP2's CPUOffloadPolicy",
-        )  # fmt: skip
+        )
         for g in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
     ),
     *(
