@@ -74,8 +74,9 @@ def _spy(tmp_path: Path) -> Path:
 def test_parameters_come_from_unknown_algorithm_keys(colour_data: Path, tmp_path: Path) -> None:
     base = [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tmp_path}"]
     spec = f"{EXAMPLE}:LengthAware"
-    cfg = load([*base, f"algorithm.name={spec}", "+algorithm.min_length=2", "algorithm.max_length=9"],
-               config_name="tiny_cpu")  # fmt: skip
+    cfg = load(
+        [*base, f"algorithm.name={spec}", "+algorithm.min_length=2", "algorithm.max_length=9"], config_name="tiny_cpu"
+    )
     assert cfg.algorithm.name == spec and dict(cfg.algorithm.params) == {"min_length": 2, "max_length": 9}
     # a config file's algorithm block (Hydra's config dir, as a user's own preset)
     (tmp_path / "conf").mkdir()
@@ -94,13 +95,15 @@ def test_parameters_come_from_unknown_algorithm_keys(colour_data: Path, tmp_path
     [
         (["+algorithm.min_lenght=3"], "Unknown config key 'algorithm.min_lenght'"),
         (["algorithm.adv_estimater=grpo"], "Did you mean 'algorithm.adv_estimator'?"),
-        ([f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_lenght=3"],
-         "its constructor does not take these parameters (min_lenght)"),
+        (
+            [f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_lenght=3"],
+            "its constructor does not take these parameters (min_lenght)",
+        ),
         ([f"algorithm.name={EXAMPLE}:NoSuchClass"], "has no function 'NoSuchClass'"),
         (["algorithm.name=vlmrl.algos.losses.LossConfig"], "is not a subclass of vlmrl.algorithms.RLAlgorithm"),
         ([f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_length=9"], "need 0 < min_length <= max_length"),
     ],
-)  # fmt: skip
+)
 def test_bad_classes_and_parameters_are_config_problems(colour_data: Path, tmp_path: Path, extra, message) -> None:
     base = [f"data.train_files={colour_data / 'train.parquet'}", f"actor_rollout_ref.model.path={tmp_path}"]
     with pytest.raises(ConfigError) as e:
@@ -114,8 +117,18 @@ def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colo
     ``compute_loss`` see in the same step; the hooks' metrics are logged; the state is in the checkpoint."""
     spy = _spy(tmp_path)
     out = tmp_path / "run"
-    run_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "data.val_files=null",
-                         f"algorithm.name={spy}:Spy", "+algorithm.scale=2.0", "trainer.save_freq=3"))  # fmt: skip
+    run_to_end(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            out,
+            "trainer.total_training_steps=3",
+            "data.val_files=null",
+            f"algorithm.name={spy}:Spy",
+            "+algorithm.scale=2.0",
+            "trainer.save_freq=3",
+        )
+    )
     calls = [json.loads(x) for x in (tmp_path / "losses.jsonl").read_text().splitlines()]
     assert len({c["pid"] for c in calls}) == 2  # both workers ran the class's compute_loss
     assert all(c["rewards_shape"] == c["shape"] and c["one_per_row"] for c in calls)  # scores on last tokens
@@ -132,16 +145,30 @@ def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where,message", [("fail_at", "Spy.before_train_step failed at step 2: RuntimeError: "
-                                            "planned failure"), ("nan_at", "Spy.compute_loss at step 2: 'loss' is "
-                                            "not finite")])  # fmt: skip
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("fail_at", "Spy.before_train_step failed at step 2: RuntimeError: planned failure"),
+        ("nan_at", "Spy.compute_loss at step 2: 'loss' is not finite"),
+    ],
+)
 def test_a_failing_class_stops_the_run_naming_it(tiny_model_dir, colour_data, tmp_path, where, message) -> None:
     spy = _spy(tmp_path)
     out = tmp_path / "run"
-    code, log = train_here(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=4",
-                                     "data.val_files=null", "trainer.launcher=inline",
-                                     "actor_rollout_ref.rollout.name=hf", f"algorithm.name={spy}:Spy",
-                                     f"+algorithm.{where}=2", "trainer.save_freq=1"))  # fmt: skip
+    code, log = train_here(
+        base_args(
+            tiny_model_dir,
+            colour_data,
+            out,
+            "trainer.total_training_steps=4",
+            "data.val_files=null",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            f"algorithm.name={spy}:Spy",
+            f"+algorithm.{where}=2",
+            "trainer.save_freq=1",
+        )
+    )
     assert code == 1 and message in log, log[-3000:]
     assert "last complete checkpoint:" in log and (out / "global_step_1" / "trainer_state.json").is_file()
 
@@ -151,8 +178,12 @@ def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colo
     """The quick start's task, where a response's length does not change its reward: without the class responses
     stay near the length cap (8 tokens); with it (``bash examples/length_aware_cpu.sh``: window 1-5 tokens) most land
     inside within 50 steps. Both runs: one worker in one process with the HF rollout, no validation."""
-    fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
-            "trainer.total_training_steps=50")  # fmt: skip
+    fast = (
+        "trainer.launcher=inline",
+        "actor_rollout_ref.rollout.name=hf",
+        "data.val_files=null",
+        "trainer.total_training_steps=50",
+    )
     plain, shaped = tmp_path / "plain", tmp_path / "shaped"
     train_here_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
     log = run_example("length_aware_cpu.sh", shaped, *fast)
@@ -163,8 +194,10 @@ def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colo
     assert tail(shaped_rows, "response_length/mean") < 5.0
     # the script's parameters reach the class (and its metrics the actor's lines), the quick start's pipeline ends
     # with the reward curve and the report
-    assert all(0.0 <= r["algorithm/in_window"] <= 1.0 and r["algorithm/max_length"] == 5.0 and
-               r["actor/max_length"] == 5.0 for r in shaped_rows)  # fmt: skip
+    assert all(
+        0.0 <= r["algorithm/in_window"] <= 1.0 and r["algorithm/max_length"] == 5.0 and r["actor/max_length"] == 5.0
+        for r in shaped_rows
+    )
     assert "[quickstart] tiny model:" in log and (shaped / "report.html").is_file()
     assert (shaped / "reward_curve.png").is_file()
 
@@ -174,10 +207,18 @@ def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, co
     value, the defaults marked."""
     from runs import cli_here
 
-    code, out, err = cli_here(["--config-name", "tiny_cpu", f"data.train_files={colour_data / 'train.parquet'}",
-                               "data.val_files=null", f"actor_rollout_ref.model.path={tiny_model_dir}",
-                               "trainer.dry_run=true", f"algorithm.name={EXAMPLE}:LengthAware",
-                               "+algorithm.max_length=7"])  # fmt: skip
+    code, out, err = cli_here(
+        [
+            "--config-name",
+            "tiny_cpu",
+            f"data.train_files={colour_data / 'train.parquet'}",
+            "data.val_files=null",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.dry_run=true",
+            f"algorithm.name={EXAMPLE}:LengthAware",
+            "+algorithm.max_length=7",
+        ]
+    )
     assert code == 0 and (
         f"algorithm class: {EXAMPLE}:LengthAware(min_length=4 (default), max_length=7, penalty=0.5 (default), "
         "patience=3 (default))" in out
@@ -187,23 +228,41 @@ def test_the_dry_run_loads_the_class_and_lists_its_parameters(tiny_model_dir, co
 @pytest.mark.slow
 def test_the_class_state_resumes_from_the_checkpoint(tiny_model_dir, colour_data: Path, tmp_path: Path) -> None:
     """A run cut after step 2 and resumed: the instance's state (here the list ``after_train_step`` appends to) comes
-    back from the checkpoint, so step 3 counts 3 calls as an uncut run does."""
+    back from the checkpoint, so step 3 counts 3 calls as an uncut run does; a constructor parameter the resuming
+    command line sets anew is the command line's, with a notice."""
     spy = _spy(tmp_path)
     out = tmp_path / "run"
-    fast = ("trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf", "data.val_files=null",
-            f"algorithm.name={spy}:Spy", "trainer.save_freq=2")  # fmt: skip
+    fast = (
+        "trainer.launcher=inline",
+        "actor_rollout_ref.rollout.name=hf",
+        "data.val_files=null",
+        f"algorithm.name={spy}:Spy",
+        "trainer.save_freq=2",
+    )
     train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=2", *fast))
-    train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
+    # the command line changes a constructor parameter on resume: it wins over the checkpoint's (issue 44 item 4)
+    log = train_here_to_end(
+        base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", "+algorithm.scale=0.5", *fast)
+    )
     step3 = [r for r in metrics(out) if r["step"] == 3]
     assert step3 and step3[-1]["algorithm/after_calls"] == 3 and step3[-1]["algorithm/marker"] == 3, step3
+    assert "resume: algorithm.scale=0.5 (the config's; the checkpoint had 1.0)" in log
 
 
 def test_the_report_shows_the_algorithm_and_rollout_correction_metrics(tmp_path: Path) -> None:
     from vlmrl.report import build_report
 
-    rows = [{"step": s, "reward/mean": 0.1 * s, "algorithm/in_window": 0.2 * s, "rollout_corr/rollout_is_mean": 1.0,
-             "rollout_corr/kl": 0.001, "rollout_corr/rollout_rs_masked_fraction": 0.05}
-            for s in range(1, 4)]  # fmt: skip
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "algorithm/in_window": 0.2 * s,
+            "rollout_corr/rollout_is_mean": 1.0,
+            "rollout_corr/kl": 0.001,
+            "rollout_corr/rollout_rs_masked_fraction": 0.05,
+        }
+        for s in range(1, 4)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     html = Path(build_report([str(tmp_path)], str(tmp_path / "report.html"))).read_text()
     assert "id='panel-algorithm'" in html and "id='panel-rollout_corr'" in html

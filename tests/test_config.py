@@ -238,8 +238,11 @@ def test_verls_multi_turn_keys_compose_and_wrong_values_are_named(tmp_path: Path
 
     tools = VERL_EXAMPLES / "sglang_multiturn/config/tool_config/geo3k_tool_config.yaml"
     mt = "actor_rollout_ref.rollout.multi_turn"
-    base = geo3k_launch_line(tmp_path) + [f"{mt}.enable=True", f"{mt}.max_assistant_turns=5",
-                                          f"{mt}.tool_config_path={tools}"]  # fmt: skip
+    base = geo3k_launch_line(tmp_path) + [
+        f"{mt}.enable=True",
+        f"{mt}.max_assistant_turns=5",
+        f"{mt}.tool_config_path={tools}",
+    ]
     cfg = load(base)
     m = cfg.actor_rollout_ref.rollout.multi_turn
     assert m.enable and m.max_assistant_turns == 5 and m.format == "hermes" and m.max_tool_response_length == 256
@@ -489,8 +492,15 @@ def test_a_config_that_trains_nothing_is_refused_when_composed(overrides: list[s
 
 def test_every_bad_value_is_listed_at_once() -> None:
     with pytest.raises(ConfigError) as e:
-        load(BASE + ["actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.ppo_epochs=0",
-                     "actor_rollout_ref.rollout.name=sglang", "trainer.total_training_steps=0"])  # fmt: skip
+        load(
+            BASE
+            + [
+                "actor_rollout_ref.actor.optim.lr=0",
+                "actor_rollout_ref.actor.ppo_epochs=0",
+                "actor_rollout_ref.rollout.name=sglang",
+                "trainer.total_training_steps=0",
+            ]
+        )
     msg = str(e.value)
     for part in ("optim.lr=0", "ppo_epochs=0", "SGLang", "total_training_steps=0"):
         assert part in msg, msg
@@ -559,3 +569,82 @@ def test_policy_loss_by_its_older_key_and_by_verls(tmp_path: Path) -> None:
         whole.actor_rollout_ref.actor.policy_loss.loss_mode,
         whole.actor_rollout_ref.actor.policy_loss.dro_beta,
     ) == ("dro", 0.1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (["actor_rollout_ref.actor.clip_ratio_low=-0.2"], "must be in [0, 1)"),
+        (["actor_rollout_ref.actor.clip_ratio_low=1.5"], "must be in [0, 1)"),
+        (["actor_rollout_ref.actor.clip_ratio_high=-0.1"], "must be a finite number >= 0"),
+        (["actor_rollout_ref.actor.clip_ratio_high=inf"], "must be a finite number >= 0"),
+        (["actor_rollout_ref.actor.clip_ratio_c=-3"], "0: no dual clip"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0"], "tau_pos=0"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_neg=-1"], "> 0"),
+        (
+            [
+                "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+                "actor_rollout_ref.actor.policy_loss.clip_cov_lb=6",
+            ],
+            "clip_cov_lb=6.0 > clip_cov_ub=5.0",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+                "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=2",
+            ],
+            "in (0, 1]",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+                "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0",
+            ],
+            "kl_cov_ratio=0",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_is_threshold=1e-30",
+            ],
+            "finite and >= 1",
+        ),
+        (
+            ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=inf"],
+            "finite and >= 1",
+        ),
+    ],
+)
+def test_loss_and_correction_settings_outside_their_range_are_refused(
+    tmp_path: Path, overrides: list[str], reason: str
+) -> None:
+    """Issue 44 item 6: a setting that makes a loss train nothing (every weight ~0), divide by zero or clip with a
+    negative bound is refused when the config is composed, naming the key, instead of training or failing at step 1."""
+    with pytest.raises(ConfigError) as e:
+        load(geo3k_launch_line(tmp_path) + ["actor_rollout_ref.rollout.temperature=1.0", *overrides])
+    msg = str(e.value)
+    assert overrides[-1].split("=")[0] in msg and reason in msg, msg
+
+
+def test_a_critic_export_is_refused_as_the_policy(tmp_path: Path, tiny_model_dir: str) -> None:
+    """Issue 44 item 7: a folder whose head is a score head (a critic's or reward model's export) and that holds no
+    ``lm_head.weight`` would load as a policy with a random head, different on every load; the gate refuses it,
+    naming the tensor. The policy's own folder passes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vlmrl.config.checks import check_environment
+
+    critic = tmp_path / "critic"
+    shutil.copytree(tiny_model_dir, critic)
+    [weights] = critic.glob("*.safetensors")
+    state = load_file(weights)
+    state["score.weight"] = state.pop("lm_head.weight")[:1].clone()
+    save_file(state, weights, metadata={"format": "pt"})
+    line = geo3k_launch_line(tmp_path)
+    for path, refused in ((critic, True), (Path(tiny_model_dir), False)):
+        cfg = load([*line, f"actor_rollout_ref.model.path={path}"])
+        problems = [p for p in check_environment(cfg) if "lm_head.weight" in p]
+        assert bool(problems) == refused, problems
+        assert not refused or "score.weight: a critic's or a reward model's export" in problems[0]

@@ -152,8 +152,9 @@ def test_kl_controller_state_round_trips() -> None:
 def test_reinforce_plus_plus_over_token_rewards_equals_verls(gamma: float) -> None:
     b = batch(6)
     rewards = ppo.token_scores(b["scores"], b["mask"]) - 0.01 * b["logp"] * b["mask"]  # a KL-like per-token term
-    ours = ppo.token_advantages("reinforce_plus_plus", rewards, b["mask"], torch.zeros(6),
-                                config=EstimatorConfig(gamma=gamma))  # fmt: skip
+    ours = ppo.token_advantages(
+        "reinforce_plus_plus", rewards, b["mask"], torch.zeros(6), config=EstimatorConfig(gamma=gamma)
+    )
     theirs = verl_algos.compute_reinforce_plus_plus_outcome_advantage(
         rewards, b["mask"], config=SimpleNamespace(gamma=gamma)
     )
@@ -224,15 +225,38 @@ def test_the_critic_follows_the_actors_settings_where_verl_interpolates_them() -
 
     base = ["data.train_files=x", "actor_rollout_ref.model.path=m"]
     assert critic_plan(load(base)) is None and not reference_needed(load(base))  # GRPO: no critic, no reference
-    cfg = load([*base, "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_epochs=3",
-                "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "data.train_batch_size=16"])  # fmt: skip
+    cfg = load(
+        [
+            *base,
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.ppo_epochs=3",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+            "data.train_batch_size=16",
+        ]
+    )
     plan = critic_plan(cfg)
     assert (plan.path, plan.epochs, plan.use_dynamic_bsz, plan.loss_agg_mode, plan.mini_batch_size) == (
-        "m", 3, True, "seq-mean-token-mean", 8)  # fmt: skip
+        "m",
+        3,
+        True,
+        "seq-mean-token-mean",
+        8,
+    )
     assert plan.optim.lr == 1e-5 and plan.cliprange_value == 0.5  # verl's critic defaults
-    own = critic_plan(load([*base, "algorithm.adv_estimator=gae", "critic.model.path=c", "critic.ppo_epochs=2",
-                            "critic.loss_agg_mode=token-mean", "critic.use_dynamic_bsz=False"]))  # fmt: skip
+    own = critic_plan(
+        load(
+            [
+                *base,
+                "algorithm.adv_estimator=gae",
+                "critic.model.path=c",
+                "critic.ppo_epochs=2",
+                "critic.loss_agg_mode=token-mean",
+                "critic.use_dynamic_bsz=False",
+            ]
+        )
+    )
     assert (own.path, own.epochs, own.loss_agg_mode, own.use_dynamic_bsz) == ("c", 2, "token-mean", False)
     assert critic_plan(load([*base, "critic.enable=True"])) is not None  # a critic with another estimator (verl)
     assert reference_needed(load([*base, "algorithm.use_kl_in_reward=True"]))
@@ -255,3 +279,30 @@ def test_critic_settings_without_a_critic_are_refused_and_unused_kl_settings_not
     assert any("algorithm.lam: GAE's lambda" in n for n in c.notices) and any("algorithm.gamma" in n for n in c.notices)
     c = compose([*base, "algorithm.kl_ctrl.kl_coef=0.001", "algorithm.use_kl_in_reward=True"])
     assert not c.problems and not any("in-reward KL is off" in n for n in c.notices)
+
+
+def test_on_resume_the_command_line_owns_what_it_changed_and_restored_values_are_checked() -> None:
+    """Issue 44 item 4: a fixed in-reward KL coefficient is the config's (the checkpoint's value used to win: 0.5 on
+    the command line ran as 0.001); an adaptive one continues from the checkpoint unless the command line changed
+    its type or starting value; a saved coefficient that is negative or not finite (an edited file) is refused; an
+    algorithm class's constructor parameter set anew wins over the checkpoint's, its other state does not."""
+    from vlmrl.trainer.checkpoint import CheckpointError, restored_algorithm_state, restored_kl
+
+    saved = {"value": 0.001, "kind": "fixed", "kl_coef": 0.001}
+    note = "algorithm.kl_ctrl.kl_coef=0.5 (the config's; the checkpoint's fixed value was 0.001)"
+    assert restored_kl(saved, "fixed", 0.5, "f") == (None, note)
+    assert restored_kl(saved, "fixed", 0.001, "f") == (None, None)
+    adapted = {"value": 0.037, "kind": "adaptive", "kl_coef": 0.05}
+    assert restored_kl(adapted, "adaptive", 0.05, "f") == (0.037, None)
+    value, note = restored_kl(adapted, "adaptive", 0.2, "f")
+    assert value is None and "kl_coef=0.2 (set anew" in note
+    assert restored_kl({"value": 0.037}, "adaptive", 0.05, "f") == (0.037, None)  # a checkpoint from before
+    for bad in (-5.0, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(CheckpointError, match="kl_ctrl.value=.* is not a finite number >= 0"):
+            restored_kl({"value": bad}, "adaptive", 0.05, "ckpt/trainer_state.json")
+    state = {"penalty": 0.5, "count": 7}
+    out, notes = restored_algorithm_state(state, {"penalty": 0.5}, {"penalty": 0.9})
+    assert out == {"penalty": 0.9, "count": 7} and notes == [
+        "algorithm.penalty=0.9 (the config's; the checkpoint had 0.5)"
+    ]
+    assert restored_algorithm_state({"penalty": 0.7}, {"penalty": 0.9}, {"penalty": 0.9}) == ({"penalty": 0.7}, [])

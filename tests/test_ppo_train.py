@@ -35,16 +35,20 @@ def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_m
     state = export_names({k: v.detach().clone() for k, v in model.state_dict().items()})
     assert "score.weight" in state and not any(k.startswith("lm_head.") for k in state)
     base = load_file(next(Path(tiny_model_dir).glob("*.safetensors")))
-    save_file({**base, "score.weight": state["score.weight"], "score.bias": state["score.bias"] + 0.5},
-              str(folder / "model.safetensors"))  # fmt: skip
+    save_file(
+        {**base, "score.weight": state["score.weight"], "score.bias": state["score.bias"] + 0.5},
+        str(folder / "model.safetensors"),
+    )
     head, name = saved_value_head(str(folder))
     assert name == "score.weight" and torch.equal(head["weight"], state["score.weight"])
     again = load_model(str(folder), "cpu")
     assert add_value_head(again, str(folder)) == "score.weight"
     assert torch.equal(again.lm_head.weight, model.lm_head.weight) and float(again.lm_head.bias) == pytest.approx(0.5)
     # TRL's value-head models keep it as v_head.summary.*
-    save_file({**base, "v_head.summary.weight": state["score.weight"] * 2, "v_head.summary.bias": torch.ones(1)},
-              str(folder / "model.safetensors"))  # fmt: skip
+    save_file(
+        {**base, "v_head.summary.weight": state["score.weight"] * 2, "v_head.summary.bias": torch.ones(1)},
+        str(folder / "model.safetensors"),
+    )
     head, name = saved_value_head(str(folder))
     assert name == "v_head.summary.weight" and torch.equal(head["weight"], state["score.weight"] * 2)
 
@@ -75,8 +79,10 @@ def _two_prompt_inputs(tiny_processor):
     from vlmrl.batch import RolloutBatch
     from vlmrl.models.inputs import build_inputs, process_images
 
-    prompts = [make_prompt(tiny_processor, "colour?", [solid((200, 10, 10))], 0),
-               make_prompt(tiny_processor, "and this one?", [solid((10, 200, 10))], 1)]  # fmt: skip
+    prompts = [
+        make_prompt(tiny_processor, "colour?", [solid((200, 10, 10))], 0),
+        make_prompt(tiny_processor, "and this one?", [solid((10, 200, 10))], 1),
+    ]
     responses = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     ids = [expanded(tiny_processor, p) for p in prompts for _ in range(2)]
     rb = RolloutBatch(ids, responses, [[0.0] * len(r) for r in responses], ["stop"] * 4, n=2)
@@ -93,8 +99,15 @@ def test_critic_token_budget_micro_batches_train_exactly_as_fixed_ones(tiny_mode
     from vlmrl.models import qwen_vl
     from vlmrl.workers.critic import CriticWorker
 
-    cfg = load(["data.train_files=x", f"actor_rollout_ref.model.path={tiny_model_dir}", "algorithm.adv_estimator=gae",
-                "critic.optim.lr=1e-2", "critic.model.enable_gradient_checkpointing=False"])  # fmt: skip
+    cfg = load(
+        [
+            "data.train_files=x",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "algorithm.adv_estimator=gae",
+            "critic.optim.lr=1e-2",
+            "critic.model.enable_gradient_checkpointing=False",
+        ]
+    )
     fixed = replace(critic_plan(cfg), micro_batch_size=1, forward_micro_batch_size=1)
     x = _two_prompt_inputs(tiny_processor)
     budget = int(x.attention_mask.sum(-1).max()) + 2  # room for about one sample per micro-batch
@@ -124,8 +137,12 @@ def colour_data(tmp_path_factory) -> Path:
     return make_colour_data(tmp_path_factory.mktemp("colour"))
 
 
-PPO_OVERRIDES = ("algorithm.adv_estimator=gae", "critic.optim.lr=2e-3", "critic.optim.weight_decay=0",
-                 "critic.model.enable_gradient_checkpointing=False")  # fmt: skip
+PPO_OVERRIDES = (
+    "algorithm.adv_estimator=gae",
+    "critic.optim.lr=2e-3",
+    "critic.optim.weight_decay=0",
+    "critic.model.enable_gradient_checkpointing=False",
+)
 """PPO with a critic on the quick start as a verl user writes it: overrides on the quick start's config."""
 
 
@@ -167,16 +184,31 @@ def test_the_ppo_example_learns_the_quick_start_task(tmp_path) -> None:
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert val[0] <= 0.05 and val[120] >= 0.9, val
-    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/vf_explained_var",
-                "critic/grad_norm", "critic/lr", "timing/critic_update_s", "timing/values_s"):  # fmt: skip
+    for key in (
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/vpred_mean",
+        "critic/vf_explained_var",
+        "critic/grad_norm",
+        "critic/lr",
+        "timing/critic_update_s",
+        "timing/values_s",
+    ):
         assert all(key in r for r in rows[1:]), key
     assert max(r["critic/vf_explained_var"] for r in rows[1:]) > 0.2  # the critic learns to predict the returns
     assert "id='panel-critic'" in (out / "report.html").read_text() and (out / "reward_curve.png").is_file()
     assert "[quickstart] tiny model:" in log and "ppo_tiny_cpu" not in log.split("[quickstart] tiny model:")[0]
 
 
-CURVE = ("reward/mean", "critic/vf_loss", "critic/vpred_mean", "reward/kl_penalty", "reward/kl_coef", "actor/pg_loss",
-         "actor/entropy")  # fmt: skip
+CURVE = (
+    "reward/mean",
+    "critic/vf_loss",
+    "critic/vpred_mean",
+    "reward/kl_penalty",
+    "reward/kl_coef",
+    "actor/pg_loss",
+    "actor/entropy",
+)
 
 
 @pytest.mark.slow
@@ -185,10 +217,20 @@ def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model
     a run stopped after its step-2 checkpoint and resumed equals an uninterrupted one step for step; the checkpoint
     holds the critic's shards and the controller's coefficient. (One worker in this process with the HF rollout: what
     is resumed is the trainer's state; tests/test_train_e2e.py resumes runs of worker processes.)"""
-    extra = ("algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
-             "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=64", "algorithm.kl_ctrl.kl_coef=0.05",
-             "trainer.critic_warmup=2", "critic.optim.lr=1e-3", "trainer.save_freq=2",
-             "data.val_files=null", "actor_rollout_ref.rollout.name=hf", "trainer.launcher=inline")  # fmt: skip
+    extra = (
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.target_kl=0.001",
+        "algorithm.kl_ctrl.horizon=64",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+        "trainer.critic_warmup=2",
+        "critic.optim.lr=1e-3",
+        "trainer.save_freq=2",
+        "data.val_files=null",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.launcher=inline",
+    )
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train_here_to_end(base_args(tiny_model_dir, colour_data, whole, *extra, "trainer.total_training_steps=4"))
     train_here_to_end(base_args(tiny_model_dir, colour_data, cut, *extra, "trainer.total_training_steps=2"))
@@ -213,6 +255,10 @@ def test_resume_continues_critic_optimizers_and_kl_controller_exactly(tiny_model
     assert name == "score.weight" and add_value_head(model, str(tmp_path / "critic")) == "score.weight"
     assert torch.equal(model.lm_head.weight, head["weight"])
     assert export(["--checkpoint", str(whole), "--output", str(tmp_path / "p"), "--critic", "--model", "/nope"]) == 2
+    # resumed without the critic (GRPO): said, not silent (issue 44 item 8)
+    grpo = [x for x in extra if x.startswith(("trainer.save", "data.", "actor_", "trainer.launcher"))]
+    log = train_here_to_end(base_args(tiny_model_dir, colour_data, cut, *grpo, "trainer.total_training_steps=5"))
+    assert "resume: the checkpoint holds a critic" in log and "algorithm.adv_estimator=grpo" in log
     coefs = [r["reward/kl_coef"] for r in a]
     # step 1: the policy is the reference (KL 0, below the target): the coefficient falls by 20 % x 128 / 64
     assert coefs[0] == pytest.approx(0.05) and coefs[1] == pytest.approx(0.05 * (1 - 0.2 * 128 / 64))

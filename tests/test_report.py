@@ -29,11 +29,20 @@ from vlmrl.trainer.prometheus import PrometheusExporter
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8"]
-PPO = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
-       "critic.optim.lr=1e-3"]  # fmt: skip
-PANEL_EXTRAS = [f"algorithm.name={ROOT / 'examples/algorithms/length_aware.py'}:LengthAware", "+algorithm.min_length=1",
-                "+algorithm.max_length=100", "+algorithm.penalty=0.0", "algorithm.rollout_correction.rollout_is=token",
-                "algorithm.rollout_correction.rollout_is_threshold=100.0"]  # fmt: skip
+PPO = [
+    "algorithm.adv_estimator=gae",
+    "algorithm.use_kl_in_reward=True",
+    "algorithm.kl_ctrl.type=adaptive",
+    "critic.optim.lr=1e-3",
+]
+PANEL_EXTRAS = [
+    f"algorithm.name={ROOT / 'examples/algorithms/length_aware.py'}:LengthAware",
+    "+algorithm.min_length=1",
+    "+algorithm.max_length=100",
+    "+algorithm.penalty=0.0",
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_is_threshold=100.0",
+]
 """Run A also logs the panels of an algorithm class (one that changes nothing: no penalty) and rollout correction
 (weights near 1, never truncated)."""
 
@@ -54,15 +63,46 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("report")
     data = base / "data"
     subprocess.run(
-        [sys.executable, "preprocess/synthetic.py", "--output-dir", str(data), "--families", "colour",
-         "--image-size", "56", "--train-size", "64", "--test-size", "8", "--seed", "0", "--no-progress"],
-        check=True, capture_output=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "preprocess/synthetic.py",
+            "--output-dir",
+            str(data),
+            "--families",
+            "colour",
+            "--image-size",
+            "56",
+            "--train-size",
+            "64",
+            "--test-size",
+            "8",
+            "--seed",
+            "0",
+            "--no-progress",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     a, b = base / "lr_default", base / "lr_small"
-    run = Run(base_args(tiny_model_dir, data, a, *SMALL, "trainer.total_training_steps=30", "trainer.test_freq=10",
-                        "trainer.logger=[console,jsonl,prometheus]", "trainer.prometheus.port=0",
-                        "trainer.project_name=obs", "trainer.experiment_name=lr_default",
-                        "actor_rollout_ref.actor.use_kl_loss=True", *PPO, *PANEL_EXTRAS), ENV)  # fmt: skip
+    run = Run(
+        base_args(
+            tiny_model_dir,
+            data,
+            a,
+            *SMALL,
+            "trainer.total_training_steps=30",
+            "trainer.test_freq=10",
+            "trainer.logger=[console,jsonl,prometheus]",
+            "trainer.prometheus.port=0",
+            "trainer.project_name=obs",
+            "trainer.experiment_name=lr_default",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            *PPO,
+            *PANEL_EXTRAS,
+        ),
+        ENV,
+    )
     try:
         url = None
         deadline = time.monotonic() + 300
@@ -74,19 +114,39 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
         assert url, run.output()[-3000:]
         wait_for_step(run, a, 3, timeout=300)
         scraped = _scrape(url)
-        sockets = [c for p in [psutil.Process(run.proc.pid)] for c in p.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN]  # fmt: skip
+        sockets = [
+            c
+            for p in [psutil.Process(run.proc.pid)]
+            for c in p.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        ]
         rc, family, listened = run.wait_watching_listeners(timeout=300)
     finally:
         run.cleanup()
     assert rc == 0, run.output()[-3000:]
     with pytest.raises(urllib.error.URLError):  # the exporter stopped with the run
         urllib.request.urlopen(url, timeout=5)
-    train_here_to_end(base_args(tiny_model_dir, data, b, *SMALL, "trainer.total_training_steps=3",
-                                "actor_rollout_ref.actor.optim.lr=1e-4", "trainer.launcher=inline",
-                                "actor_rollout_ref.rollout.name=hf"))  # fmt: skip
-    return {"a": a, "b": b, "log": run.output(), "scraped": scraped, "sockets": sockets, "family": family,
-            "listened": listened}  # fmt: skip
+    train_here_to_end(
+        base_args(
+            tiny_model_dir,
+            data,
+            b,
+            *SMALL,
+            "trainer.total_training_steps=3",
+            "actor_rollout_ref.actor.optim.lr=1e-4",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+        )
+    )
+    return {
+        "a": a,
+        "b": b,
+        "log": run.output(),
+        "scraped": scraped,
+        "sockets": sockets,
+        "family": family,
+        "listened": listened,
+    }
 
 
 @pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
@@ -96,9 +156,20 @@ def test_prometheus_publishes_the_step_metrics_live_on_loopback(runs: dict) -> N
     assert labels == {"project": "obs", "experiment": "lr_default"}
     assert step >= 1 and int(step) in rows
     row = rows[int(step)]
-    for key in ("reward/mean", "actor/entropy", "actor/kl_loss", "timing/step_s", "response_length/mean",
-                "advantages/zero_variance_share", "perf/cpu_memory_rss_gb", "critic/vf_loss",
-                "critic/vf_explained_var", "critic/lr", "reward/kl_penalty", "reward/kl_coef"):  # fmt: skip
+    for key in (
+        "reward/mean",
+        "actor/entropy",
+        "actor/kl_loss",
+        "timing/step_s",
+        "response_length/mean",
+        "advantages/zero_variance_share",
+        "perf/cpu_memory_rss_gb",
+        "critic/vf_loss",
+        "critic/vf_explained_var",
+        "critic/lr",
+        "reward/kl_penalty",
+        "reward/kl_coef",
+    ):
         name = "vlmrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
         assert scraped[name][1] == pytest.approx(row[key], rel=1e-9, abs=1e-12), (key, scraped[name], row[key])
     last_val = [r for s, r in rows.items() if s <= step and "val/reward/mean" in r][-1]
@@ -232,13 +303,23 @@ def test_a_running_jobs_partial_last_line_and_a_resumed_step(runs: dict, tmp_pat
 
 @pytest.mark.slow  # uses the two training runs of the ``runs`` fixture
 def test_the_cli_writes_the_report_and_names_a_missing_run(runs: dict, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "vlmrl.report", str(runs["a"]), str(runs["b"]), "-o", str(tmp_path / "x.html"),
-           "--smooth", "0.5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlmrl.report",
+        str(runs["a"]),
+        str(runs["b"]),
+        "-o",
+        str(tmp_path / "x.html"),
+        "--smooth",
+        "0.5",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert f"report written to {tmp_path / 'x.html'}" in proc.stdout and "[lr_small] health:" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "vlmrl.report", str(tmp_path / "nope")], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmrl.report", str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 2 and f"{tmp_path / 'nope'}: no metrics.jsonl" in proc.stderr
 
 
@@ -261,8 +342,15 @@ def _rows(n: int, **series: object) -> list[dict]:
 
 
 def test_a_healthy_run_has_no_findings() -> None:
-    rows = _rows(20, **{"actor/entropy": lambda s: 2.0 - s * 0.05, "reward/mean": lambda s: s / 25,
-                        "advantages/zero_variance_share": 0.2, "rollout/logprob_diff": 0.01})  # fmt: skip
+    rows = _rows(
+        20,
+        **{
+            "actor/entropy": lambda s: 2.0 - s * 0.05,
+            "reward/mean": lambda s: s / 25,
+            "advantages/zero_variance_share": 0.2,
+            "rollout/logprob_diff": 0.01,
+        },
+    )
     assert check_health(rows) == []
 
 
@@ -280,32 +368,60 @@ def test_each_health_check_names_its_metric_and_the_step_it_started() -> None:
     assert at(found, "reward flat at 1") == ("reward/mean", 12) and found[0].severity == "info"
     rows = _rows(20, **{"reward/mean": lambda s: 1.0 if s in (3, 4, 5, 6) else 0.5})  # 4 steps < the window of 5
     assert check_health(rows) == []
+    # a zero gradient while the advantages were not zero: the loss reached no weight (issue 44 item 5); a zero
+    # gradient on steps without advantages (every group scored alike) is not this finding
+    rows = _rows(20, **{"actor/grad_norm": lambda s: 0.0 if s >= 3 else 0.4, "advantages/abs_mean": 0.3})
+    assert at(check_health(rows), "no gradient") == ("actor/grad_norm", 3)
+    rows = _rows(20, **{"actor/grad_norm": 0.0, "advantages/abs_mean": 0.0, "reward/mean": 0.5})
+    assert "no gradient" not in [f.check for f in check_health(rows)]
     rows = _rows(20, **{"advantages/zero_variance_share": lambda s: 0.75 if s >= 6 else 0.1})
     assert at(check_health(rows), "groups without reward variance") == ("advantages/zero_variance_share", 6)
     # a spell at the start of a run that then learns (the quick start's first steps) is not a finding
-    rows = _rows(20, **{"advantages/zero_variance_share": lambda s: 0.9 if s <= 8 else 0.1,
-                        "reward/mean": lambda s: 0.0 if s <= 8 else 0.5})  # fmt: skip
+    rows = _rows(
+        20,
+        **{
+            "advantages/zero_variance_share": lambda s: 0.9 if s <= 8 else 0.1,
+            "reward/mean": lambda s: 0.0 if s <= 8 else 0.5,
+        },
+    )
     assert check_health(rows) == []
     # ... nor is one at the end of a run that learned the task (every sample of most groups right)
-    rows = _rows(20, **{"advantages/zero_variance_share": lambda s: 0.9 if s >= 14 else 0.1,
-                        "reward/mean": lambda s: 0.95 if s >= 14 else 0.5})  # fmt: skip
+    rows = _rows(
+        20,
+        **{
+            "advantages/zero_variance_share": lambda s: 0.9 if s >= 14 else 0.1,
+            "reward/mean": lambda s: 0.95 if s >= 14 else 0.5,
+        },
+    )
     assert check_health(rows) == []
     rows = _rows(20, **{"reward/mean": lambda s: 0.0 if s <= 10 else 0.5})  # half the run: a finding
     assert at(check_health(rows), "reward flat at 0") == ("reward/mean", 1)
     # PPO: a critic whose values explain nothing while the task is unlearned; none once it is learned (the returns
     # barely vary), and no zero-variance finding with a critic (GAE's advantages of equal rewards differ)
-    rows = _rows(20, **{"critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3, "reward/mean": 0.4,
-                        "advantages/zero_variance_share": 0.9})  # fmt: skip
+    rows = _rows(
+        20,
+        **{
+            "critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3,
+            "reward/mean": 0.4,
+            "advantages/zero_variance_share": 0.9,
+        },
+    )
     assert at(check_health(rows), "critic explains nothing") == ("critic/vf_explained_var", 7)
     assert not [f for f in check_health(rows) if f.check == "groups without reward variance"]
-    rows = _rows(20, **{"critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3,
-                        "reward/mean": lambda s: 0.95 if s >= 7 else 0.4})  # fmt: skip
+    rows = _rows(
+        20,
+        **{
+            "critic/vf_explained_var": lambda s: -0.2 if s >= 7 else 0.3,
+            "reward/mean": lambda s: 0.95 if s >= 7 else 0.4,
+        },
+    )
     assert not [f for f in check_health(rows) if f.check == "critic explains nothing"]
     rows = _rows(20, **{"rollout/logprob_diff": lambda s: 0.3 if s >= 9 else 0.001})
     assert at(check_health(rows), "log-prob drift") == ("rollout/logprob_diff", 9)
     assert check_health(rows, drift_threshold=0.5) == []
-    rows = _rows(20, **{"timing/push_s": lambda s: 0.0 if s < 5 else 0.7, "timing/rollout_s": 0.1,
-                        "timing/update_s": 0.1})  # fmt: skip
+    rows = _rows(
+        20, **{"timing/push_s": lambda s: 0.0 if s < 5 else 0.7, "timing/rollout_s": 0.1, "timing/update_s": 0.1}
+    )
     found = check_health(rows)
     assert at(found, "one stage dominates the step") == ("timing/push_s", 5) and "push" in found[0].message
 

@@ -36,8 +36,13 @@ def batch(seed: int, B: int = 8, R: int = 10) -> dict[str, torch.Tensor]:
 
 
 def settings(**kw) -> SimpleNamespace:
-    base = dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
-                rollout_rs_threshold=None)  # fmt: skip
+    base = dict(
+        rollout_is=None,
+        rollout_is_threshold=2.0,
+        rollout_is_batch_normalize=False,
+        rollout_rs=None,
+        rollout_rs_threshold=None,
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -58,11 +63,21 @@ def compare(ours: tuple, b: dict, **kw) -> None:
 
 IS_CASES = [("token", 2.0), ("token", "0.5_1.5"), ("sequence", 2.0), ("sequence", "0.2_5.0"), ("token", 1.02)]
 RS_CASES = [
-    ("token_k1", "0.8_1.25"), ("token_k1", 1.5), ("token_k2", 0.05), ("token_k3", 0.02),
-    ("seq_sum_k1", "0.5_2.0"), ("seq_sum_k2", 0.1), ("seq_sum_k3", 0.1), ("seq_mean_k1", "0.9_1.1"),
-    ("seq_mean_k2", 0.01), ("seq_mean_k3", 0.01), ("seq_max_k2", 0.2), ("seq_max_k3", 0.2),
-    ("token_k1,seq_max_k2", "0.7_1.4,0.3"), ("token_k2,seq_mean_k3,token_k2", 0.05),
-]  # fmt: skip
+    ("token_k1", "0.8_1.25"),
+    ("token_k1", 1.5),
+    ("token_k2", 0.05),
+    ("token_k3", 0.02),
+    ("seq_sum_k1", "0.5_2.0"),
+    ("seq_sum_k2", 0.1),
+    ("seq_sum_k3", 0.1),
+    ("seq_mean_k1", "0.9_1.1"),
+    ("seq_mean_k2", 0.01),
+    ("seq_mean_k3", 0.01),
+    ("seq_max_k2", 0.2),
+    ("seq_max_k3", 0.2),
+    ("token_k1,seq_max_k2", "0.7_1.4,0.3"),
+    ("token_k2,seq_mean_k3,token_k2", 0.05),
+]
 
 
 @pytest.mark.parametrize("level,threshold", IS_CASES)
@@ -92,15 +107,24 @@ def test_rejection_masks_equal_verls(options: str, threshold) -> None:
 def test_weights_and_rejection_together() -> None:
     b = batch(3)
     s = settings(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01)
-    compare(rc.correct(b["old"], b["engine"], b["mask"], s), b, rollout_is="token", rollout_is_threshold=2.0,
-            rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01)  # fmt: skip
+    compare(
+        rc.correct(b["old"], b["engine"], b["mask"], s),
+        b,
+        rollout_is="token",
+        rollout_is_threshold=2.0,
+        rollout_rs="seq_mean_k3",
+        rollout_rs_threshold=0.01,
+    )
 
 
 @pytest.mark.parametrize(
     "kw,message",
     [
         (dict(rollout_is="tokens"), "rollout_is='tokens': use token | sequence"),
-        (dict(rollout_is="token", rollout_is_threshold="2_1"), "lower <= upper"),
+        (dict(rollout_is="token", rollout_is_threshold="2_1"), "a lower bound in (0, 1]"),
+        (dict(rollout_is="token", rollout_is_threshold=1e-30), "finite and >= 1"),  # every weight ~0
+        (dict(rollout_is="token", rollout_is_threshold=float("inf")), "finite and >= 1"),
+        (dict(rollout_is="sequence", rollout_is_threshold="0.2_0.9"), "finite and >= 1"),
         (dict(rollout_is="token", rollout_is_threshold="x"), "not a number"),
         (dict(rollout_rs="token_k4", rollout_rs_threshold=1.0), "'token_k4' is not one of"),
         (dict(rollout_rs="token_k1"), "rollout_rs_threshold must be set"),
@@ -124,9 +148,20 @@ def test_verls_rollout_correction_keys_train_through_the_launch_command(tiny_mod
     data = make_colour_data(tmp_path / "data")
     out = tmp_path / "run"
     k = "algorithm.rollout_correction"
-    run_to_end(base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.val_files=null",
-                         f"{k}.rollout_is=token", f"{k}.rollout_is_threshold=2.0", f"{k}.rollout_rs=seq_mean_k3",
-                         f"{k}.rollout_rs_threshold=0.01", f"{k}.rollout_is_batch_normalize=true"))  # fmt: skip
+    run_to_end(
+        base_args(
+            tiny_model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=2",
+            "data.val_files=null",
+            f"{k}.rollout_is=token",
+            f"{k}.rollout_is_threshold=2.0",
+            f"{k}.rollout_rs=seq_mean_k3",
+            f"{k}.rollout_rs_threshold=0.01",
+            f"{k}.rollout_is_batch_normalize=true",
+        )
+    )
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -163,10 +198,21 @@ def test_verls_bypass_mode_trains_through_the_launch_command(tiny_model_dir, tmp
     data = make_colour_data(tmp_path / "data")
     out = tmp_path / "run"
     k = "algorithm.rollout_correction"
-    train_here_to_end(base_args(tiny_model_dir, data, out, "trainer.total_training_steps=2", "data.val_files=null",
-                                "trainer.launcher=inline", "actor_rollout_ref.rollout.name=hf",
-                                f"{k}.bypass_mode=true", f"{k}.loss_type=reinforce", f"{k}.rollout_is=token",
-                                f"{k}.rollout_is_threshold=2.0"))  # fmt: skip
+    train_here_to_end(
+        base_args(
+            tiny_model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=2",
+            "data.val_files=null",
+            "trainer.launcher=inline",
+            "actor_rollout_ref.rollout.name=hf",
+            f"{k}.bypass_mode=true",
+            f"{k}.loss_type=reinforce",
+            f"{k}.rollout_is=token",
+            f"{k}.rollout_is_threshold=2.0",
+        )
+    )
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.5 < r["rollout_corr/rollout_is_mean"] < 1.5 and r["actor/grad_norm"] > 0 for r in rows), rows

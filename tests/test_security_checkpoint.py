@@ -51,8 +51,14 @@ def copy_of(run: Path, tmp: Path) -> Path:
 def resume(run_dir: Path, ckpt: Path, model: str, data: Path) -> Exception:
     from vlmrl.trainer.grpo import Trainer
 
-    cfg = inline_cfg(model, data, run_dir, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
-                 f"trainer.resume_from_path={ckpt}")  # fmt: skip
+    cfg = inline_cfg(
+        model,
+        data,
+        run_dir,
+        "trainer.total_training_steps=3",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={ckpt}",
+    )
     with pytest.raises(Exception) as e:
         Trainer(cfg).close()
     return e.value
@@ -87,8 +93,11 @@ def test_planted_byte_item_does_not_run(run: Path, tmp_path: Path) -> None:
     with pytest.raises(UnsafeCheckpointError, match="param_groups.0.lr' is not plain data"):
         safe_dcp_load(target, str(tmp_path / "evil"), allow_partial_load=True)
     assert not marker.exists()
-    dcp.load({"optim": {"param_groups.0.lr": 0.0}, "model": {"w": torch.ones(2)}},
-             checkpoint_id=str(tmp_path / "evil"), no_dist=True)  # fmt: skip
+    dcp.load(
+        {"optim": {"param_groups.0.lr": 0.0}, "model": {"w": torch.ones(2)}},
+        checkpoint_id=str(tmp_path / "evil"),
+        no_dist=True,
+    )
     assert marker.exists(), "stock DCP loading runs the payload: the test's payload is real"
 
 
@@ -123,8 +132,14 @@ def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny
     data = run.parent / "data"
 
     def finish(out: Path, *extra: str) -> tuple[int, list[dict], list[dict], dict[str, torch.Tensor]]:
-        cfg = inline_cfg(tiny_model_dir, data, out, "trainer.total_training_steps=3",
-                     f"trainer.rollout_data_dir={out / 'samples'}", *extra)  # fmt: skip
+        cfg = inline_cfg(
+            tiny_model_dir,
+            data,
+            out,
+            "trainer.total_training_steps=3",
+            f"trainer.rollout_data_dir={out / 'samples'}",
+            *extra,
+        )
         t = Trainer(cfg)
         try:
             start = t.step
@@ -136,8 +151,9 @@ def test_a_good_checkpoint_still_resumes_exactly(run: Path, tmp_path: Path, tiny
         return start, read_metrics(out / "metrics.jsonl"), samples, weights
 
     s_ref, ref_rows, ref_samples, ref_w = finish(tmp_path / "uninterrupted", "trainer.save_freq=2")
-    s_res, res_rows, res_samples, res_w = finish(tmp_path / "resumed", "trainer.resume_mode=resume_path",
-                                                 f"trainer.resume_from_path={ckpt}")  # fmt: skip
+    s_res, res_rows, res_samples, res_w = finish(
+        tmp_path / "resumed", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}"
+    )
     assert (s_ref, s_res) == (0, 2)
     assert [r["step"] for r in ref_rows] == [1, 2, 3] and [r["step"] for r in res_rows] == [3]
     first = read_metrics(run / "metrics.jsonl")  # the run the checkpoint came from: the same steps 1-2
@@ -166,8 +182,11 @@ def test_export_takes_trust_remote_code_from_its_command_line_only(
     assert "trust_remote_code: true" in cfg_file.read_text()
     seen = []
     real = policy.load_model
-    monkeypatch.setattr(policy, "load_model", lambda path, device, trust=False, where=None: (
-        seen.append(trust), real(path, device, trust, where))[1])  # fmt: skip
+    monkeypatch.setattr(
+        policy,
+        "load_model",
+        lambda path, device, trust=False, where=None: (seen.append(trust), real(path, device, trust, where))[1],
+    )
     assert export(["--checkpoint", str(ckpt), "--output", str(tmp_path / "a")]) == 0
     assert seen == [False], "the checkpoint's own config must not turn remote code on"
     assert (tmp_path / "a" / "config.json").is_file()
@@ -218,3 +237,41 @@ def test_a_folder_that_holds_a_model_is_not_overwritten_without_the_flag(
     assert {p.name: p.stat().st_mtime_ns for p in base.iterdir()} == before
     assert export(["--checkpoint", str(run), "--output", str(base), "--overwrite"]) == 0
     assert (base / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("{response:{question.__class__}}", "takes no format spec"),  # the data in question would become a spec
+        ("Q: {question} A: {response:{ground_truth}}", "takes no format spec"),
+        ("{response!r}", "takes no format spec or conversion"),
+        ("{question.__class__.__init__} {response}", "names ['question.__class__.__init__']"),
+        ("{ground_truth[0]} {response}", "names ['ground_truth[0]']"),
+        ("{0} {response}", "names ['0']"),
+        ("Q: {question} T: {ground_truth}", "has no {response}"),
+    ],
+)
+def test_a_judge_template_is_checked_wherever_it_comes_from(
+    template: str, why: str, tiny_model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 44 item 3: a judge template names its fields bare; nested format specs (data would become a spec),
+    conversions, attribute or index access and a template without {response} are refused at the config gate and by
+    ``train_judge --template`` (exit 2, before anything loads)."""
+    from vlmrl.config.reward_model import template_problems
+    from vlmrl.reward_model.train_judge import main as train_judge
+
+    assert why in " ".join(template_problems(template))
+    argv = ["--model", tiny_model_dir, "--data", str(tmp_path / "unread.parquet"), "--output", str(tmp_path / "j")]
+    assert train_judge([*argv, "--template", template]) == 2
+    assert why in capsys.readouterr().err and not (tmp_path / "j").exists()
+
+
+def test_data_in_a_judge_prompt_stays_text() -> None:
+    """A record whose question or answer carries format syntax is inserted as written; nothing of it is evaluated."""
+    from vlmrl.config.reward_model import DEFAULT_JUDGE_TEMPLATE, render_template, template_problems
+
+    hostile = "{response:{question.__class__}} {0} {ground_truth.__init__.__globals__}"
+    text = render_template(DEFAULT_JUDGE_TEMPLATE, {"question": hostile, "response": hostile, "ground_truth": "x"})
+    assert text.count(hostile) == 2 and template_problems(DEFAULT_JUDGE_TEMPLATE) == []
+    with pytest.raises(ValueError, match="not one of"):
+        render_template("{response:{question}}", {"question": "q", "response": "r", "ground_truth": "g"})

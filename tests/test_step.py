@@ -4,6 +4,7 @@ rolled-out batches, and each worker's shard (groups it keeps are named, groups f
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -31,8 +32,17 @@ def test_choose_groups_takes_varying_groups_first_then_fills() -> None:
 
 
 def prompt(i: int) -> PromptSample:
-    return PromptSample(index=i, uid=f"u{i}", data_source="d", messages=[], prompt_text=f"p{i}", prompt_ids=[i],
-                        images=[], original_sizes=[], ground_truth="a")  # fmt: skip
+    return PromptSample(
+        index=i,
+        uid=f"u{i}",
+        data_source="d",
+        messages=[],
+        prompt_text=f"p{i}",
+        prompt_ids=[i],
+        images=[],
+        original_sizes=[],
+        ground_truth="a",
+    )
 
 
 def batch(rank_of_group: list[int], rid: int, start: int, n: int = 2) -> StepData:
@@ -91,3 +101,99 @@ def test_tensor_parallel_engine_groups_share_their_rollouts() -> None:
     # the same layout read as one engine per worker would send most groups as data
     as_tp1 = plan_shards(step, [float(i) for i in range(16)], world=4, mini_batch_samples=4)
     assert [s.sent is None for s in as_tp1] == [True, False, False, False]
+
+
+TUTORIAL_CLASS = '''
+import torch
+
+from vlmrl.algorithms import RLAlgorithm  # the tutorials' line: from verl ... import / their framework's base
+
+
+class LengthPenalty(RLAlgorithm):
+    """Reward shaping as the custom-algorithm tutorials write it: the sequence length from the attention mask,
+    the response length from the response mask."""
+
+    def __init__(self, target=2, coef=0.5):
+        super().__init__()
+        self.target, self.coef = target, coef
+
+    def before_train_step(self, step, data):
+        seq_len = data["attention_mask"].sum(dim=1)
+        resp_len = data["response_mask"].sum(dim=-1)
+        self.prompt_lengths = (seq_len - resp_len).tolist()
+        self.shapes = [list(data["responses"].shape), list(data["prompts"].shape)]
+        data["rewards"] -= self.coef * (resp_len > self.target).float()
+'''
+
+
+def test_before_train_step_sees_the_tensors_compute_loss_sees(tmp_path) -> None:
+    """Issue 44 item 13: the tutorials' class reads ``data["attention_mask"].sum(dim=1)`` in ``before_train_step``;
+    the hook gets the batch as ``compute_loss`` names it (``responses`` [B, R], ``response_mask``, ``attention_mask``
+    [B, P+R], ``prompts``), so the class runs unchanged but for its import line."""
+    from vlmrl.algos.algorithm import build_algorithm
+    from vlmrl.trainer.step import before_train_step
+
+    (tmp_path / "tutorial.py").write_text(TUTORIAL_CLASS)
+    algo = build_algorithm(f"{tmp_path / 'tutorial.py'}:LengthPenalty", {})
+    step = batch([0, 1], rid=0, start=3)
+    step.rollout.prompt_ids[1] = [7, 8, 9]  # prompts and responses of different lengths: the padding is visible
+    step.rollout.response_ids[0] = [1, 2, 3, 4]
+    shaped = before_train_step(algo, step, 1)
+    assert algo.shapes == [[4, 4], [4, 3]]
+    assert algo.prompt_lengths == [1, 3, 1, 1]
+    assert shaped.scores.scores == [s - (0.5 if i == 0 else 0.0) for i, s in enumerate(step.scores.scores)]
+
+
+HOOKS = """
+import sys, time
+
+from vlmrl.algorithms import RLAlgorithm
+
+
+class Blocks(RLAlgorithm):
+    def before_train_step(self, step, data):
+        time.sleep(60)
+
+
+class Exits(RLAlgorithm):
+    def after_train_step(self, step, metrics):
+        raise SystemExit(0)
+
+
+class Metrics(RLAlgorithm):
+    def __init__(self, value=None):
+        super().__init__()
+        self.value = value
+
+    def get_metrics(self):
+        return self.value
+"""
+
+
+def test_driver_hooks_are_bounded_and_whatever_they_do_stops_the_run_by_name(tmp_path) -> None:
+    """Issue 44 items 9 and 11: a driver-side hook that blocks stops the run after the bound (the workers' timeout)
+    naming it; ``SystemExit`` in a hook is a failure by name, not exit 0; ``get_metrics`` returning something other
+    than a dict of numbers is named, not a traceback."""
+    import time
+
+    from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
+    from vlmrl.trainer.step import after_train_step, before_train_step
+
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    spec = f"{tmp_path / 'hooks.py'}"
+    t0 = time.monotonic()
+    with pytest.raises(AlgorithmError, match=r"Blocks.before_train_step did not return within 0.5 s at step 3"):
+        before_train_step(build_algorithm(f"{spec}:Blocks", {}), batch([0], rid=0, start=0), 3, timeout_s=0.5)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(AlgorithmError, match=r"Exits.after_train_step failed at step 2: SystemExit: 0"):
+        after_train_step(build_algorithm(f"{spec}:Exits", {}), {}, 2, timeout_s=5)
+    for value, why in (
+        ("x", "got str"),
+        ([1.0], "got list"),
+        ({"a": "1"}, "'a' is not a number"),
+        ({"b": 10**400}, "'b' is not a number (OverflowError"),
+    ):
+        with pytest.raises(AlgorithmError, match=re.escape(why)):
+            after_train_step(build_algorithm(f"{spec}:Metrics", {"value": value}), {}, 1)
+    assert after_train_step(build_algorithm(f"{spec}:Metrics", {"value": None}), {}, 1) == {}
+    assert after_train_step(build_algorithm(f"{spec}:Metrics", {"value": {"a": 2}}), {}, 1) == {"algorithm/a": 2.0}

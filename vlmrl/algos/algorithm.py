@@ -7,8 +7,9 @@ file's ``algorithm`` block). Where the hooks run:
 
 1. ``before_train_step(step, data)``, in the driver, after the rewards and before the advantages. ``data``:
    ``rewards`` [B] float tensor (each sample's score: what you change here is what the advantages are computed
-   from), ``response_lengths`` [B] (generated tokens), ``group`` [B] (prompt index), ``responses`` (token id lists),
-   ``texts`` (decoded responses), ``components`` (reward components: name -> list of floats).
+   from), ``group`` [B] (prompt index), the batch's tensors as ``compute_loss`` names them (``responses`` [B, R],
+   ``response_mask`` [B, R], ``attention_mask`` [B, P+R], ``response_lengths`` [B]; also ``prompts`` [B, P],
+   left-padded), ``texts`` (decoded responses), ``components`` (reward components: name -> list of floats).
 2. ``compute_loss(data) -> dict``, on every worker for every micro-batch (under FSDP). ``data`` holds [b, R]
    tensors: ``responses``, ``response_mask`` (1 on generated tokens), ``attention_mask`` ([b, P+R]),
    ``old_log_probs``, ``log_probs`` (with gradient), ``ref_log_probs`` (None without a reference), ``advantages``,
@@ -33,6 +34,7 @@ import inspect
 import json
 import math
 import sys
+import threading
 from typing import Any
 
 import torch
@@ -67,10 +69,14 @@ class RLAlgorithm:
         mask = data["response_mask"]
         fn = get_policy_loss(cfg.policy_loss.loss_mode)
         loss, metrics = fn(
-            old_log_prob=data["old_log_probs"], log_prob=data["log_probs"], advantages=data["advantages"],
-            response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+            old_log_prob=data["old_log_probs"],
+            log_prob=data["log_probs"],
+            advantages=data["advantages"],
+            response_mask=mask,
+            loss_agg_mode=cfg.loss_agg_mode,
+            config=cfg,
             rollout_is_weights=data.get("rollout_is_weights"),
-        )  # fmt: skip
+        )
         out: dict[str, Any] = {"pg_loss": loss, **{k.removeprefix("actor/"): v for k, v in metrics.items()}}
         # (names with a '/' left, e.g. bypass mode's rollout_corr/*, are logged as they are; the others under actor/)
         if cfg.entropy_coeff:
@@ -121,14 +127,18 @@ def load_class(spec: str) -> type:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            raise ModuleNotFoundError(f"algorithm.name={spec!r}: cannot import {module!r} ({e}; a file beside "
-                                      "your script, or path/to/file.py:Class)") from None  # fmt: skip
+            raise ModuleNotFoundError(
+                f"algorithm.name={spec!r}: cannot import {module!r} ({e}; a file beside "
+                "your script, or path/to/file.py:Class)"
+            ) from None
         cls = getattr(mod, name, None)
         if cls is None:
             raise AttributeError(f"algorithm.name={spec!r}: {module!r} has no {name!r}")
     if not (inspect.isclass(cls) and issubclass(cls, RLAlgorithm)):
-        raise TypeError(f"algorithm.name={spec!r}: {getattr(cls, '__name__', cls)!r} is not a subclass of "
-                        "vlmrl.algorithms.RLAlgorithm")  # fmt: skip
+        raise TypeError(
+            f"algorithm.name={spec!r}: {getattr(cls, '__name__', cls)!r} is not a subclass of "
+            "vlmrl.algorithms.RLAlgorithm"
+        )
     return cls
 
 
@@ -138,8 +148,10 @@ def build_algorithm(spec: str | None, params: dict[str, Any], loss_config: LossC
     try:
         inspect.signature(cls).bind(**params)
     except TypeError as e:
-        raise TypeError(f"algorithm.name={spec!r}: its constructor does not take these parameters "
-                        f"({', '.join(params) or 'none'}): {e}") from None  # fmt: skip
+        raise TypeError(
+            f"algorithm.name={spec!r}: its constructor does not take these parameters "
+            f"({', '.join(params) or 'none'}): {e}"
+        ) from None
     algo = cls(**params)
     algo.loss_config = loss_config
     return algo
@@ -155,13 +167,64 @@ def parameters(cls: type) -> dict[str, Any]:
     return out
 
 
-def call_hook(algo: RLAlgorithm, hook: str, step: int, *args: Any) -> Any:
-    """Run a hook; any exception becomes an AlgorithmError naming the class, the hook and the step."""
+def call_hook(algo: RLAlgorithm, hook: str, step: int, *args: Any, timeout_s: float | None = None) -> Any:
+    """Run a hook; anything it raises (``SystemExit`` included) becomes an AlgorithmError naming the class, the hook
+    and the step. ``timeout_s`` (the driver's hooks: ``trainer.worker_timeout_s``) bounds it: a hook still running
+    then stops the run naming it (its thread is left behind; the run ends)."""
+    name = f"algorithm {type(algo).__name__}.{hook}"
+    if timeout_s is None:
+        return _run_hook(algo, hook, step, args, name)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = _run_hook(algo, hook, step, args, name)
+        except AlgorithmError as e:
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"vlmrl-{hook}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise AlgorithmError(
+            f"{name} did not return within {timeout_s:g} s at step {step} (trainer.worker_timeout_s bounds the "
+            "driver's hooks as it bounds the workers)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _run_hook(algo: RLAlgorithm, hook: str, step: int, args: tuple, name: str) -> Any:
     try:
         return getattr(algo, hook)(*args)
-    except Exception as e:  # noqa: BLE001 - a user's code: anything it raises stops the run with its name
-        raise AlgorithmError(f"algorithm {type(algo).__name__}.{hook} failed at step {step}: "
-                             f"{type(e).__name__}: {e}") from e  # fmt: skip
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user's code: anything it raises stops the run by name
+        raise AlgorithmError(f"{name} failed at step {step}: {type(e).__name__}: {e}") from e
+
+
+def check_gradient_path(algo: RLAlgorithm, out: dict[str, Any], data: dict[str, Any], step: int) -> None:
+    """That the loss can train the policy (run on a worker's first micro-batch): the configured policy loss (for the
+    built-in class) must depend on ``data["log_probs"]``, a class's own ``loss`` on the log-probs or the entropy. A
+    loss with ``requires_grad`` but no path to them (a new leaf, a constant) would update nothing but the entropy
+    bonus, with a gradient norm of 0."""
+    if type(algo) is RLAlgorithm:
+        loss_mode = (algo.loss_config or LossConfig()).policy_loss.loss_mode
+        what, loss, inputs = f"the policy loss {loss_mode!r}", out.get("pg_loss"), [data["log_probs"]]
+    else:
+        what, loss = f"algorithm {type(algo).__name__}.compute_loss's 'loss'", out["loss"]
+        inputs = [t for t in (data["log_probs"], data.get("entropy")) if isinstance(t, torch.Tensor)]
+    inputs = [t for t in inputs if t.requires_grad]
+    if not isinstance(loss, torch.Tensor) or not inputs:
+        return
+    reached = loss.requires_grad and any(
+        g is not None for g in torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True)
+    )
+    if not reached:
+        raise AlgorithmError(
+            f"{what} at step {step} does not depend on the policy's log-probs (data['log_probs'], the log_prob "
+            "argument): no gradient would reach the model's parameters (a constant, a detached value or a new leaf "
+            "tensor); compute it from them"
+        )
 
 
 def checked_loss(algo: RLAlgorithm, out: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:

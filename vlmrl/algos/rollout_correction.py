@@ -21,8 +21,19 @@ import torch
 from vlmrl.algos.core import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
-              "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")  # fmt: skip
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 IS_LEVELS = ("token", "sequence")
 
 
@@ -37,13 +48,17 @@ def parse_is_threshold(spec: Any) -> tuple[float, float | None]:
         try:
             lower, upper = (float(s.split("_", 1)[0]), float(s.split("_", 1)[1])) if "_" in s else (None, float(s))
         except ValueError as e:
-            raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold={spec!r}: not a number or "
-                             "'lower_upper'") from e  # fmt: skip
+            raise ValueError(
+                f"algorithm.rollout_correction.rollout_is_threshold={spec!r}: not a number or 'lower_upper'"
+            ) from e
     else:
         raise TypeError(f"algorithm.rollout_correction.rollout_is_threshold={spec!r}: a number or 'lower_upper'")
-    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-        raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold={spec!r}: bounds must be positive, "
-                         "lower <= upper")  # fmt: skip
+    if not (math.isfinite(upper) and upper >= 1) or (lower is not None and not 0 < lower <= 1):
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_is_threshold={spec!r}: the upper bound must be finite and >= 1, a "
+            "lower bound in (0, 1] (a weight is 1 where engine and trainer agree: bounds that exclude 1 would cut or "
+            "zero every token's weight; verl checks only that they are positive)"
+        )
     return upper, lower
 
 
@@ -63,11 +78,16 @@ def parse_rs(rollout_rs: str, threshold: Any) -> dict[str, tuple[float | None, f
         raise ValueError("algorithm.rollout_correction.rollout_rs: give at least one option")
     if threshold is None:
         raise ValueError("algorithm.rollout_correction.rollout_rs_threshold must be set when rollout_rs is")
-    specs = [str(threshold)] if isinstance(threshold, int | float) else [p.strip() for p in str(threshold).split(",")
-                                                                         if p.strip()]  # fmt: skip
+    specs = (
+        [str(threshold)]
+        if isinstance(threshold, int | float)
+        else [p.strip() for p in str(threshold).split(",") if p.strip()]
+    )
     if len(specs) not in (1, len(options)):
-        raise ValueError(f"algorithm.rollout_correction.rollout_rs_threshold: one threshold, or one per option "
-                         f"({len(options)}), got {len(specs)}")  # fmt: skip
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_rs_threshold: one threshold, or one per option "
+            f"({len(options)}), got {len(specs)}"
+        )
     specs = specs * len(options) if len(specs) == 1 else specs
     out: dict[str, tuple[float | None, float]] = {}
     for opt, spec in zip(options, specs):
@@ -202,14 +222,22 @@ def correct(
     if not mask.any():
         raise ValueError("rollout correction: no response token in the batch")
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != mask.shape:
-        raise ValueError(f"rollout correction: shapes differ: old {tuple(old_log_prob.shape)}, engine "
-                         f"{tuple(rollout_log_prob.shape)}, mask {tuple(mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"rollout correction: shapes differ: old {tuple(old_log_prob.shape)}, engine "
+            f"{tuple(rollout_log_prob.shape)}, mask {tuple(mask.shape)}"
+        )
     log_ratio = old_log_prob - rollout_log_prob
     metrics: dict[str, float] = {}
     weights = None
     if settings.rollout_is is not None and settings.rollout_is_threshold is not None:
-        weights, m = is_weights(log_ratio, mask, settings.rollout_is, settings.rollout_is_threshold,
-                                settings.rollout_is_batch_normalize, global_mean)  # fmt: skip
+        weights, m = is_weights(
+            log_ratio,
+            mask,
+            settings.rollout_is,
+            settings.rollout_is_threshold,
+            settings.rollout_is_batch_normalize,
+            global_mean,
+        )
         metrics.update(m)
     new_mask = mask.clone()
     if settings.rollout_rs is not None:

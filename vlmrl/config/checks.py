@@ -90,8 +90,10 @@ def number_problems(cfg: VLMRLConfig) -> list[str]:
     _positive(p, "trainer.cpu_workers", tr.cpu_workers)
     for key, fc in (("actor", actor.fsdp_config), ("ref", arr.ref.fsdp_config)):
         if fc.wrap_policy.min_num_params < 0:
-            p.append(f"actor_rollout_ref.{key}.fsdp_config.wrap_policy.min_num_params={fc.wrap_policy.min_num_params}:"
-                     " must be >= 0 (0: every decoder layer and vision block is an FSDP unit).")  # fmt: skip
+            p.append(
+                f"actor_rollout_ref.{key}.fsdp_config.wrap_policy.min_num_params={fc.wrap_policy.min_num_params}:"
+                " must be >= 0 (0: every decoder layer and vision block is an FSDP unit)."
+            )
     _positive(p, "actor_rollout_ref.rollout.tensor_model_parallel_size", ro.tensor_model_parallel_size)
     _positive(p, "actor_rollout_ref.nccl_timeout", arr.nccl_timeout, " (seconds)")
     for key in ("worker_timeout_s", "worker_startup_timeout_s"):
@@ -150,21 +152,60 @@ def algorithm_problems(cfg: VLMRLConfig) -> list[str]:
     except (ValueError, FileNotFoundError, AttributeError, ImportError) as e:
         p.append(f"actor_rollout_ref.actor.policy_loss.loss_mode: {e}")
     if actor.policy_loss.loss_mode == "dro" and not (actor.policy_loss.dro_beta or 0) > 0:
-        p.append("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs actor_rollout_ref.actor.policy_loss.dro_beta "
-                 "> 0 (the weight of its quadratic log-ratio penalty).")  # fmt: skip
+        p.append(
+            "actor_rollout_ref.actor.policy_loss.loss_mode=dro needs actor_rollout_ref.actor.policy_loss.dro_beta "
+            "> 0 (the weight of its quadratic log-ratio penalty)."
+        )
     if 0.0 < actor.clip_ratio_c <= 1.0 and actor.policy_loss.loss_mode in ("vanilla", "ppo"):
-        p.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
-                 "(verl's default 3.0), or 0 for no dual clip.")  # fmt: skip
+        p.append(
+            f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip's bound must be > 1 "
+            "(verl's default 3.0), or 0 for no dual clip."
+        )
+    p.extend(loss_setting_problems(cfg))
     p.extend(rollout_correction_problems(cfg))
     p.extend(algorithm_class_problems(cfg))
     if alg.gdpo_reward_weights is not None and len(alg.gdpo_reward_weights) != len(alg.gdpo_reward_keys or []):
-        p.append(f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
-                 f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key.")  # fmt: skip
+        p.append(
+            f"algorithm.gdpo_reward_weights has {len(alg.gdpo_reward_weights)} weight(s) for "
+            f"{len(alg.gdpo_reward_keys or [])} algorithm.gdpo_reward_keys: give one weight per key."
+        )
     if needs.group and ro.n < 2:
         p.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
             f"set actor_rollout_ref.rollout.n >= 2 (got {ro.n})."
         )
+    return p
+
+
+def loss_setting_problems(cfg: VLMRLConfig) -> list[str]:
+    """The policy losses' settings against their valid ranges (verl's, and where verl checks nothing, the range in
+    which the loss still trains: a bound that makes every term zero, or a division by zero, is refused)."""
+    actor, key = cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor"
+    pl, mode = actor.policy_loss, actor.policy_loss.loss_mode
+    p: list[str] = []
+
+    def bad(name: str, value: Any, ok: bool, rule: str) -> None:
+        if not (isinstance(value, int | float) and math.isfinite(value) and ok):
+            p.append(f"{key}.{name}={value}: {rule}.")
+
+    if actor.clip_ratio_low is not None:
+        rule = "must be in [0, 1) (the ratio's lower clip is 1 - it)"
+        bad("clip_ratio_low", actor.clip_ratio_low, 0 <= actor.clip_ratio_low < 1, rule)
+    if actor.clip_ratio_high is not None:
+        bad("clip_ratio_high", actor.clip_ratio_high, actor.clip_ratio_high >= 0, "must be a finite number >= 0")
+    bad("clip_ratio_c", actor.clip_ratio_c, actor.clip_ratio_c >= 0, "must be a finite number >= 0 (0: no dual clip)")
+    if mode == "sapo":
+        for name in ("tau_pos", "tau_neg"):
+            value = getattr(actor, name)
+            bad(name, value, value > 0, "SAPO's gate temperature must be > 0 (its gate divides by it)")
+    if mode == "clip_cov":
+        share = "a share of the tokens, in (0, 1]"
+        bad("policy_loss.clip_cov_ratio", pl.clip_cov_ratio, 0 < pl.clip_cov_ratio <= 1, share)
+        if not pl.clip_cov_lb <= pl.clip_cov_ub:
+            p.append(f"{key}.policy_loss.clip_cov_lb={pl.clip_cov_lb} > clip_cov_ub={pl.clip_cov_ub}: no token is cut.")
+    if mode == "kl_cov":
+        bad("policy_loss.kl_cov_ratio", pl.kl_cov_ratio, 0 < pl.kl_cov_ratio <= 1, "a share of the tokens, in (0, 1]")
+        bad("policy_loss.ppo_kl_coef", pl.ppo_kl_coef, pl.ppo_kl_coef >= 0, "must be a finite number >= 0")
     return p
 
 
@@ -229,9 +270,12 @@ def algorithm_class_problems(cfg: VLMRLConfig) -> list[str]:
         out = []
         for k in alg.params:
             near = nearest_key(f"algorithm.{k}")
-            out.append(f"Unknown config key 'algorithm.{k}'." + (f" Did you mean '{near}'?" if near else "")
-                       + " (keys under algorithm other than the schema's are the arguments of algorithm.name's "
-                       "class, and none is set)")  # fmt: skip
+            out.append(
+                f"Unknown config key 'algorithm.{k}'."
+                + (f" Did you mean '{near}'?" if near else "")
+                + " (keys under algorithm other than the schema's are the arguments of algorithm.name's "
+                "class, and none is set)"
+            )
         return out
     from vlmrl.algos.algorithm import build_algorithm
 
@@ -250,9 +294,10 @@ def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
     key = "algorithm.rollout_correction"
     p = []
     if cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode" and not rc.bypass_mode:
-        p.append("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction."
-                 "bypass_mode=True instead (as in verl, the trainer then picks this loss and the old log-probs)."
-                 )  # fmt: skip
+        p.append(
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction."
+            "bypass_mode=True instead (as in verl, the trainer then picks this loss and the old log-probs)."
+        )
     if rc.loss_type not in ("ppo_clip", "reinforce"):
         p.append(f"{key}.loss_type={rc.loss_type!r}: use ppo_clip | reinforce (bypass mode's loss).")
     if not rc.enabled:
@@ -269,9 +314,11 @@ def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
     except (ValueError, TypeError) as e:
         p.append(str(e))
     if cfg.actor_rollout_ref.rollout.temperature != 1.0:
-        p.append(f"{key}: needs actor_rollout_ref.rollout.temperature=1.0 (got "
-                 f"{cfg.actor_rollout_ref.rollout.temperature}): the engine reports log-probs of the unscaled "
-                 "distribution, the trainer of the scaled one.")  # fmt: skip
+        p.append(
+            f"{key}: needs actor_rollout_ref.rollout.temperature=1.0 (got "
+            f"{cfg.actor_rollout_ref.rollout.temperature}): the engine reports log-probs of the unscaled "
+            "distribution, the trainer of the scaled one."
+        )
     return p
 
 
@@ -279,8 +326,10 @@ def ppo_problems(cfg: VLMRLConfig) -> list[str]:
     """The critic's, GAE's and the in-reward KL's settings."""
     alg, c, p = cfg.algorithm, cfg.critic, []
     if needs_of(cfg).critic and c.enable is False:
-        p.append(f"algorithm.adv_estimator={alg.adv_estimator} needs the critic's values: drop critic.enable=False "
-                 "(or set True).")  # fmt: skip
+        p.append(
+            f"algorithm.adv_estimator={alg.adv_estimator} needs the critic's values: drop critic.enable=False "
+            "(or set True)."
+        )
     for key, value in (("algorithm.gamma", alg.gamma), ("algorithm.lam", alg.lam)):
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             p.append(f"{key}={value}: must be between 0 and 1.")
@@ -301,19 +350,26 @@ def ppo_problems(cfg: VLMRLConfig) -> list[str]:
     for key, value in (("critic.cliprange_value", plan.cliprange_value), ("critic.grad_clip", plan.grad_clip)):
         if not (math.isfinite(value) and value > 0):
             p.append(f"{key}={value}: must be a finite number > 0.")
-    for key, value in (("critic.ppo_mini_batch_size", plan.mini_batch_size),
-                       ("critic.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
-                       ("critic.forward_micro_batch_size_per_gpu", plan.forward_micro_batch_size),
-                       ("critic.ppo_epochs", plan.epochs), ("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
-                       ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len)):  # fmt: skip
+    for key, value in (
+        ("critic.ppo_mini_batch_size", plan.mini_batch_size),
+        ("critic.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
+        ("critic.forward_micro_batch_size_per_gpu", plan.forward_micro_batch_size),
+        ("critic.ppo_epochs", plan.epochs),
+        ("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
+        ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len),
+    ):
         _positive(p, key, value)
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     if plan.use_dynamic_bsz:
-        for key, budget in (("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
-                            ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len)):  # fmt: skip
+        for key, budget in (
+            ("critic.ppo_max_token_len_per_gpu", plan.max_token_len),
+            ("critic.forward_max_token_len_per_gpu", plan.forward_max_token_len),
+        ):
             if isinstance(budget, int) and 1 <= budget < longest:
-                p.append(f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
-                         f"data.max_response_length = {longest} tokens; set the budget to at least that.")  # fmt: skip
+                p.append(
+                    f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
+                    f"data.max_response_length = {longest} tokens; set the budget to at least that."
+                )
     return p
 
 
@@ -342,8 +398,9 @@ def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], 
     if "algorithm.lam" in keys and "lam" not in reads:
         notices.append(f"algorithm.lam: GAE's lambda; algorithm.adv_estimator={alg.adv_estimator} does not use it")
     if "algorithm.gamma" in keys and "gamma" not in reads:
-        notices.append(f"algorithm.gamma: algorithm.adv_estimator={alg.adv_estimator} scores whole responses (no "
-                       "discounting)")  # fmt: skip
+        notices.append(
+            f"algorithm.gamma: algorithm.adv_estimator={alg.adv_estimator} scores whole responses (no discounting)"
+        )
     return problems, notices
 
 
@@ -365,8 +422,10 @@ def reward_problems(r: RewardConfig) -> list[str]:
     ``RewardConfig`` directly)."""
     p = []
     if not 0.0 < r.max_failed_ratio <= 1.0:
-        p.append(f"reward.max_failed_ratio={r.max_failed_ratio}: must be in (0, 1] (1.0 = stop only when every sample "
-                 "failed).")  # fmt: skip
+        p.append(
+            f"reward.max_failed_ratio={r.max_failed_ratio}: must be in (0, 1] (1.0 = stop only when every sample "
+            "failed)."
+        )
     if r.on_error not in ("fallback", "raise"):
         p.append(f"reward.on_error={r.on_error!r}: use fallback | raise.")
     if r.num_workers < 0:
@@ -416,8 +475,10 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
     if tp > 1:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
         if arr.rollout.name != "vllm":
-            p.append(f"{key}: tensor-parallel engines are vLLM's; the HF rollout generates with the policy itself "
-                     "(set rollout.name=vllm or tensor_model_parallel_size=1).")  # fmt: skip
+            p.append(
+                f"{key}: tensor-parallel engines are vLLM's; the HF rollout generates with the policy itself "
+                "(set rollout.name=vllm or tensor_model_parallel_size=1)."
+            )
         elif world % tp:
             p.append(f"{key} must divide the {world} workers (each engine is shared by {tp} of them).")
         elif per_node(cfg) % tp and cfg.trainer.launcher != "inline":
@@ -437,33 +498,44 @@ def pool_problems(cfg: VLMRLConfig) -> list[str]:
         if value < 1:
             p.append(f"{key}={value}: the rollout pool of actor_rollout_ref.hybrid_engine=False needs at least 1.")
     if cfg.trainer.launcher == "inline":
-        p.append("actor_rollout_ref.hybrid_engine=False with trainer.launcher=inline: the one-step off-policy "
-                 "trainer runs a training pool and a rollout pool side by side; use trainer.launcher=local (or "
-                 "ray).")  # fmt: skip
+        p.append(
+            "actor_rollout_ref.hybrid_engine=False with trainer.launcher=inline: the one-step off-policy "
+            "trainer runs a training pool and a rollout pool side by side; use trainer.launcher=local (or "
+            "ray)."
+        )
     if pool.nnodes > 1 and cfg.trainer.launcher == "local":
-        p.append(f"rollout.nnodes={pool.nnodes} with trainer.launcher=local: the local launcher runs on this machine "
-                 "only; a pool on several machines runs on a Ray cluster (launcher auto or ray).")  # fmt: skip
+        p.append(
+            f"rollout.nnodes={pool.nnodes} with trainer.launcher=local: the local launcher runs on this machine "
+            "only; a pool on several machines runs on a Ray cluster (launcher auto or ray)."
+        )
     world, tp = rollout_world(cfg), ro.tensor_model_parallel_size
     if tp > 1 and world > 0:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
         if ro.name != "vllm":
-            p.append(f"{key}: tensor-parallel engines are vLLM's (set rollout.name=vllm or "
-                     "tensor_model_parallel_size=1).")  # fmt: skip
+            p.append(
+                f"{key}: tensor-parallel engines are vLLM's (set rollout.name=vllm or tensor_model_parallel_size=1)."
+            )
         elif rollout_per_node(cfg) % tp:
             p.append(f"{key} must divide rollout.{what}={rollout_per_node(cfg)}: an engine's workers share one node.")
     temp = ro.temperature
     if not cfg.algorithm.rollout_correction.enabled and cfg.async_training.tis_by_default and temp != 1.0:
-        p.append(f"actor_rollout_ref.hybrid_engine=False corrects the stale batches with token-level TIS "
-                 f"(async_training.tis_by_default), which needs actor_rollout_ref.rollout.temperature=1.0 (got {temp}):"
-                 " the engine reports log-probs of the unscaled distribution; set the temperature to 1, or "
-                 "async_training.tis_by_default=False (no correction).")  # fmt: skip
+        p.append(
+            f"actor_rollout_ref.hybrid_engine=False corrects the stale batches with token-level TIS "
+            f"(async_training.tis_by_default), which needs actor_rollout_ref.rollout.temperature=1.0 (got {temp}):"
+            " the engine reports log-probs of the unscaled distribution; set the temperature to 1, or "
+            "async_training.tis_by_default=False (no correction)."
+        )
     fk = cfg.async_training.fallback_kl
     if fk is not None and not (isinstance(fk, (int, float)) and math.isfinite(fk) and fk > 0):
-        p.append(f"async_training.fallback_kl={fk!r}: a KL above which a step waits for a fresh generation, a number "
-                 "> 0 (None: never).")  # fmt: skip
+        p.append(
+            f"async_training.fallback_kl={fk!r}: a KL above which a step waits for a fresh generation, a number "
+            "> 0 (None: never)."
+        )
     elif fk is not None and rollout_correction(cfg) is None:
-        p.append(f"async_training.fallback_kl={fk}: the KL is measured by the rollout correction, which is off "
-                 "(keep async_training.tis_by_default=True or set algorithm.rollout_correction.*).")  # fmt: skip
+        p.append(
+            f"async_training.fallback_kl={fk}: the KL is measured by the rollout correction, which is off "
+            "(keep async_training.tis_by_default=True or set algorithm.rollout_correction.*)."
+        )
     return p
 
 
@@ -477,8 +549,10 @@ def video_problems(cfg: VLMRLConfig) -> list[str]:
     _positive(p, "data.video_max_frames", data.video_max_frames)
     if isinstance(data.video_min_frames, int) and isinstance(data.video_max_frames, int):
         if data.video_max_frames < max(2, data.video_min_frames):
-            p.append(f"data.video_max_frames={data.video_max_frames}: must be >= 2 (frames go in pairs) and >= "
-                     f"data.video_min_frames={data.video_min_frames}.")  # fmt: skip
+            p.append(
+                f"data.video_max_frames={data.video_max_frames}: must be >= 2 (frames go in pairs) and >= "
+                f"data.video_min_frames={data.video_min_frames}."
+            )
     for key in ("video_min_pixels", "video_max_pixels", "video_total_pixels"):
         value = getattr(data, key)
         if value is not None:
@@ -501,8 +575,11 @@ def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
     p: list[str] = []
     if not mt.tool_config_path:
         p.append(f"{key}.enable=True needs {key}.tool_config_path (verl's tool YAML: tools: [{{class_name, ...}}]).")
-    for name, value in (("max_assistant_turns", mt.max_assistant_turns), ("max_user_turns", mt.max_user_turns),
-                        ("max_tokens_per_turn", mt.max_tokens_per_turn)):  # fmt: skip
+    for name, value in (
+        ("max_assistant_turns", mt.max_assistant_turns),
+        ("max_user_turns", mt.max_user_turns),
+        ("max_tokens_per_turn", mt.max_tokens_per_turn),
+    ):
         if value is not None:
             _positive(p, f"{key}.{name}", value, " (or null)")
     _positive(p, f"{key}.max_parallel_calls", mt.max_parallel_calls)
@@ -519,6 +596,24 @@ def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
     elif mt.tool_workers > 0 and not (math.isfinite(mt.tool_timeout_s) and mt.tool_timeout_s > 0):
         p.append(f"{key}.tool_timeout_s={mt.tool_timeout_s}: must be a finite number of seconds > 0.")
     return p
+
+
+def _model_folder_problems(path: str, cfg_file: Path, supported: tuple[str, ...]) -> list[str]:
+    """The policy folder's model type, and its language-model head."""
+    from vlmrl.models.value_head import policy_head_problem
+
+    try:
+        config = json.loads(cfg_file.read_text(encoding="utf-8"))
+        mt = config.get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"{cfg_file}: unreadable model config ({type(e).__name__}: {e})."]
+    if mt not in supported:
+        return [f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(supported)}."]
+    try:
+        head = policy_head_problem(path, config)
+    except (OSError, ValueError, KeyError) as e:
+        return [f"actor_rollout_ref.model.path={path!r}: unreadable safetensors header ({type(e).__name__}: {e})."]
+    return [f"actor_rollout_ref.model.path: {head}"] if head else []
 
 
 def check_environment(cfg: VLMRLConfig) -> list[str]:
@@ -539,16 +634,7 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
         if not cfg_file.is_file():
             p.append(f"actor_rollout_ref.model.path={path!r} has no config.json (not an HF model folder).")
         else:
-            try:
-                mt = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
-            except (OSError, ValueError, AttributeError) as e:
-                p.append(f"{cfg_file}: unreadable model config ({type(e).__name__}: {e}).")
-            else:
-                if mt not in SUPPORTED_MODEL_TYPES:
-                    p.append(
-                        f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains "
-                        f"{', '.join(SUPPORTED_MODEL_TYPES)}."
-                    )
+            p += _model_folder_problems(path, cfg_file, SUPPORTED_MODEL_TYPES)
     for key in ("train_files", "val_files"):
         files = getattr(data, key)
         for f in [files] if isinstance(files, str) else list(files or []):
@@ -593,17 +679,24 @@ def data_problems(cfg: VLMRLConfig, facts: DataFacts) -> list[str]:
     batch, video prompts with multi-turn tools (their tools work on images)."""
     p = []
     bs, longest = cfg.data.train_batch_size, cfg.data.max_prompt_length
-    for split, n, summary in (("train", facts.train_prompts, facts.train_summary),
-                              ("val", facts.val_prompts, facts.val_summary)):  # fmt: skip
+    for split, n, summary in (
+        ("train", facts.train_prompts, facts.train_summary),
+        ("val", facts.val_prompts, facts.val_summary),
+    ):
         if n == 0:
             why = f" ({summary})" if summary else ""
             unset = ", or set data.val_files=null" if split == "val" else ""
             fix = f"fix the files (or data.max_prompt_length / data.max_pixels){unset}"
-            p.append(f"data.{split}_files: no prompt survives the overlong filter (data.max_prompt_length={longest}) "
-                     f"and the record checks{why}; {fix}.")  # fmt: skip
+            p.append(
+                f"data.{split}_files: no prompt survives the overlong filter (data.max_prompt_length={longest}) "
+                f"and the record checks{why}; {fix}."
+            )
     if facts.train_prompts and facts.train_prompts < bs:
-        p.append(f"data.train_batch_size={bs} exceeds the {facts.train_prompts} usable training prompts"
-                 + (f" ({facts.train_summary})" if facts.train_summary else "") + ".")  # fmt: skip
+        p.append(
+            f"data.train_batch_size={bs} exceeds the {facts.train_prompts} usable training prompts"
+            + (f" ({facts.train_summary})" if facts.train_summary else "")
+            + "."
+        )
     if facts.videos and cfg.actor_rollout_ref.rollout.multi_turn.enable:
         p.append(
             "actor_rollout_ref.rollout.multi_turn.enable=True with video prompts: multi-turn tool rollouts take image "

@@ -16,6 +16,43 @@ DEFAULT_JUDGE_TEMPLATE = (
     "Question: {question}\nAnswer: {response}\nIs the answer correct for the image? Reply with a score from 0 to 1."
 )
 """The judge's default prompt: the record's images come first, then this text."""
+JUDGE_FIELDS = ("question", "response", "ground_truth")
+"""The fields a judge template may name."""
+
+
+def template_problems(template: str, where: str = "reward_model.judge.prompt_template") -> list[str]:
+    """Why ``template`` cannot be a judge's prompt: it must name only ``JUDGE_FIELDS``, each bare (no attribute or
+    index access, no format spec or conversion: data never becomes a spec), and name ``{response}``."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        return [f"{where}: not a format string ({e}; double a literal brace: {{{{ }}}})."]
+    fields = [(f, spec, conv) for _, f, spec, conv in parsed if f is not None]
+    bad = sorted({f for f, _, _ in fields if f not in JUDGE_FIELDS})
+    if bad:
+        return [
+            f"{where} names {bad}: use {{question}}, {{response}} and {{ground_truth}}, bare (no attributes, "
+            "indexes or positions; double a literal brace: {{ }})."
+        ]
+    dressed = sorted({f"{{{f}{'!' + c if c else ''}{':' + s if s else ''}}}" for f, s, c in fields if s or c})
+    if dressed:
+        return [f"{where}: {', '.join(dressed)}: a field takes no format spec or conversion (write it bare)."]
+    if not any(f == "response" for f, _, _ in fields):
+        return [f"{where} has no {{response}}: the judge would never see the answer."]
+    return []
+
+
+def render_template(template: str, values: dict[str, str]) -> str:
+    """``template`` with each bare field replaced by its value as text; nothing else of the template is evaluated
+    (the caller checked it with :func:`template_problems`)."""
+    out = []
+    for literal, name, spec, conv in string.Formatter().parse(template):
+        out.append(literal)
+        if name is not None:
+            if name not in values or spec or conv:
+                raise ValueError(f"judge template field {{{name}}} is not one of {list(values)}, bare")
+            out.append(str(values[name]))
+    return "".join(out)
 
 
 @dataclass
@@ -103,33 +140,30 @@ def reward_model_problems(cfg: Any) -> list[str]:
     used = uses_reward_model(cfg.reward, cfg.custom_reward_function)
     if not rm.enable:
         if used:
-            p.append("reward.function / reward.components use reward_model, but reward_model.enable is False: set "
-                     "reward_model.enable=True and reward_model.model.path.")  # fmt: skip
+            p.append(
+                "reward.function / reward.components use reward_model, but reward_model.enable is False: set "
+                "reward_model.enable=True and reward_model.model.path."
+            )
         return p
     if not rm.model.path:
         p.append("reward_model.enable=True needs reward_model.model.path (the reward model's folder or hub id).")
     if used is False and (cfg.reward.function or cfg.reward.components or cfg.reward.dispatch):
-        p.append("reward_model.enable=True, but the configured reward does not use its score: add "
-                 "{function: reward_model, name: rm, weight: 1.0} to reward.components (or leave reward.* unset: "
-                 "the model's score is then the whole reward).")  # fmt: skip
+        p.append(
+            "reward_model.enable=True, but the configured reward does not use its score: add "
+            "{function: reward_model, name: rm, weight: 1.0} to reward.components (or leave reward.* unset: "
+            "the model's score is then the whole reward)."
+        )
     if rm.model.input_tokenizer is not None and cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        p.append("reward_model.model.input_tokenizer re-renders single-turn conversations only: a multi-turn run's "
-                 "reward model reads the policy's own ids (unset input_tokenizer).")  # fmt: skip
+        p.append(
+            "reward_model.model.input_tokenizer re-renders single-turn conversations only: a multi-turn run's "
+            "reward model reads the policy's own ids (unset input_tokenizer)."
+        )
     if rm.micro_batch_size_per_gpu < 1:
         p.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu}: must be >= 1.")
     if rm.max_length is not None and rm.max_length < 2:
         p.append(f"reward_model.max_length={rm.max_length}: must be >= 2 (or null: no limit).")
     if rm.style == "generative":
-        try:
-            names = {f for _, f, _, _ in string.Formatter().parse(rm.judge.prompt_template) if f is not None}
-        except ValueError as e:
-            names, _ = set(), p.append(f"reward_model.judge.prompt_template: not a format string ({e}).")
-        unknown = names - {"question", "response", "ground_truth"}
-        if unknown:
-            p.append(f"reward_model.judge.prompt_template names {sorted(unknown)}: use {{question}}, {{response}} "
-                     "and {ground_truth} (double a literal brace: {{ }}).")  # fmt: skip
-        elif "response" not in names:
-            p.append("reward_model.judge.prompt_template has no {response}: the judge would never see the answer.")
+        p += template_problems(rm.judge.prompt_template)
         ro = rm.rollout
         if ro.response_length < 1 or ro.prompt_length < 1:
             p.append("reward_model.rollout.response_length and prompt_length must be >= 1.")

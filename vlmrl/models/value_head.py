@@ -77,26 +77,57 @@ def export_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {("score." + k[len("lm_head.") :] if k.startswith("lm_head.") else k): v for k, v in state.items()}
 
 
-def checkpoint_params(folder: str | Path) -> int | None:
-    """Parameters stored in a local folder's ``*.safetensors`` files, read from their JSON headers (nothing is
-    loaded); None for a folder without them (a hub id)."""
+def checkpoint_tensors(folder: str | Path) -> dict[str, list[int]] | None:
+    """Every tensor's name and shape in a local folder's ``*.safetensors`` files, read from their JSON headers
+    (nothing is loaded); None for a folder without them (a hub id)."""
     import struct
 
     files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
     if not files:
         return None
-    total = 0
+    out: dict[str, list[int]] = {}
     for f in files:
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                k = 1
-                for d in t["shape"]:
-                    k *= d
-                total += k
+        out.update({name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"})
+    return out
+
+
+def checkpoint_params(folder: str | Path) -> int | None:
+    """Parameters stored in a local folder's ``*.safetensors`` files (their headers); None without them."""
+    tensors = checkpoint_tensors(folder)
+    if tensors is None:
+        return None
+    total = 0
+    for shape in tensors.values():
+        k = 1
+        for d in shape:
+            k *= d
+        total += k
     return total
+
+
+def policy_head_problem(folder: str | Path, config: dict) -> str | None:
+    """Why a local folder cannot be loaded as a policy: it holds a score head (a critic's or a reward model's
+    export) or untied embeddings, and no language-model head, which transformers would initialise at random on each
+    load (the engine and the trainer would hold different heads). None when it can."""
+    tensors = checkpoint_tensors(folder)
+    if tensors is None or "lm_head.weight" in tensors:
+        return None
+    text = config.get("text_config") or {}
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    score = next((w for w, _ in HEAD_NAMES if w in tensors), None)
+    if score is None and tied:
+        return None
+    what = "unties its embeddings from the output"
+    if score:
+        what = f"holds a value or score head ({score}: a critic's or a reward model's export)"
+    return (
+        f"{folder} {what} and has no language-model head (lm_head.weight): as a policy its head would start random "
+        "on every load. Give the policy's own folder (a critic belongs in critic.model.path, a reward model in "
+        "reward_model.model.path)."
+    )
 
 
 def require_score_head(path: str) -> str:

@@ -91,6 +91,7 @@ def check_health(
     rew = _series(rows, "reward/mean")
     _reward(rew, window, found)
     _learning_signal(rows, rew, window, found)
+    _no_gradient(rows, window, found)
     _drift(rows, drift_threshold, found)
     _stages(rows, window, dominant_share, found)
     return found
@@ -103,12 +104,16 @@ def _entropy(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> N
         base = statistics.median(v for _, v in ent[:3])
         s = _first_stretch(ent, lambda v: v < 0.1 * base, window) if base > 0 else None
         if s:
-            found.append(Finding(
-                "entropy collapse", "actor/entropy", s[0],
-                f"entropy fell below 10% of its start ({base:.3g}) and stayed there for {s[1]} steps",
-                "a larger actor.entropy_coeff, a lower learning rate, clip-higher (actor.clip_ratio_high above "
-                "clip_ratio_low), a higher rollout.temperature",
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    "entropy collapse",
+                    "actor/entropy",
+                    s[0],
+                    f"entropy fell below 10% of its start ({base:.3g}) and stayed there for {s[1]} steps",
+                    "a larger actor.entropy_coeff, a lower learning rate, clip-higher (actor.clip_ratio_high above "
+                    "clip_ratio_low), a higher rollout.temperature",
+                )
+            )
 
 
 def _reward(rew: list[tuple[int, float]], window: int, found: list[Finding]) -> None:
@@ -116,53 +121,95 @@ def _reward(rew: list[tuple[int, float]], window: int, found: list[Finding]) -> 
     if len(rew) >= window:
         zero = _first_stretch(rew, lambda v: v <= 0.01, window)
         if zero:
-            found.append(Finding(
-                "reward flat at 0", "reward/mean", zero[0],
-                f"the mean reward stayed at 0 for {zero[1]} steps: no sample scores, so no advantage is non-zero",
-                "look at a few samples (the validation gallery) against the reward function: a format the reward "
-                "does not parse, a ground truth in another form, a task too hard for the model; more samples per "
-                "prompt (rollout.n) make a first success likelier",
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    "reward flat at 0",
+                    "reward/mean",
+                    zero[0],
+                    f"the mean reward stayed at 0 for {zero[1]} steps: no sample scores, so no advantage is non-zero",
+                    "look at a few samples (the validation gallery) against the reward function: a format the reward "
+                    "does not parse, a ground truth in another form, a task too hard for the model; more samples per "
+                    "prompt (rollout.n) make a first success likelier",
+                )
+            )
         one = _first_stretch(rew, lambda v: v >= 0.99, window)
         if one:
-            found.append(Finding(
-                "reward flat at 1", "reward/mean", one[0],
-                f"every sample scored the maximum for {one[1]} steps: the task is learned and steps teach nothing",
-                "stop here (a checkpoint is the model), or train on harder data",
-                severity="info",
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    "reward flat at 1",
+                    "reward/mean",
+                    one[0],
+                    f"every sample scored the maximum for {one[1]} steps: the task is learned and steps teach nothing",
+                    "stop here (a checkpoint is the model), or train on harder data",
+                    severity="info",
+                )
+            )
 
 
-def _learning_signal(rows: list[dict[str, Any]], rew: list[tuple[int, float]], window: int,
-                     found: list[Finding]) -> None:  # fmt: skip
+def _learning_signal(
+    rows: list[dict[str, Any]], rew: list[tuple[int, float]], window: int, found: list[Finding]
+) -> None:
     # groups whose samples all scored the same: no gradient from them
     # (groups that all scored alike because the model solves them, reward >= 0.9, are a learned task, not a problem)
     mean_at = dict(rew)
     # (with a critic, GAE's advantages of equal rewards differ: no finding there)
     critic = any("critic/vf_explained_var" in r for r in rows)
-    zv = [] if critic else [(step, (v, mean_at.get(step, 0.0)))
-                            for step, v in _series(rows, "advantages/zero_variance_share")]  # fmt: skip
+    zv = (
+        []
+        if critic
+        else [(step, (v, mean_at.get(step, 0.0))) for step, v in _series(rows, "advantages/zero_variance_share")]
+    )
     if len(zv) >= window:
         s = _first_stretch(zv, lambda v: v[0] >= 0.5 and v[1] < 0.9, window)
         if s:
-            found.append(Finding(
-                "groups without reward variance", "advantages/zero_variance_share", s[0],
-                f"half or more of the prompts' sample groups scored alike for {s[1]} steps (their advantages are 0)",
-                "more samples per prompt (rollout.n), an entropy bonus, dynamic sampling "
-                "(algorithm.filter_groups.enable=True), data of the difficulty the model can sometimes solve",
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    "groups without reward variance",
+                    "advantages/zero_variance_share",
+                    s[0],
+                    f"half or more of the prompts' sample groups scored alike for {s[1]} steps "
+                    "(their advantages are 0)",
+                    "more samples per prompt (rollout.n), an entropy bonus, dynamic sampling "
+                    "(algorithm.filter_groups.enable=True), data of the difficulty the model can sometimes solve",
+                )
+            )
     # PPO: the critic's values explain none of the returns' variance (on a task not yet learned)
     ev = [(step, (v, mean_at.get(step, 0.0))) for step, v in _series(rows, "critic/vf_explained_var")]
     if len(ev) >= window:
         s = _first_stretch(ev, lambda v: v[0] <= 0 and v[1] < 0.9, window)
         if s:
-            found.append(Finding(
-                "critic explains nothing", "critic/vf_explained_var", s[0],
-                f"the critic's values explained none of the returns' variance (explained variance <= 0) for {s[1]} "
-                "steps: GAE's advantages are then mostly the critic's noise",
-                "a larger critic.optim.lr or critic.ppo_epochs, trainer.critic_warmup steps before the actor learns, "
-                "rewards of a scale the value head can reach (normalised), algorithm.lam below 1",
-            ))  # fmt: skip
+            found.append(
+                Finding(
+                    "critic explains nothing",
+                    "critic/vf_explained_var",
+                    s[0],
+                    "the critic's values explained none of the returns' variance (explained variance <= 0) "
+                    f"for {s[1]} steps: GAE's advantages are then mostly the critic's noise",
+                    "a larger critic.optim.lr or critic.ppo_epochs, trainer.critic_warmup steps before the actor "
+                    "learns, rewards of a scale the value head can reach (normalised), algorithm.lam below 1",
+                )
+            )
+
+
+def _no_gradient(rows: list[dict[str, Any]], window: int, found: list[Finding]) -> None:
+    # the update's gradient was exactly zero while the advantages were not: the loss does not reach the parameters
+    adv = dict(_series(rows, "advantages/abs_mean"))
+    gn = [(step, (v, adv.get(step, 0.0))) for step, v in _series(rows, "actor/grad_norm")]
+    if len(gn) >= window:
+        s = _first_stretch(gn, lambda v: v[0] == 0 and v[1] > 0, window)
+        if s:
+            found.append(
+                Finding(
+                    "no gradient",
+                    "actor/grad_norm",
+                    s[0],
+                    f"the policy's gradient norm was 0 for {s[1]} steps whose advantages were not: the update "
+                    "changed no weight",
+                    "a loss computed from the policy's log-probs (a custom loss or algorithm class returning a "
+                    "constant or a detached value), trainable parameters (LoRA targets, freeze_vision_tower), an "
+                    "lr > 0",
+                )
+            )
 
 
 def _drift(rows: list[dict[str, Any]], drift_threshold: float, found: list[Finding]) -> None:
@@ -172,14 +219,18 @@ def _drift(rows: list[dict[str, Any]], drift_threshold: float, found: list[Findi
     drift = [(step, v) for step, v in _series(rows, "rollout/logprob_diff") if step not in stale]
     high = [(step, v) for step, v in drift if v > drift_threshold]
     if high:
-        found.append(Finding(
-            "log-prob drift", "rollout/logprob_diff", high[0][0],
-            f"the engine's and the trainer's log-probs of the same tokens differ by {high[0][1]:.3g} on average "
-            f"(above {drift_threshold}; {len(high)} of {len(drift)} steps)",
-            "the engine samples from other weights or inputs than the trainer scores: rollout.dtype against the "
-            "actor's (bf16 vs fp32), a weight push that failed, an image processed differently (data.max_pixels); "
-            "on-policy importance correction (an old-log-prob pass) hides but does not fix it",
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                "log-prob drift",
+                "rollout/logprob_diff",
+                high[0][0],
+                f"the engine's and the trainer's log-probs of the same tokens differ by {high[0][1]:.3g} on average "
+                f"(above {drift_threshold}; {len(high)} of {len(drift)} steps)",
+                "the engine samples from other weights or inputs than the trainer scores: rollout.dtype against the "
+                "actor's (bf16 vs fp32), a weight push that failed, an image processed differently (data.max_pixels); "
+                "on-policy importance correction (an old-log-prob pass) hides but does not fix it",
+            )
+        )
 
 
 def _stages(rows: list[dict[str, Any]], window: int, dominant_share: float, found: list[Finding]) -> None:
@@ -192,11 +243,16 @@ def _stages(rows: list[dict[str, Any]], window: int, dominant_share: float, foun
             med = statistics.median(v for _, v in shares)
             if med > dominant_share:
                 start = next(step for step, v in shares if v > dominant_share)
-                found.append(Finding(
-                    "one stage dominates the step", key, start,
-                    f"{key.split('/')[1][:-2]} takes {med:.0%} of the step time (median)", fix,
-                    severity="info",
-                ))  # fmt: skip
+                found.append(
+                    Finding(
+                        "one stage dominates the step",
+                        key,
+                        start,
+                        f"{key.split('/')[1][:-2]} takes {med:.0%} of the step time (median)",
+                        fix,
+                        severity="info",
+                    )
+                )
 
 
 def health_summary(rows: list[dict[str, Any]], **kw: Any) -> str:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from vlmrl.batch import PromptSample, RewardSample
-from vlmrl.config.reward_model import RewardModelConfig
+from vlmrl.config.reward_model import RewardModelConfig, render_template
 from vlmrl.config.schema import RolloutConfig
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec
@@ -45,8 +45,11 @@ def plain_text(text: str, tokenizer: Any) -> str:
     """``text`` with every special token's spelling broken (``<|image_pad|>`` → ``< |image_pad|>``): a response
     put into another prompt must not turn into control tokens there (an image pad without its image would fail the
     whole batch; an end of turn would cut the prompt)."""
-    for tok in sorted(set(tokenizer.all_special_tokens) | {str(t) for t in tokenizer.added_tokens_decoder.values()},
-                      key=len, reverse=True):  # fmt: skip
+    for tok in sorted(
+        set(tokenizer.all_special_tokens) | {str(t) for t in tokenizer.added_tokens_decoder.values()},
+        key=len,
+        reverse=True,
+    ):
         if tok and tok in text:
             text = text.replace(tok, tok[:1] + " " + tok[1:])
     return text
@@ -71,9 +74,12 @@ def judge_prompt(processor: Any, template: str, response: str, ground_truth: Any
     question, the response and the ground truth, in the judge's chat template (one pad per image, as every engine
     prompt)."""
     tok = processor.tokenizer
-    text = template.format_map({"question": plain_text(question_text(prompt), tok),
-                                "response": plain_text(response, tok),
-                                "ground_truth": plain_text(str(ground_truth), tok)})  # fmt: skip
+    values = {
+        "question": plain_text(question_text(prompt), tok),
+        "response": plain_text(response, tok),
+        "ground_truth": plain_text(str(ground_truth), tok),
+    }
+    text = render_template(template, values)
     content = [{"type": "image"} for _ in prompt.images] + [{"type": "video"} for _ in prompt.videos]
     content.append({"type": "text", "text": text})
     messages = [{"role": "user", "content": content}]
@@ -137,28 +143,54 @@ class Judge:
         if cfg.judge.parse and workers > 0:
             from vlmrl.supervise import SupervisedPool
 
-            self.pool = SupervisedPool(f"the judge's parse function {cfg.judge.parse}", "reward.timeout_s", workers,
-                                       timeout_s, initializer=_build_parse, initargs=(cfg.judge.parse,))  # fmt: skip
-        self.spec = SamplingSpec(n=1, max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
-                                 top_k=ro.top_k, greedy=ro.temperature <= 0.0)  # fmt: skip
+            self.pool = SupervisedPool(
+                f"the judge's parse function {cfg.judge.parse}",
+                "reward.timeout_s",
+                workers,
+                timeout_s,
+                initializer=_build_parse,
+                initargs=(cfg.judge.parse,),
+            )
+        self.spec = SamplingSpec(
+            n=1,
+            max_tokens=ro.response_length,
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+            greedy=ro.temperature <= 0.0,
+        )
         self.max_prompt = int(ro.prompt_length)
+        self.engine = self._engine(device, limit_images, limit_videos, seed)
+
+    def _engine(self, device: str, limit_images: int, limit_videos: int, seed: int) -> Any:
+        """The judge's engine: vLLM, or transformers' ``generate`` (``reward_model.rollout.name=hf``)."""
+        cfg, ro = self.cfg, self.cfg.rollout
+        path = str(cfg.model.path)
         if ro.name == "vllm":
             from vlmrl.rollout.vllm import VLLMRollout
 
-            engine_cfg = replace(RolloutConfig(), gpu_memory_utilization=ro.gpu_memory_utilization,
-                                 free_cache_engine=False, engine_kwargs={"vllm": {}})  # fmt: skip
-            self.engine: Any = VLLMRollout(
-                path, rollout_cfg=engine_cfg, max_model_len=ro.max_model_len or ro.prompt_length + ro.response_length,
-                limit_images=max(1, limit_images), limit_videos=limit_videos, device=device, seed=seed,
+            engine_cfg = replace(
+                RolloutConfig(),
+                gpu_memory_utilization=ro.gpu_memory_utilization,
+                free_cache_engine=False,
+                engine_kwargs={"vllm": {}},
+            )
+            return VLLMRollout(
+                path,
+                rollout_cfg=engine_cfg,
+                max_model_len=ro.max_model_len or ro.prompt_length + ro.response_length,
+                limit_images=max(1, limit_images),
+                limit_videos=limit_videos,
+                device=device,
+                seed=seed,
                 trust_remote_code=cfg.model.trust_remote_code,
-            )  # fmt: skip
-        else:
-            from vlmrl.models.trainable import load_model
-            from vlmrl.rollout.hf import HFRollout
+            )
+        from vlmrl.models.trainable import load_model
+        from vlmrl.rollout.hf import HFRollout
 
-            model = load_model(path, device, cfg.model.trust_remote_code, where=f"reward_model.model.path={path}")
-            model.eval().requires_grad_(False)
-            self.engine = HFRollout(model, self.processor)
+        model = load_model(path, device, cfg.model.trust_remote_code, where=f"reward_model.model.path={path}")
+        model.eval().requires_grad_(False)
+        return HFRollout(model, self.processor)
 
     def prompt(self, sample: RewardSample, prompt: PromptSample) -> PromptSample:
         """The judge's prompt for one response (:func:`judge_prompt`)."""
@@ -171,8 +203,11 @@ class Judge:
         asks = [self.prompt(s, prompts[i // n]) for i, s in enumerate(samples)]
         too_long = {i for i, a in enumerate(asks) if len(a.prompt_ids) > self.max_prompt}
         batch = [a for i, a in enumerate(asks) if i not in too_long]
-        texts = iter(self.tokenizer.batch_decode(self.engine.generate(batch, self.spec).response_ids,
-                                                 skip_special_tokens=True) if batch else [])  # fmt: skip
+        texts = iter(
+            self.tokenizer.batch_decode(self.engine.generate(batch, self.spec).response_ids, skip_special_tokens=True)
+            if batch
+            else []
+        )
         judged = [i for i in range(len(samples)) if i not in too_long]
         for i in judged:
             samples[i].rm_text = next(texts)
@@ -195,8 +230,10 @@ class Judge:
     def _parse(self, texts: list[str]) -> list[tuple[Any, str | None]]:
         """(value, None) or (None, why) per verdict: the built-in rule here, a user's function in its workers."""
         if self.pool is not None:
-            return [(r.value, None) if r.error is None else (None, r.message)
-                    for r in self.pool.map(_parse, [(t,) for t in texts])]  # fmt: skip
+            return [
+                (r.value, None) if r.error is None else (None, r.message)
+                for r in self.pool.map(_parse, [(t,) for t in texts])
+            ]
         out: list[tuple[Any, str | None]] = []
         for t in texts:
             try:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch
-from vlmrl.config.reward_model import DEFAULT_JUDGE_TEMPLATE
+from vlmrl.config.reward_model import DEFAULT_JUDGE_TEMPLATE, template_problems
 from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.models.forward import response_logprobs
@@ -39,8 +39,14 @@ VERDICTS = ("0", "1")
 """The verdicts taught: wrong, right."""
 
 
-def verdict_inputs(prompts: list[PromptSample], pairs: Pairs, processor: Any, template: str, rng: random.Random,
-                   verdicts: tuple[str, str] = VERDICTS) -> tuple[Any, list[int]]:  # fmt: skip
+def verdict_inputs(
+    prompts: list[PromptSample],
+    pairs: Pairs,
+    processor: Any,
+    template: str,
+    rng: random.Random,
+    verdicts: tuple[str, str] = VERDICTS,
+) -> tuple[Any, list[int]]:
     """The judge's inputs for each record's right and wrong candidate, each followed by both verdicts (4 samples
     per record: right+"0", right+"1", wrong+"0", wrong+"1"), and the index of the true verdict's sample in each
     pair of them."""
@@ -92,6 +98,9 @@ def train_judge(
     """Fine-tune ``model_path`` to judge ``data``'s candidates; save it to ``output``; its figures."""
     from transformers import AutoProcessor
 
+    problems = template_problems(template, "--template")
+    if problems:
+        raise ValueError(problems[0])
     check_output_folder(output, overwrite)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,8 +131,9 @@ def train_judge(
 
 
 @torch.no_grad()
-def verdict_accuracy(model: torch.nn.Module, pairs: Pairs, processor: Any, template: str, device: str,
-                     seed: int = 1, batch: int = 16) -> float:  # fmt: skip
+def verdict_accuracy(
+    model: torch.nn.Module, pairs: Pairs, processor: Any, template: str, device: str, seed: int = 1, batch: int = 16
+) -> float:
     """Share of held-out candidates (a right and a wrong one per record, fixed by ``seed``) whose true verdict is
     the likelier."""
     model.eval()
@@ -156,8 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
     try:
-        train_judge(a.model, a.data, a.output, val_data=a.val_data, steps=a.steps, batch_size=a.batch_size,
-                    lr=a.lr, seed=a.seed, label=a.label, template=a.template, overwrite=a.overwrite)  # fmt: skip
+        train_judge(
+            a.model,
+            a.data,
+            a.output,
+            val_data=a.val_data,
+            steps=a.steps,
+            batch_size=a.batch_size,
+            lr=a.lr,
+            seed=a.seed,
+            label=a.label,
+            template=a.template,
+            overwrite=a.overwrite,
+        )
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"vlmrl.reward_model.train_judge: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ disk, so a crash mid-save leaves at most a ``.tmp`` folder that resume ignores (
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -126,3 +127,44 @@ def write_trainer_state(folder: str | os.PathLike, state: dict[str, Any], config
 def read_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
     """The driver's part of a checkpoint."""
     return json.loads((Path(folder) / "trainer_state.json").read_text(encoding="utf-8"))
+
+
+def restored_kl(saved: Any, kind: str, kl_coef: float, where: str) -> tuple[float | None, str | None]:
+    """What a resumed run's in-reward KL coefficient starts at, and a notice when the command line and the
+    checkpoint differ. A fixed coefficient is the config's (as in verl, which saves none); an adaptive one is the
+    checkpoint's adapted value unless the config's type or starting ``kl_coef`` changed since it was saved (then the
+    config's). ``None``: start at the config's value. A saved value that is not a finite number >= 0 is refused."""
+    if not isinstance(saved, dict) or "value" not in saved:
+        return None, None
+    value = saved["value"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise CheckpointError(
+            f"{where}: kl_ctrl.value={value!r} is not a finite number >= 0 (a damaged or edited file)"
+        )
+    if kind != "adaptive":
+        note = None
+        if float(value) != float(kl_coef):
+            note = f"algorithm.kl_ctrl.kl_coef={kl_coef:g} (the config's; the checkpoint's fixed value was {value:g})"
+        return None, note
+    if saved.get("kind", kind) != kind or float(saved.get("kl_coef", kl_coef)) != float(kl_coef):
+        return (
+            None,
+            f"algorithm.kl_ctrl.kl_coef={kl_coef:g} (set anew; the checkpoint's adapted value {value:g} dropped)",
+        )
+    return float(value), None
+
+
+def restored_algorithm_state(
+    state: dict[str, Any], saved_params: Any, params: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The algorithm class's state to restore, and a notice per parameter the command line changed: a constructor
+    parameter whose configured value differs from the one the checkpoint's run was given is the config's (the user
+    just set it); the rest of the class's state is the checkpoint's."""
+    state, notes = dict(state), []
+    if not isinstance(saved_params, dict):
+        return state, notes
+    for key, value in params.items():
+        if key in state and saved_params.get(key) != value and state[key] != value:
+            notes.append(f"algorithm.{key}={value!r} (the config's; the checkpoint had {state[key]!r})")
+            state[key] = value
+    return state, notes

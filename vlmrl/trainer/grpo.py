@@ -128,12 +128,16 @@ class Trainer:
         cfg, tr = self.cfg, self.cfg.trainer
         if cfg.reward_model.enable:
             rm = cfg.reward_model
-            with stage(f"could not start the reward model ({rm.style}, {rm.model.path})",
-                       "check reward_model.model.path and reward_model.rollout.*"):  # fmt: skip
+            with stage(
+                f"could not start the reward model ({rm.style}, {rm.model.path})",
+                "check reward_model.model.path and reward_model.rollout.*",
+            ):
                 self.reward_model = RewardModel(cfg, self.group, self.world, self.group.device, self.limits, tr.seed)
         if self.resume_from is not None:
-            with stage(f"could not resume from the checkpoint {self.resume_from}",
-                       "check it, or start over with trainer.resume_mode=disable"):  # fmt: skip
+            with stage(
+                f"could not resume from the checkpoint {self.resume_from}",
+                "check it, or start over with trainer.resume_mode=disable",
+            ):
                 self._load_checkpoint(self.resume_from)
         self.clock.mark("reward model and resume")
 
@@ -145,20 +149,28 @@ class Trainer:
             self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
             self.tokenizer = self.processor.tokenizer
         self.clock.mark("processor")
-        with stage(f"could not load the tools of {tools_file}",
-                   "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path"):  # fmt: skip
+        with stage(
+            f"could not load the tools of {tools_file}",
+            "fix the tool file it names, or actor_rollout_ref.rollout.multi_turn.tool_config_path",
+        ):
             tools = config_tool_schemas(cfg)
-        with stage("could not read the data", "check data.train_files and data.val_files (trainer.dry_run=True "
-                   "checks every record)"):  # fmt: skip
+        with stage(
+            "could not read the data",
+            "check data.train_files and data.val_files (trainer.dry_run=True checks every record)",
+        ):
             self.train_ds = RLDataset(cfg.data.train_files, self.processor, cfg.data, split="train", tools=tools)
-            self.val_ds = RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val", tools=tools) if (
-                cfg.data.val_files) else None  # fmt: skip
+            self.val_ds = (
+                RLDataset(cfg.data.val_files, self.processor, cfg.data, split="val", tools=tools)
+                if (cfg.data.val_files)
+                else None
+            )
         problems = data_problems(cfg, self._data_facts())
         if problems:  # before the workers start, not after the last training step
             raise ConfigError("\n".join(problems))
         self.clock.mark("data")
-        self.sampler = BatchSampler(len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
-                                    drop_last=True)  # fmt: skip
+        self.sampler = BatchSampler(
+            len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed, drop_last=True
+        )
         self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
 
     def _start_algorithm(self) -> None:
@@ -166,13 +178,15 @@ class Trainer:
         cfg = self.cfg
         alg = cfg.algorithm
         load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
-        self.algorithm = build_algorithm(alg.name, dict(alg.params),
-                                         LossConfig.from_actor(cfg.actor_rollout_ref.actor))  # fmt: skip
+        self.algorithm = build_algorithm(alg.name, dict(alg.params), LossConfig.from_actor(cfg.actor_rollout_ref.actor))
         """``algorithm.name``'s instance (the base class's hooks do nothing): its hooks run here, its
         ``compute_loss`` in the workers' instances, which get its state with each shard."""
         self.critic = critic_plan(cfg)
-        self.kl_ctrl = make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl,
-                                          alg.kl_ctrl.horizon) if alg.use_kl_in_reward else None  # fmt: skip
+        self.kl_ctrl = (
+            make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
+            if alg.use_kl_in_reward
+            else None
+        )
         self.needs = needs_of(cfg)
         """What the estimator declared it needs (``vlmrl.algos.estimators.Needs``): read here, never its name."""
         self.token_level = self.critic is not None or self.kl_ctrl is not None or not self.needs.sequence_level
@@ -191,16 +205,24 @@ class Trainer:
         self.out_dir = Path(tr.default_local_dir)
         with stage(f"could not create trainer.default_local_dir={tr.default_local_dir}", "check it"):
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        with stage("could not find the checkpoint to resume from", "check trainer.resume_mode and "
-                   "trainer.resume_from_path, or start over with trainer.resume_mode=disable"):  # fmt: skip
+        with stage(
+            "could not find the checkpoint to resume from",
+            "check trainer.resume_mode and trainer.resume_from_path, or start over with trainer.resume_mode=disable",
+        ):
             self.resume_from = self._find_resume()
             self.resume_state = ckpt.read_trainer_state(self.resume_from) if self.resume_from else None
         if self.resume_state is not None:  # the log continues where the checkpoint was taken
             truncate_metrics(self.out_dir / "metrics.jsonl", int(self.resume_state["step"]))
         with stage("could not start the loggers", "check trainer.logger"):
-            self.tracker = Tracker(tr.logger, self.out_dir, tr.project_name, tr.experiment_name,
-                                   OmegaConf.to_container(OmegaConf.structured(cfg)), fresh=self.resume_state is None,
-                                   prometheus=tr.prometheus)  # fmt: skip
+            self.tracker = Tracker(
+                tr.logger,
+                self.out_dir,
+                tr.project_name,
+                tr.experiment_name,
+                OmegaConf.to_container(OmegaConf.structured(cfg)),
+                fresh=self.resume_state is None,
+                prometheus=tr.prometheus,
+            )
         self.clock.mark("loggers")
 
     def _data_facts(self) -> DataFacts:
@@ -237,8 +259,11 @@ class Trainer:
             with stage("the weight-sync group of the two pools did not form"):
                 self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
             where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
-            engines = (f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
-                       if arr.rollout.name == "vllm" else f"{pool.world} HF rollout model(s)")  # fmt: skip
+            engines = (
+                f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
+                if arr.rollout.name == "vllm"
+                else f"{pool.world} HF rollout model(s)"
+            )
             print(
                 f"[vlmrl] one-step off-policy: {self.world} training worker(s) (rank@node: {nodes}) and "
                 f"{pool.world} rollout worker(s) (rank@node: {where}) on {self.group.device} ready in "
@@ -248,8 +273,11 @@ class Trainer:
             )
             return
         self.rollouts = HybridRollouts(self.group, self.tp)
-        engines = (f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
-                   if arr.rollout.name == "vllm" else "HF rollout on the policy")  # fmt: skip
+        engines = (
+            f"{self.world // self.tp} vLLM engine(s) of tensor-parallel size {self.tp}"
+            if arr.rollout.name == "vllm"
+            else "HF rollout on the policy"
+        )
         print(
             f"[vlmrl] {self.world} hybrid worker(s) on {self.group.device} ready in {sw.elapsed:.1f} s "
             f"(rank@node: {nodes}); {engines}; {len(self.train_ds)} training prompts, {self.total_steps} steps",
@@ -281,13 +309,35 @@ class Trainer:
         self.step = self.updates = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         rng.restore(state["rng"])
-        if self.kl_ctrl is not None and "kl_ctrl" in state:
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.algorithm.load_state_dict(state.get("algorithm", {}))
+        self._restore_owned_state(state, path)
         print(
             f"[vlmrl] resumed from {path} at step {self.step} ({sw.elapsed:.1f} s)",
             flush=True,
         )
+
+    def _restore_owned_state(self, state: dict[str, Any], path: Path) -> None:
+        """The KL controller and the algorithm class's state: the checkpoint's, except what the command line changed
+        since it was saved (printed once each)."""
+        alg, notes = self.cfg.algorithm, []
+        if self.kl_ctrl is not None:
+            kl = alg.kl_ctrl
+            value, note = ckpt.restored_kl(state.get("kl_ctrl"), kl.type, kl.kl_coef, f"{path}/trainer_state.json")
+            self.kl_ctrl.value = self.kl_ctrl.value if value is None else value
+            notes += [note] if note else []
+        algo_state, more = ckpt.restored_algorithm_state(
+            state.get("algorithm", {}), state.get("algorithm_params"), dict(alg.params)
+        )
+        self.algorithm.load_state_dict(algo_state)
+        saved_critic = (path / "critic").is_dir()
+        if saved_critic and self.critic is None:
+            more.append(
+                f"the checkpoint holds a critic ({path / 'critic'}) and this run trains none "
+                f"(algorithm.adv_estimator={alg.adv_estimator}): the critic is left behind"
+            )
+        elif self.critic is not None and not saved_critic:
+            more.append(f"the checkpoint holds no critic: the critic starts from {self.critic.path}")
+        for note in notes + more:
+            print(f"[vlmrl] resume: {note}", flush=True)
 
     def save_checkpoint(self) -> Path:
         """Write the checkpoint of the current step atomically (see ``vlmrl.trainer.checkpoint``)."""
@@ -307,8 +357,10 @@ class Trainer:
                 "world": self.world,
             }
             if self.kl_ctrl is not None:
-                state["kl_ctrl"] = self.kl_ctrl.state_dict()
+                kl = self.cfg.algorithm.kl_ctrl
+                state["kl_ctrl"] = {**self.kl_ctrl.state_dict(), "kind": kl.type, "kl_coef": kl.kl_coef}
             state["algorithm"] = self.algorithm.state_dict()
+            state["algorithm_params"] = dict(self.cfg.algorithm.params)
             ckpt.write_trainer_state(tmp, state, OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
         except (OSError, WorkerError) as e:  # a full disk, a quota, a read-only mount: the previous checkpoint stays
             shutil.rmtree(tmp, ignore_errors=True)
@@ -369,8 +421,9 @@ class Trainer:
             self.rollouts.launch_next(draw, self.step + 1)
         return (collected[0] if chosen is None else assemble(collected, chosen)), extra
 
-    def _sample_dynamically(self, collected: list[StepData], one_batch: Callable[[int], StepData]) -> tuple[
-            list[tuple[int, int]], dict[str, float]]:  # fmt: skip
+    def _sample_dynamically(
+        self, collected: list[StepData], one_batch: Callable[[int], StepData]
+    ) -> tuple[list[tuple[int, int]], dict[str, float]]:
         """DAPO's dynamic sampling: batches are added to ``collected`` until enough groups vary on the metric (or
         ``max_num_gen_batches`` were tried); the (batch, group) pairs the step takes and the ``filter_groups/*``
         metrics."""
@@ -393,8 +446,9 @@ class Trainer:
             "filter_groups/filled": float(max(0, bs - kept)),
         }
 
-    def _baselines(self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer,
-                   metrics: dict[str, float]) -> list[float] | None:  # fmt: skip
+    def _baselines(
+        self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer, metrics: dict[str, float]
+    ) -> list[float] | None:
         """The estimator's baseline when it declares one (``Needs.baseline_rollout``, ReMax's): each prompt's greedy
         rollout, scored, repeated over the prompt's samples."""
         if not self.needs.baseline_rollout:
@@ -405,8 +459,9 @@ class Trainer:
             per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
             return per_prompt.repeat_interleave(rb.n).tolist()
 
-    def score(self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer | None,
-              metrics: dict[str, float]) -> tuple[list[RewardSample], RewardOutput]:  # fmt: skip
+    def score(
+        self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer | None, metrics: dict[str, float]
+    ) -> tuple[list[RewardSample], RewardOutput]:
         """A rollout's rewards: the reward model's score of every sample first (``reward_model.enable``; its
         ``reward_model/*`` metrics summed into ``metrics``), then the reward functions (timed as reward_model and
         reward)."""
@@ -433,15 +488,21 @@ class Trainer:
         startup = self._startup_done()
         batches = self._batches()
         last: dict[str, float] = {}
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="PPO" if self.critic else "GRPO",
-                   dynamic_ncols=True, disable=not os.isatty(2))  # fmt: skip
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="PPO" if self.critic else "GRPO",
+            dynamic_ncols=True,
+            disable=not os.isatty(2),
+        )
         while self.step < self.total_steps:
             self.step += 1
             timer = Timer()
             with timer("step"):
                 step, sampling = self.collect(batches, timer)  # prompts → rollout → rewards (→ more batches)
                 self.rollouts.before_update(timer)  # (the hybrid engine's engines sleep)
-                scored = before_train_step(self.algorithm, step, self.step)  # the algorithm's hook: may reshape rewards
+                hook_s = self.cfg.trainer.worker_timeout_s  # the algorithm's hook (may reshape rewards), bounded
+                scored = before_train_step(self.algorithm, step, self.step, hook_s)
                 shards, adv, ppo = self.prepare(step, scored, timer)
                 updated = self.update(shards, scored, timer)
                 self.rollouts.after_update(timer)  # (the hybrid engine's: the new weights pushed)
@@ -453,8 +514,9 @@ class Trainer:
         bar.close()
         return last
 
-    def prepare(self, step: StepData, scored: StepData, timer: Timer) -> tuple[
-            list[TrainShard], torch.Tensor, dict[str, float]]:  # fmt: skip
+    def prepare(
+        self, step: StepData, scored: StepData, timer: Timer
+    ) -> tuple[list[TrainShard], torch.Tensor, dict[str, float]]:
         """Each worker's shard and the samples' advantages (and the PPO metrics). A sequence-level estimator without
         a critic or in-reward KL (the GRPO family): one advantage per sample, from the scores alone. Otherwise (the
         PPO preparation): old/ref log-probs and values first (kept on the workers), then per-token advantages."""
@@ -485,12 +547,11 @@ class Trainer:
             self.updates += 1
         return updated
 
-    def end_step(self, step: StepData, adv: torch.Tensor, metrics: dict[str, float], timer: Timer) -> dict[
-            str, float]:  # fmt: skip
+    def end_step(self, step: StepData, adv: torch.Tensor, metrics: dict[str, float], timer: Timer) -> dict[str, float]:
         """After the update: the algorithm's hook (``algorithm/*`` metrics), the rollout side's and the run's
         checks, the samples' dump, the validation and the checkpoint when due; logs the metrics and returns them."""
         tr = self.cfg.trainer
-        metrics |= after_train_step(self.algorithm, metrics, self.step)
+        metrics |= after_train_step(self.algorithm, metrics, self.step, self.cfg.trainer.worker_timeout_s)
         self.rollouts.after_step(metrics, self.cfg.async_training.fallback_kl)
         self._warn_if_flat(metrics)
         if tr.rollout_data_dir:
@@ -509,9 +570,14 @@ class Trainer:
         self.clock.mark("validation")
         infos = [*self.group.infos, *self.rollouts.infos]
         slow = max(infos, key=lambda i: i.get("process_s", 0.0), default={})
-        detail = {"workers": f"the slowest ready {slow['process_s']:.1f} s after its process started: engine "
-                             f"{slow.get('engine_s', 0.0):.1f}, model {slow.get('model_s', 0.0):.1f}"} if (
-            "process_s" in slow and launcher_of(self.cfg) != "inline") else None  # fmt: skip
+        detail = (
+            {
+                "workers": f"the slowest ready {slow['process_s']:.1f} s after its process started: engine "
+                f"{slow.get('engine_s', 0.0):.1f}, model {slow.get('model_s', 0.0):.1f}"
+            }
+            if ("process_s" in slow and launcher_of(self.cfg) != "inline")
+            else None
+        )
         print(f"[vlmrl] {self.clock.line(detail)}", flush=True)
         return {"timing/startup_s": self.clock.total}
 
@@ -533,8 +599,15 @@ class Trainer:
         scores = torch.tensor(step.scores.scores, dtype=torch.float32)
         lengths = torch.tensor([len(r) for r in step.rollout.response_ids], dtype=torch.float32)
         group = torch.arange(len(scores)) // step.rollout.n
-        adv = sequence_advantages(alg.adv_estimator, scores, group, lengths, EstimatorConfig.from_algorithm(alg),
-                                  step.scores.components, step.baselines)  # fmt: skip
+        adv = sequence_advantages(
+            alg.adv_estimator,
+            scores,
+            group,
+            lengths,
+            EstimatorConfig.from_algorithm(alg),
+            step.scores.components,
+            step.baselines,
+        )
         if not torch.isfinite(adv).all():  # rewards are sanitised upstream; this must never happen
             raise FloatingPointError(f"non-finite advantages from scores {step.scores.scores}")
         return adv
@@ -593,9 +666,14 @@ class Trainer:
         if shown:
             path = self.out_dir / "val_gallery" / f"step_{self.step:06d}.html"
             write_gallery(
-                path, self.step, shown, scores[: len(shown)], shown_components, limit=limit,
+                path,
+                self.step,
+                shown,
+                scores[: len(shown)],
+                shown_components,
+                limit=limit,
                 summary=list(zip(sources, scores)),
-            )  # fmt: skip
+            )
         for src in sorted(set(sources)):
             vals = [s for s, d in zip(scores, sources) if d == src]
             out[f"val/{src}/reward"] = float(np.mean(vals))

@@ -13,6 +13,7 @@ PPO path: ──plan_shards──▶ list[TrainShard] ──WorkerGroup.prepare�
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,8 +113,7 @@ def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], bat
 
     mask = gather("response_mask")
     assert mask is not None
-    return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"),
-                      gather("sum_pi_squared"))  # fmt: skip
+    return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"), gather("sum_pi_squared"))
 
 
 def token_targets(
@@ -129,10 +129,18 @@ def token_targets(
         assert tb.old_logprobs is not None and tb.ref_logprobs is not None
         rewards, metrics = kl_in_reward(rewards, tb.old_logprobs, tb.ref_logprobs, tb.mask, kl_ctrl, alg.kl_penalty)
     group = torch.arange(len(scores)) // step.rollout.n
-    adv, returns = token_advantages(alg.adv_estimator, rewards, tb.mask, group, values=tb.values,
-                                    config=EstimatorConfig.from_algorithm(alg), components=step.scores.components,
-                                    baselines=step.baselines, old_logprobs=tb.old_logprobs,
-                                    sum_pi_squared=tb.sum_pi_squared)  # fmt: skip
+    adv, returns = token_advantages(
+        alg.adv_estimator,
+        rewards,
+        tb.mask,
+        group,
+        values=tb.values,
+        config=EstimatorConfig.from_algorithm(alg),
+        components=step.scores.components,
+        baselines=step.baselines,
+        old_logprobs=tb.old_logprobs,
+        sum_pi_squared=tb.sum_pi_squared,
+    )
     if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
         raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
     if tb.values is None:
@@ -225,7 +233,33 @@ def step_metrics(
     return out
 
 
-def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int) -> StepData:
+def hook_tensors(rollout: RolloutBatch) -> dict[str, torch.Tensor]:
+    """The named tensors ``compute_loss`` gets, for the whole batch, as verl's batch holds them: ``prompts`` [B, P]
+    (left-padded with 0), ``responses`` [B, R] (right-padded with 0), ``response_mask`` [B, R] (1 on the policy's
+    tokens; a multi-turn sample's tool turns are 0), ``attention_mask`` [B, P+R] (1 on every real token),
+    ``response_lengths`` [B] (generated tokens, tool turns included)."""
+    B = len(rollout.response_ids)
+    P = max((len(p) for p in rollout.prompt_ids), default=0)
+    R = max((len(r) for r in rollout.response_ids), default=0)
+    prompts, responses = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, R, dtype=torch.long)
+    attention, mask = torch.zeros(B, P + R, dtype=torch.long), torch.zeros(B, R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(rollout.prompt_ids, rollout.response_ids, strict=True)):
+        prompts[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        responses[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attention[i, P - len(p) : P + len(r)] = 1
+        own = rollout.trajectories[i].response_mask if rollout.trajectories else [1] * len(r)
+        mask[i, : len(r)] = torch.tensor(own, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rollout.response_ids], dtype=torch.long)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": mask,
+        "attention_mask": attention,
+        "response_lengths": lengths,
+    }
+
+
+def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int, timeout_s: float | None = None) -> StepData:
     """The algorithm's ``before_train_step`` on this step's rewards (``vlmrl.algos.algorithm``); returns the step the
     advantages are computed from: its scores replaced by the hook's ``rewards`` (the logged reward metrics keep the
     scores as the reward functions gave them). The base class's hook (none) costs nothing."""
@@ -233,21 +267,45 @@ def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int) -> StepDa
         return step
     rewards = torch.tensor(step.scores.scores, dtype=torch.float32)
     data = {
-        "rewards": rewards, "group": torch.arange(len(rewards)) // step.rollout.n,
-        "response_lengths": torch.tensor([len(r) for r in step.rollout.response_ids]),
-        "responses": step.rollout.response_ids, "texts": [s.response for s in step.samples],
+        "rewards": rewards,
+        "group": torch.arange(len(rewards)) // step.rollout.n,
+        **hook_tensors(step.rollout),
+        "texts": [s.response for s in step.samples],
         "components": step.scores.components,
-    }  # fmt: skip
-    call_hook(algo, "before_train_step", step_no, step_no, data)
+    }
+    call_hook(algo, "before_train_step", step_no, step_no, data, timeout_s=timeout_s)
     shaped = torch.as_tensor(data["rewards"], dtype=torch.float32).reshape(-1)
     if shaped.shape != rewards.shape or not torch.isfinite(shaped).all():
-        raise AlgorithmError(f"algorithm {type(algo).__name__}.before_train_step at step {step_no}: "
-                             f"data['rewards'] must stay {len(rewards)} finite numbers")  # fmt: skip
+        raise AlgorithmError(
+            f"algorithm {type(algo).__name__}.before_train_step at step {step_no}: "
+            f"data['rewards'] must stay {len(rewards)} finite numbers"
+        )
     return replace(step, scores=replace(step.scores, scores=shaped.tolist()))
 
 
-def after_train_step(algo: RLAlgorithm, metrics: dict[str, float], step_no: int) -> dict[str, float]:
+def after_train_step(
+    algo: RLAlgorithm, metrics: dict[str, float], step_no: int, timeout_s: float | None = None
+) -> dict[str, float]:
     """The algorithm's ``after_train_step`` with the step's metrics; its ``get_metrics`` under ``algorithm/``."""
-    call_hook(algo, "after_train_step", step_no, step_no, dict(metrics))
-    extra = call_hook(algo, "get_metrics", step_no) or {}
-    return {f"algorithm/{k}": float(v) for k, v in extra.items()}
+    call_hook(algo, "after_train_step", step_no, step_no, dict(metrics), timeout_s=timeout_s)
+    extra = call_hook(algo, "get_metrics", step_no, timeout_s=timeout_s)
+    return {f"algorithm/{k}": v for k, v in checked_metrics(algo, extra, step_no).items()}
+
+
+def checked_metrics(algo: RLAlgorithm, extra: Any, step_no: int) -> dict[str, float]:
+    """``get_metrics``'s result as {name: float}: None is no metrics; anything else but a dict of names to real
+    numbers stops the run naming the class and the entry (an infinite or NaN value is logged as it is)."""
+    if extra is None:
+        return {}
+    name = f"algorithm {type(algo).__name__}.get_metrics at step {step_no}"
+    if not isinstance(extra, dict):
+        raise AlgorithmError(f"{name}: must return a dict of metric names to numbers, got {type(extra).__name__}")
+    out = {}
+    for k, v in extra.items():
+        try:
+            if isinstance(v, bool | str | bytes) or not isinstance(k, str):
+                raise TypeError(type(v).__name__ if isinstance(k, str) else f"key {type(k).__name__}")
+            out[k] = float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+            raise AlgorithmError(f"{name}: {k!r} is not a number ({type(e).__name__}: {e})") from None
+    return out

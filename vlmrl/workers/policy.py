@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vlmrl.algos.algorithm import build_algorithm, call_hook, checked_loss
+from vlmrl.algos.algorithm import build_algorithm, call_hook, check_gradient_path, checked_loss
 from vlmrl.algos.core import kl_penalty
 from vlmrl.algos.losses import LossConfig
 from vlmrl.algos.rollout_correction import correct
@@ -78,8 +78,9 @@ class _MiniBatchStats:
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.extremes: dict[str, float] = {}
-        self.work = dict.fromkeys(("work/update_tokens", "work/update_padding_tokens", "work/update_vision_patches"),
-                                  0.0)  # fmt: skip
+        self.work = dict.fromkeys(
+            ("work/update_tokens", "work/update_padding_tokens", "work/update_vision_patches"), 0.0
+        )
 
     def add(self, name: str, value: float) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + value
@@ -106,6 +107,13 @@ class _MiniBatchStats:
             metrics.setdefault(name, []).append(value)
         for name, value in self.work.items():
             metrics.setdefault(name, []).append(value)
+
+
+def _engine_logprobs(x: ModelInputs, what: str) -> torch.Tensor:
+    """The engine's log-probs of the sampled tokens (rollout correction's behaviour policy), or why there are none."""
+    if x.rollout_logprobs is None:
+        raise RuntimeError(f"{what} needs the engine's log-probs of the sampled tokens, and this rollout returned none")
+    return x.rollout_logprobs[:, : x.response_mask.shape[1]].float()
 
 
 class PolicyWorker:
@@ -144,6 +152,7 @@ class PolicyWorker:
             self.loss_config.policy_loss.loss_mode = "bypass_mode"
             self.loss_config.policy_loss.rollout_correction = rollout_correction
         self.algorithm = build_algorithm(algorithm[0], dict(algorithm[1]), self.loss_config)
+        self._gradient_path_checked = False
         self.temperature = max(arr.rollout.temperature, 1e-6)
         self.packed = arr.model.use_remove_padding
         """Padding-free forwards (``models.packing``) for the actor and the reference."""
@@ -169,17 +178,22 @@ class PolicyWorker:
         fc = arr.actor.fsdp_config
         if dist.is_initialized():
             self.model = fsdp_wrap(
-                self.model, device, fc.param_offload, fc.reshard_after_forward, compute_dtype(fc.dtype, device),
+                self.model,
+                device,
+                fc.param_offload,
+                fc.reshard_after_forward,
+                compute_dtype(fc.dtype, device),
                 fc.wrap_policy.min_num_params,
-            )  # fmt: skip
+            )
         self.ref = None
         if arr.actor.use_kl_loss if reference is None else reference:
             ref = load_model(arr.model.path, device, arr.model.trust_remote_code).eval()
             ref.requires_grad_(False)
             if dist.is_initialized():
                 rc = arr.ref.fsdp_config
-                ref = fsdp_wrap(ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device),
-                                 rc.wrap_policy.min_num_params)  # fmt: skip
+                ref = fsdp_wrap(
+                    ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device), rc.wrap_policy.min_num_params
+                )
             self.ref = ref
 
     def micro_batches(self, x: ModelInputs, rows: list[int], which: str) -> list[list[int]]:
@@ -236,8 +250,9 @@ class PolicyWorker:
         return out
 
     # --------------------------------------------------------------------------------------------------- update
-    def old_and_ref(self, x: ModelInputs, mini_batch_samples: int, need_old: bool = False) -> tuple[
-            torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    def old_and_ref(
+        self, x: ModelInputs, mini_batch_samples: int, need_old: bool = False
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The old log-probs (None when the update is exactly on-policy, one epoch of one mini-batch, and
         ``need_old`` is False: the update then uses the current ones, detached) and the reference's (None without
         a reference)."""
@@ -268,13 +283,7 @@ class PolicyWorker:
         n_mini = max(1, x.batch_size // max(1, mini_batch_samples))
         bypass = self.correction is not None and self.correction.bypass_mode
         decoupled = self.correction is not None and not bypass
-        # one pass of one mini-batch: the old log-probs are the update's own forward, detached. Token-level
-        # importance weights (no rejection, no batch normalisation: nothing needs the whole shard; their metrics are
-        # token means and extremes, merged exactly) are then computed in each micro-batch from that forward, instead
-        # of a separate forward for the old ones
-        rc = self.correction
-        lazy = (decoupled and ac.ppo_epochs == 1 and n_mini == 1 and rc.rollout_is == "token"
-                and rc.rollout_rs is None and not rc.rollout_is_batch_normalize)  # fmt: skip
+        lazy = self._lazy_correction(n_mini)
         with timer("old_ref_logprob"):
             need = decoupled and not lazy
             old, ref = given if given is not None else self.old_and_ref(x, mini_batch_samples, need_old=need)
@@ -282,16 +291,12 @@ class PolicyWorker:
                 old = self.logprobs(x, "actor")
             lazy = lazy and old is None
             if bypass:  # verl's bypass mode: the engine's log-probs are the old ones (no recomputation)
-                if x.rollout_logprobs is None:
-                    raise RuntimeError("algorithm.rollout_correction.bypass_mode needs the engine's log-probs of the "
-                                       "sampled tokens, and this rollout returned none")  # fmt: skip
-                old = x.rollout_logprobs[:, : x.response_mask.shape[1]].float()
+                old = _engine_logprobs(x, "algorithm.rollout_correction.bypass_mode")
         weights, corrected = None, {}
         if decoupled and not lazy:
             x, weights, corrected = self._correct(x, old)
-        elif lazy and x.rollout_logprobs is None:
-            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "
-                               "this rollout returned none")  # fmt: skip
+        elif lazy:
+            _engine_logprobs(x, "algorithm.rollout_correction")
         metrics: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(self.seed + int(self.scheduler.last_epoch))
         with timer("update"):
@@ -308,12 +313,30 @@ class PolicyWorker:
             out["actor/empty_mini_batches"] = float(empty)
         return out | corrected | timer.metrics()
 
+    def _lazy_correction(self, n_mini: int) -> bool:
+        """Whether the importance weights are computed inside the update's micro-batches: with one pass of one
+        mini-batch the old log-probs are the update's own forward, detached, and token-level weights (no rejection,
+        no batch normalisation: nothing needs the whole shard; their metrics are token means and extremes, merged
+        exactly) come from that forward instead of a separate forward for the old ones."""
+        rc = self.correction
+        return (
+            rc is not None
+            and not rc.bypass_mode
+            and self.actor_cfg.ppo_epochs == 1
+            and n_mini == 1
+            and rc.rollout_is == "token"
+            and rc.rollout_rs is None
+            and not rc.rollout_is_batch_normalize
+        )
+
     def _correct(self, x: ModelInputs, old: torch.Tensor) -> tuple[ModelInputs, torch.Tensor | None, dict]:
         """Rollout correction of this shard: the inputs with the rejected tokens out of the response mask, the
         importance weights and the ``rollout_corr/*`` metrics (``vlmrl.algos.rollout_correction``)."""
         if x.rollout_logprobs is None:
-            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "
-                               "this rollout returned none")  # fmt: skip
+            raise RuntimeError(
+                "algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "
+                "this rollout returned none"
+            )
         R = x.response_mask.shape[1]
         mask = x.response_mask.to(old.dtype)
 
@@ -321,8 +344,9 @@ class PolicyWorker:
             num, den = self._global_sums(float((values * m).sum()), float(m.sum()))
             return torch.tensor(num / max(den, 1e-8), dtype=values.dtype)
 
-        weights, new_mask, metrics = correct(old[:, :R], x.rollout_logprobs[:, :R].to(old.dtype), mask,
-                                             self.correction, global_mean)  # fmt: skip
+        weights, new_mask, metrics = correct(
+            old[:, :R], x.rollout_logprobs[:, :R].to(old.dtype), mask, self.correction, global_mean
+        )
         return replace(x, response_mask=new_mask.to(x.response_mask.dtype)), weights, metrics
 
     def _global_sums(self, *values: float) -> list[float]:
@@ -350,9 +374,12 @@ class PolicyWorker:
         if g_tokens == 0:  # every token rejected (rollout correction) on every rank: nothing to learn, no step
             metrics.setdefault("actor/empty_mini_batches", []).append(1.0)
             return
-        self.loss_config.global_batch_info = dict(dp_size=self.world, batch_num_tokens=g_tokens,
-                                                  global_batch_size=g_seqs,
-                                                  loss_scale_factor=self.max_response_length)  # fmt: skip
+        self.loss_config.global_batch_info = dict(
+            dp_size=self.world,
+            batch_num_tokens=g_tokens,
+            global_batch_size=g_seqs,
+            loss_scale_factor=self.max_response_length,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         stats = _MiniBatchStats()
         targets = (advantages, old, ref, weights, rewards)
@@ -361,16 +388,26 @@ class PolicyWorker:
         stats.into(metrics, max(float(mini.response_mask.sum()), 1.0))
         losses = [v for v in metrics.get("actor/pg_loss", []) if not math.isfinite(v)]
         gn = clip_and_step(
-            self.optimizer, self.actor_cfg.grad_clip, self.device if self.offload_optimizer else None,
-            lambda gn: f"non-finite gradient norm ({gn}) in the update"
-            + (f" (non-finite loss: {losses[0]})" if losses else "")
-            + "; the weights were not changed. Usual causes: a learning rate too high for this model, fp16 "
-            "overflow, a reward that was inf/NaN upstream",
-        )  # fmt: skip
+            self.optimizer,
+            self.actor_cfg.grad_clip,
+            self.device if self.offload_optimizer else None,
+            lambda gn: (
+                f"non-finite gradient norm ({gn}) in the update"
+                + (f" (non-finite loss: {losses[0]})" if losses else "")
+                + "; the weights were not changed. Usual causes: a learning rate too high for this model, fp16 "
+                "overflow, a reward that was inf/NaN upstream"
+            ),
+        )
         metrics.setdefault("actor/grad_norm", []).append(gn)
 
-    def _micro_step(self, mb: ModelInputs, idx: list[int], targets: tuple[torch.Tensor | None, ...],
-                    lazy_correction: bool, stats: _MiniBatchStats) -> None:  # fmt: skip
+    def _micro_step(
+        self,
+        mb: ModelInputs,
+        idx: list[int],
+        targets: tuple[torch.Tensor | None, ...],
+        lazy_correction: bool,
+        stats: _MiniBatchStats,
+    ) -> None:
         """Forward and backward of one micro-batch (rows ``idx`` of the mini-step's inputs, ``mb`` on the device):
         the algorithm's loss on its data (``targets``: advantages, old, ref log-probs, correction weights, rewards),
         its diagnostics into ``stats``."""
@@ -393,17 +430,19 @@ class PolicyWorker:
         if adv.dim() == 1:
             adv = adv.unsqueeze(-1).expand_as(lp)
         data = {
-            "responses": mb.responses, "response_mask": mask, "attention_mask": mb.attention_mask,
-            "old_log_probs": old_lp, "log_probs": lp, "advantages": adv, "entropy": ent,
+            "responses": mb.responses,
+            "response_mask": mask,
+            "attention_mask": mb.attention_mask,
+            "old_log_probs": old_lp,
+            "log_probs": lp,
+            "advantages": adv,
+            "entropy": ent,
             "ref_log_probs": None if ref is None else ref[idx, :R].to(lp.device),
             "rollout_is_weights": w,
             "response_lengths": mask.sum(-1),
             "rewards": None if rewards is None else on_last_tokens(rewards[idx].to(lp.device), mask),
-        }  # fmt: skip
-        self.algorithm.loss_config = self.loss_config
-        step = int(self.scheduler.last_epoch) + 1
-        out = call_hook(self.algorithm, "compute_loss", step, data)
-        loss, loss_metrics = checked_loss(self.algorithm, out, step)
+        }
+        loss, loss_metrics = self._loss(data)
         pg_loss = loss_metrics.pop("pg_loss", float(loss.detach()))
         if mb.rollout_logprobs is not None and self.temperature == 1.0:
             # engine vs trainer log-probs of the same tokens: drifts when a weight push or M-RoPE input is wrong
@@ -418,6 +457,17 @@ class PolicyWorker:
             if name != "kl_loss":
                 stats.add(name if "/" in name else f"actor/{name}", float(value) * n_tok)
         stats.add("actor/entropy", float((ent.detach() * m).sum()))
+
+    def _loss(self, data: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The algorithm's loss on one micro-batch's data, checked (and, once a run, its path to the log-probs)."""
+        self.algorithm.loss_config = self.loss_config
+        step = int(self.scheduler.last_epoch) + 1
+        out = call_hook(self.algorithm, "compute_loss", step, data)
+        loss, loss_metrics = checked_loss(self.algorithm, out, step)
+        if not self._gradient_path_checked:
+            check_gradient_path(self.algorithm, out, data, step)
+            self._gradient_path_checked = True
+        return loss, loss_metrics
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def save(self, folder: str) -> None:
