@@ -41,6 +41,7 @@ from vlmrl.startup import stage
 from vlmrl.timing import Timer
 from vlmrl.tools.runner import ToolGroup, ToolRunner
 from vlmrl.workers.policy import PolicyWorker
+from vlmrl.workers.rendezvous import make_store
 from vlmrl.workers.sync import WeightMeta, WeightSync, meta_of
 
 
@@ -91,6 +92,7 @@ class HybridWorker:
         self.engine: Any = None
         self.agent: Any = None
         self.sync: Any = None
+        self._rendezvous: Any = None
         try:
             self._start(plan, rank, init_method)
         except BaseException:
@@ -154,13 +156,16 @@ class HybridWorker:
                 "another process may hold the rendezvous, or a firewall separates the nodes (README, GPUs and "
                 "clusters)",
             ):
-                dist.init_process_group(
-                    "nccl" if self.device == "cuda" else "gloo",
-                    init_method=init_method,
-                    rank=rank,
-                    world_size=plan.world,
-                    timeout=datetime.timedelta(seconds=arr.nccl_timeout),
-                )
+                timeout = datetime.timedelta(seconds=arr.nccl_timeout)
+                backend = "nccl" if self.device == "cuda" else "gloo"
+                if init_method.startswith("tcp://"):  # across machines: the gated store (workers/rendezvous.py)
+                    self._rendezvous = make_store(init_method, rank, plan.world, timeout)
+                    store = self._rendezvous.store
+                    dist.init_process_group(backend, store=store, rank=rank, world_size=plan.world, timeout=timeout)
+                else:
+                    dist.init_process_group(
+                        backend, init_method=init_method, rank=rank, world_size=plan.world, timeout=timeout
+                    )
 
     def _load_models(self, plan: WorkerPlan, who: str, policy: bool) -> None:
         """The models this worker holds: the policy and reference (or a rollout worker's own HF copy), the critic,
@@ -535,3 +540,5 @@ class HybridWorker:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - vLLM's external launcher may have destroyed it
                 pass
+        if self._rendezvous is not None:
+            self._rendezvous.close()

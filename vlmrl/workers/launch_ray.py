@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import socket
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from vlmrl.config.plan import WorkerPlan, per_node, planned_device, ray_address,
 from vlmrl.startup import StartupFailure, failure_of
 from vlmrl.timing import Timer
 from vlmrl.workers.group import Pending, WorkerError, WorkerGroup, worker_env
+from vlmrl.workers.rendezvous import new_secret, tcp_address
 
 
 class StartupFailed(Exception):
@@ -71,13 +71,14 @@ def __getattr__(name: str) -> Any:
 
 
 def _rendezvous() -> tuple[str, int]:
-    """This node's address (as Ray sees it) and a free port: rank 0's TCP rendezvous."""
+    """This node's address (as Ray sees it) and a free port on it: where rank 0's gated TCP store
+    (``vlmrl.workers.rendezvous``) listens, on that interface only."""
     import ray
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = int(s.getsockname()[1])
-    return ray.util.get_node_ip_address(), port
+    from vlmrl.workers.rendezvous import gate_port_free
+
+    addr = ray.util.get_node_ip_address()
+    return addr, gate_port_free(addr)
 
 
 def new_token_file() -> str:
@@ -214,10 +215,11 @@ class RayWorkerGroup(WorkerGroup):
         self._first = strategy(0)
         master = ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=self._first)
         addr, port = ray.get(master.remote())
+        init = tcp_address(addr, port, new_secret())  # the secret travels over Ray's authenticated channel
         remote = ray.remote(_ray_worker_class())
         self.workers = [
             remote.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=strategy(i), max_concurrency=1).remote(
-                plan, i, f"tcp://{addr}:{port}"
+                plan, i, init
             )
             for i in range(self.world)
         ]
@@ -232,7 +234,7 @@ class RayWorkerGroup(WorkerGroup):
         import ray
 
         addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous).options(scheduling_strategy=self._first).remote())
-        return f"tcp://{addr}:{port}"
+        return tcp_address(addr, port, new_secret())
 
     def _placement(self, per: int) -> list[str]:
         """Each rank's Ray node id, read back from the cluster; a node's group spread over machines (what

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vlmrl.workers.rendezvous import make_store
+
 BUCKET_BYTES = 256 * 2**20
 """Largest bucket broadcast at once (a tensor larger than it goes alone)."""
 
@@ -66,21 +68,15 @@ def meta_of(named: Iterable[tuple[str, torch.Tensor]]) -> list[WeightMeta]:
 
 
 class WeightSync:
-    """One member of the sync group. ``init``: ``file://PATH`` or ``tcp://HOST:PORT`` (the sender hosts the store);
-    rank 0 sends, the others receive."""
+    """One member of the sync group. ``init``: ``file://PATH`` or ``tcp://HOST:PORT?auth=SECRET`` (the sender hosts
+    the store behind ``vlmrl.workers.rendezvous``'s gate); rank 0 sends, the others receive."""
 
     def __init__(self, init: str, rank: int, world: int, device: str, meta: list[WeightMeta], timeout_s: float) -> None:
         """Join the group (every member must, at about the same time: it is a rendezvous)."""
         self.rank, self.world, self.device, self.meta = rank, world, device, list(meta)
         timeout = datetime.timedelta(seconds=timeout_s)
-        if init.startswith("file://"):
-            store: dist.Store = dist.FileStore(init.removeprefix("file://"), world)
-        elif init.startswith("tcp://"):
-            host, port = init.removeprefix("tcp://").rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timeout)
-        else:
-            raise ValueError(f"weight sync rendezvous {init!r}: expected file://PATH or tcp://HOST:PORT")
-        store = dist.PrefixStore("vlmrl-weight-sync", store)
+        self._rendezvous = make_store(init, rank, world, timeout)  # (tcp: gated, on the sender's interface)
+        store = dist.PrefixStore("vlmrl-weight-sync", self._rendezvous.store)
         if device == "cuda":
             self.group: dist.ProcessGroup = dist.ProcessGroupNCCL(store, rank, world)
         else:  # (on one machine the local launcher's workers bind gloo to loopback: GLOO_SOCKET_IFNAME=lo)
@@ -140,3 +136,4 @@ class WeightSync:
                 shutdown()
             except Exception:  # noqa: BLE001 - a peer may be gone already
                 pass
+        self._rendezvous.close()
