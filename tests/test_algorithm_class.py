@@ -247,6 +247,11 @@ def test_the_class_state_resumes_from_the_checkpoint(tiny_model_dir, colour_data
     step3 = [r for r in metrics(out) if r["step"] == 3]
     assert step3 and step3[-1]["algorithm/after_calls"] == 3 and step3[-1]["algorithm/marker"] == 3, step3
     assert "resume: algorithm.scale=0.5 (the config's; the checkpoint had 1.0)" in log
+    # a run with nothing left to do logs no step: it prints no health summary (the previous run's was printed as its
+    # own, issue 44 item 11)
+    assert "[vlmrl] health:" in log
+    again = train_here_to_end(base_args(tiny_model_dir, colour_data, out, "trainer.total_training_steps=3", *fast))
+    assert "resumed from" in again and "[vlmrl] health:" not in again
 
 
 def test_the_report_shows_the_algorithm_and_rollout_correction_metrics(tmp_path: Path) -> None:

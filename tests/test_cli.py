@@ -79,11 +79,22 @@ def test_analyze_json_and_listing(run_dir: Path, capsys) -> None:
     [
         ("rewrd/mean", "not logged by this run; did you mean reward/mean"),
         ("mean", "is ambiguous"),
+        (",", "names no metric"),
+        (" , ,", "names no metric"),
     ],
 )
 def test_analyze_names_a_wrong_metric(run_dir: Path, capsys, metric: str, message: str) -> None:
     assert main(["analyze", "--log-dir", str(run_dir), "--metric", metric]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_analyze_json_is_strict_json_when_values_are_not_finite(tmp_path: Path, capsys) -> None:
+    """NaN and overflowed values print as null (JSON has no NaN or Infinity; Python's default would write them)."""
+    rows = [{"step": 1, "loss": float("nan")}, {"step": 2, "loss": float("inf")}, {"step": 3, "loss": 1e308}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["analyze", "--log-dir", str(tmp_path), "--metric", "loss", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
+    assert [r["loss"] for r in out["rows"]] == [None, None, 1e308] and out["summary"]["loss"]["steps"] == 1
 
 
 def test_analyze_a_missing_run(tmp_path: Path, capsys) -> None:

@@ -103,6 +103,22 @@ def test_pairs_that_cannot_teach_and_empty_inputs_are_refused(tiny_model_dir, co
     with pytest.raises(SystemExit) as stop:
         main([*args, "--steps", "0"])
     assert stop.value.code == 2 and "--steps must be >= 1, got 0" in capsys.readouterr().err and not out.exists()
+    # the judge trainer the same way, and bad numbers and files that are not parquet named in one line each
+    from vlmrl.reward_model.train_judge import main as judge_main
+
+    (tmp_path / "not.parquet").write_text("x")
+    for trainer in (main, judge_main):
+        for extra, message in (
+            (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+            (["--lr", "-1"], "--lr must be a finite number > 0"),
+            (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        ):
+            with pytest.raises(SystemExit) as stop:
+                trainer([*args, *extra])
+            assert stop.value.code == 2 and message in capsys.readouterr().err
+        bad = ["--model", tiny_model_dir, "--data", str(tmp_path / "not.parquet"), "--output", str(out)]
+        assert trainer(bad) == 2
+        assert "not.parquet: not a readable parquet file" in capsys.readouterr().err and not out.exists()
 
 
 def test_labelled_candidates_are_labelled_by_the_reward_function(tiny_model_dir, colour):

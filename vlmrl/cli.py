@@ -20,6 +20,7 @@ import difflib
 import json
 import math
 import sys
+from typing import Any
 
 COMMANDS = ("train", "report", "export", "analyze")
 
@@ -100,6 +101,8 @@ def analyze(argv: list[str]) -> int:
         return 0
     try:
         names = [_resolve(m.strip(), available) for m in a.metric.split(",") if m.strip()]
+        if not names:
+            raise ValueError(f"--metric {a.metric!r} names no metric (comma-separated names; omit it to list them)")
     except ValueError as e:
         print(f"vlmrl analyze: {e}", file=sys.stderr)
         return 2
@@ -110,10 +113,22 @@ def analyze(argv: list[str]) -> int:
         print(f"vlmrl analyze: wrote {plot_metrics(rows, names, a.plot, run.name)}", file=sys.stderr)
     if a.json:
         table = [{"step": r["step"], **{n: r.get(n) for n in names}} for r in shown]
-        print(json.dumps({"run": run.name, "rows": table, "summary": summary}))
+        # strict JSON: a value that is not finite (NaN, an overflow) is null, as JSON has no spelling for it
+        print(json.dumps(_finite({"run": run.name, "rows": table, "summary": summary}), allow_nan=False))
     else:
         _print_table(shown, names, summary)
     return 0
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every float that is not finite replaced by None (recursively)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _summary(vals: list[float]) -> dict[str, float]:

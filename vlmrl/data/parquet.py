@@ -69,7 +69,10 @@ class ParquetSource:
         self.image_key = image_key
         self.video_key = video_key
         self.cache_row_groups = max(1, cache_row_groups)
-        pf = self._file()
+        try:
+            pf = self._file()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
         md = pf.metadata
         self.num_rows = md.num_rows
         self.columns = pf.schema_arrow.names

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from collections.abc import Callable
@@ -351,6 +352,16 @@ def _save(model: torch.nn.Module, processor: Any, folder: Path, info: dict[str, 
     (folder / "vlmrl_reward_model.json").write_text(json.dumps(info, indent=2))
 
 
+def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace, counts: tuple[str, ...]) -> None:
+    """The trainers' numbers before anything loads: each of ``counts`` >= 1, ``--lr`` a finite number > 0 (argparse's
+    usage error, exit 2)."""
+    for flag in counts:
+        if getattr(a, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        ap.error(f"--lr must be a finite number > 0, got {a.lr}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -370,9 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
-    for flag in ("steps", "batch_size", "pairs_per_record"):
-        if getattr(a, flag) < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    check_arguments(ap, a, ("steps", "batch_size", "pairs_per_record"))
     try:
         train_reward_model(
             a.model,

@@ -33,7 +33,7 @@ from vlmrl.models.forward import response_logprobs
 from vlmrl.models.inputs import build_inputs, expand_pads, process_images, to_device
 from vlmrl.models.trainable import check_output_folder, load_model
 from vlmrl.reward_model.judge import judge_prompt
-from vlmrl.reward_model.train import Pairs, load_pairs, optimise
+from vlmrl.reward_model.train import Pairs, check_arguments, load_pairs, optimise
 
 VERDICTS = ("0", "1")
 """The verdicts taught: wrong, right."""
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--template", default=DEFAULT_JUDGE_TEMPLATE, help="reward_model.judge.prompt_template")
     ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output")
     a = ap.parse_args(argv)
+    check_arguments(ap, a, ("steps", "batch_size"))
     try:
         train_judge(
             a.model,

@@ -712,8 +712,8 @@ class Trainer:
         for workers in (pool, group):  # (the rollout pool of hybrid_engine=False first)
             if workers is not None:
                 workers.shutdown(grace_s)
-        if quiet or tracker is None or not tracker.jsonl_path.exists():
-            return
+        if quiet or tracker is None or not tracker.logged or not tracker.jsonl_path.exists():
+            return  # (a run that logged no step has no curve or health of its own: not the previous run's)
         try:
             plot_curve(tracker.jsonl_path, self.out_dir / "reward_curve.png")
             print("[vlmrl] " + health_summary(load_run(self.out_dir).rows).replace("\n", "\n[vlmrl] "), flush=True)

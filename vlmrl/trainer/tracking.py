@@ -39,6 +39,8 @@ class Tracker:
         self.jsonl_path = self.out_dir / "metrics.jsonl"
         self._jsonl: Any = None
         self._fresh = fresh
+        self.logged = 0
+        """Steps this tracker logged (a run that logged none has no curve or health of its own to show)."""
         self._tb = None
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
@@ -60,6 +62,7 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Record one step's metrics everywhere."""
         clean = {k: _plain(v) for k, v in metrics.items()}
+        self.logged += 1
         if self._jsonl is None and "jsonl" in self.loggers:
             if self._fresh and self.jsonl_path.exists() and self.jsonl_path.stat().st_size:
                 old = self.jsonl_path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
