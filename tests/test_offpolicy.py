@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from runs import base_args, make_colour_data, metrics, processes, run_to_end
+
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
 from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
@@ -141,6 +141,33 @@ def test_a_sender_that_yields_other_tensors_than_announced_fails_naming_them() -
     sync.meta, sync._buckets, sync.device = [WeightMeta("a", (2,), "float32")], [[0]], "cpu"
     with pytest.raises(RuntimeError, match=r"tensor 0 is b \(2,\) torch.float32, the rollout workers expect a"):
         sync.send(iter([("b", torch.zeros(2))]))
+
+
+def test_a_sync_blocked_by_a_dead_rollout_worker_is_reported_at_once() -> None:
+    """Issue 44 item 12: the training pool's send blocks in the broadcast when a rollout worker dies (until the
+    collective's timeout); the driver watches the other pool while it waits and names the dead worker at once."""
+    import time
+
+    from vlmrl.trainer.offpolicy import wait_watching
+    from vlmrl.workers.group import Pending, WorkerError
+
+    class Pool:
+        def __init__(self, dies_after: float) -> None:
+            self.t0, self.dies_after = time.monotonic(), dies_after
+
+        def dead_worker_error(self, stage: str) -> WorkerError | None:
+            gone = time.monotonic() - self.t0 > self.dies_after
+            return WorkerError(f"rollout worker 1 died during the {stage}") if gone else None
+
+    blocked = Pending(lambda: time.sleep(30) or [])
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="rollout worker 1 died during the weight sync"):
+        wait_watching(blocked, Pool(dies_after=0.3), "weight sync", poll_s=0.1)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5
+    assert wait_watching(Pending(lambda: [1, 2]), Pool(dies_after=60), "weight sync") == [1, 2]
+    failing = Pending(lambda: (_ for _ in ()).throw(WorkerError("worker 0 failed")))
+    with pytest.raises(WorkerError, match="worker 0 failed"):
+        wait_watching(failing, Pool(dies_after=60), "weight sync")
 
 
 def test_prompts_split_over_engine_groups_and_seeds_depend_on_the_step_only() -> None:
@@ -395,7 +422,6 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
     import time
 
     import psutil
-
     from runs import ENV, Run, wait_for_step
 
     out = tmp_path / "run"

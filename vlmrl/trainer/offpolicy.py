@@ -18,6 +18,7 @@ again, from the checkpoint's weights and the batch's own seed.
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,28 @@ class InFlight:
     sampler_state: dict[str, Any]
     """The sampler before these prompts were drawn (what a checkpoint records: a resumed run draws them again)."""
     seed: int
+
+
+def wait_watching(pending: Pending, other: WorkerGroup, stage: str, poll_s: float = 0.5) -> list[Any]:
+    """``pending.result()``, while watching the other pool: a worker of ``other`` that died (its peers then block in
+    the collective until their timeout) is reported at once, not after ``trainer.worker_timeout_s``."""
+    box: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            box["result"] = pending.result()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    waiter = threading.Thread(target=wait, name=f"vlmrl-{stage}", daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(poll_s)
+        if waiter.is_alive() and (dead := other.dead_worker_error(stage)) is not None:
+            raise dead
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 class OffPolicyRollout(Rollouts):
@@ -79,7 +102,7 @@ class OffPolicyRollout(Rollouts):
         send, receive = self.trainer.send_weights(), self.pool.receive_weights()
         for pending, other in ((send, self.pool), (receive, self.trainer)):
             try:
-                pending.result()
+                wait_watching(pending, other, "weight sync")
             except WorkerError as e:  # a broken broadcast: name the other pool's worker when it is the one gone
                 dead = other.dead_worker_error("weight sync")
                 if dead is not None:
