@@ -29,8 +29,9 @@ def _models() -> str:
 def _data() -> str:
     import tempfile
 
-    from runs import make_colour_data
     from utils import cached_verl_home
+
+    from runs import make_colour_data
 
     with tempfile.TemporaryDirectory() as tmp:
         make_colour_data(Path(tmp) / "colour")

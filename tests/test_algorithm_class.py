@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from runs import base_args, make_colour_data, metrics, run_example, run_to_end, train_here, train_here_to_end
 
+from runs import base_args, make_colour_data, metrics, run_example, run_to_end, train_here, train_here_to_end
 from vlmrl.config import ConfigError, load
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 import pytest
-from runs import base_args, make_colour_data, metrics, train_here_to_end
 
+from runs import base_args, make_colour_data, metrics, train_here_to_end
 from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings
 
 

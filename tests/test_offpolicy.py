@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import base_args, make_colour_data, metrics, processes, run_to_end
 
+from runs import base_args, make_colour_data, metrics, processes, run_to_end
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
 from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
@@ -422,6 +422,7 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
     import time
 
     import psutil
+
     from runs import ENV, Run, wait_for_step
 
     out = tmp_path / "run"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from runs import base_args, make_colour_data, metrics, run_example, train_here_to_end
 
 

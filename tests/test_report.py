@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 from PIL import Image
-from runs import ENV, Run, base_args, train_here_to_end, wait_for_step
 
+from runs import ENV, Run, base_args, train_here_to_end, wait_for_step
 from vlmrl.report import build_report, check_health, load_run
 from vlmrl.report.data import ema
 from vlmrl.report.panels import PANELS, draw

@@ -172,7 +172,6 @@ def test_verls_rollout_correction_keys_train_through_the_launch_command(tiny_mod
 
 def test_config_refusals(tmp_path) -> None:
     from runs import make_colour_data
-
     from vlmrl.config import ConfigError, load
 
     data = make_colour_data(tmp_path / "data")
