@@ -239,6 +239,24 @@ def test_a_folder_that_holds_a_model_is_not_overwritten_without_the_flag(
     assert (base / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]
 
 
+def test_export_names_an_output_that_is_a_file_and_a_base_model_it_cannot_load(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 item 11: an --output that is a file is refused before anything loads; a --model hub id that cannot
+    be fetched (offline) is one line and exit 2, not a traceback."""
+    import huggingface_hub.constants
+
+    from vlmrl.export import main as export
+
+    (tmp_path / "a-file").write_text("x")
+    assert export(["--checkpoint", str(run), "--output", str(tmp_path / "a-file")]) == 2
+    assert "a-file is a file, not a folder" in capsys.readouterr().err
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert export(["--checkpoint", str(run), "--output", str(tmp_path / "o"), "--model", "someorg/somemodel"]) == 2
+    err = capsys.readouterr().err
+    assert "the base model could not be loaded" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("template", "why"),
     [

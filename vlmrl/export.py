@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError, UnsafeCheckpointError) as e:
         print(f"vlmrl.export: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the base model (transformers' loaders): a hub id offline, a folder missing files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(
+            f"vlmrl.export: the base model could not be loaded ({first}); give --model a local folder", file=sys.stderr
+        )
+        return 2
     print(f"[vlmrl] exported {a.checkpoint} -> {out} ({sw.elapsed:.1f} s)")
     return 0
 

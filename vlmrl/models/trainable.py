@@ -265,6 +265,8 @@ def check_output_folder(output: str | os.PathLike, overwrite: bool = False) -> N
     unless ``overwrite`` (``--overwrite``): an output folder that is a base model's, or another run's, would lose its
     weights and config. FileExistsError naming the folder and the flag."""
     folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{folder} is a file, not a folder: give a folder for the model (--output)")
     held = [p.name for p in (folder.glob("*.safetensors") if folder.is_dir() else [])][:3]
     held += ["config.json"] if (folder / "config.json").is_file() else []
     if held and not overwrite:
