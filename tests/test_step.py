@@ -197,3 +197,23 @@ def test_driver_hooks_are_bounded_and_whatever_they_do_stops_the_run_by_name(tmp
             after_train_step(build_algorithm(f"{spec}:Metrics", {"value": value}), {}, 1)
     assert after_train_step(build_algorithm(f"{spec}:Metrics", {"value": None}), {}, 1) == {}
     assert after_train_step(build_algorithm(f"{spec}:Metrics", {"value": {"a": 2}}), {}, 1) == {"algorithm/a": 2.0}
+
+
+def test_non_finite_advantages_blame_the_input_that_is_not_finite() -> None:
+    """Issue 44 item 11: a NaN or diverged critic was reported as "non-finite advantages or returns from scores
+    [0.0, ...]" (blaming the scores); the message names the first input that is not finite."""
+    import torch
+
+    from vlmrl.trainer.step import TokenBatch, nonfinite_cause
+
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    fine = torch.zeros(2, 3)
+    padded_nan = fine.clone()
+    padded_nan[1, 2] = float("nan")  # under the mask's padding: not an input
+    for values, old, expected in (
+        (torch.full((2, 3), float("inf")), fine, "the critic's values are not finite"),
+        (fine, torch.full((2, 3), float("nan")), "the old log-probs are not finite"),
+        (padded_nan, fine, "from finite inputs (scores [0.0, 1.0])"),
+    ):
+        tb = TokenBatch(mask=mask, old_logprobs=old, ref_logprobs=fine, values=values)
+        assert expected in nonfinite_cause(tb, fine, [0.0, 1.0])

@@ -116,6 +116,24 @@ def gather_prepared(shards: list[TrainShard], prepared: list[PreparedShard], bat
     return TokenBatch(mask, gather("old_logprobs"), gather("ref_logprobs"), gather("values"), gather("sum_pi_squared"))
 
 
+def nonfinite_cause(tb: TokenBatch, rewards: torch.Tensor, scores: list[float]) -> str:
+    """Why the advantages or returns are not finite, blaming the first input that is not: the critic's values (a
+    diverged critic), the old or reference log-probs (the in-reward KL), the scores; else the estimator itself."""
+    m = tb.mask > 0
+    for name, t, fix in (
+        ("the critic's values", tb.values, "the critic diverged: a smaller critic.optim.lr, critic.grad_clip"),
+        ("the old log-probs", tb.old_logprobs, "the policy's forward gave NaN or inf"),
+        ("the reference log-probs", tb.ref_logprobs, "the reference's forward gave NaN or inf"),
+        ("the token rewards (scores minus the in-reward KL)", rewards, "check the scores and algorithm.kl_ctrl"),
+    ):
+        if t is not None and not torch.isfinite(t[m] if t.shape == m.shape else t).all():
+            return f"non-finite advantages or returns: {name} are not finite ({fix})"
+    return (
+        f"non-finite advantages or returns from finite inputs (scores {scores[:16]}): the estimator produced them "
+        "(a registered estimator dividing by a zero variance?)"
+    )
+
+
 def token_targets(
     step: StepData, tb: TokenBatch, alg: AlgorithmConfig, kl_ctrl: KLController | None
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
@@ -142,7 +160,7 @@ def token_targets(
         sum_pi_squared=tb.sum_pi_squared,
     )
     if not (torch.isfinite(adv).all() and torch.isfinite(returns).all()):
-        raise FloatingPointError(f"non-finite advantages or returns from scores {step.scores.scores[:16]}")
+        raise FloatingPointError(nonfinite_cause(tb, rewards, step.scores.scores))
     if tb.values is None:
         return adv, None, metrics
     metrics["critic/vf_explained_var"] = explained_variance(tb.values, returns, tb.mask)
