@@ -110,13 +110,19 @@ def _host(host: str, port: int, key: bytes, world: int, timeout: datetime.timede
             if not hmac.compare_digest(answer, hmac.new(key, nonce, hashlib.sha256).digest()):
                 raise PermissionError("wrong answer")
             conn.settimeout(None)
-            _relay(conn, socket.create_connection(("127.0.0.1", local_port)))
-        except (OSError, PermissionError) as e:
+        except OSError as e:  # (PermissionError included)
             rv.refused.append(peer)
             if len(rv.refused) == 1:
                 why = f"no valid answer with the run's secret: {e}"
                 print(f"[vlmrl] rendezvous: refused {peer} ({why})", file=sys.stderr, flush=True)
             conn.close()
+            return
+        try:
+            store_side = socket.create_connection(("127.0.0.1", local_port))
+        except OSError:  # the store is gone (the run is ending)
+            conn.close()
+            return
+        _relay(conn, store_side)
 
     _serve(gate, admit)
     return rv
