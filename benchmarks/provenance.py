@@ -6,8 +6,8 @@ measured, at which commit, with which command, and how many commits have changed
 not fail: a figure is re-measured when its code changed in a way that matters, which a reader judges.
 
 Results files written before the writer recorded the commit (``common.write_result`` refuses to write without it
-now) have none; for them the commit that last committed the file is shown, marked so: the measurement ran at or
-before it.
+now) have none; they record the commit that committed them (``committed_in``), shown marked so: the measurement
+ran at or before it.
 The documentation site shows the same provenance under every page that quotes a results file (``docs/hooks.py``).
 """
 
@@ -76,8 +76,10 @@ def of(name: str) -> dict[str, Any]:
     machine = data.get("machine") or {}
     commit = data.get("commit")
     recorded = bool(commit)
-    if not recorded:
-        commit = _git("log", "-1", "--format=%H", "--", f"benchmarks/results/{name}") or None
+    if not recorded:  # written before results recorded their commit: the commit that committed it (kept in the file)
+        commit = (
+            data.get("committed_in") or _git("log", "-1", "--format=%H", "--", f"benchmarks/results/{name}") or None
+        )
     command = data.get("command") or COMMANDS.get(name, "")
     paths = [*MEASURED_CODE, *([s] if (s := script_of(command)) else [])]
     since = _git("rev-list", "--count", f"{commit}..HEAD", "--", *paths) if commit else ""
@@ -86,7 +88,11 @@ def of(name: str) -> dict[str, Any]:
         where += f", {machine['cpu_count']} CPU cores"
     return {
         "file": name,
-        "date": str(data.get("date") or _git("log", "-1", "--format=%cs", "--", f"benchmarks/results/{name}")),
+        "date": str(
+            data.get("date")
+            or data.get("when")
+            or _git("log", "-1", "--format=%cs", "--", f"benchmarks/results/{name}")
+        ),
         "machine": where,
         "commit": commit,
         "recorded": recorded,

@@ -39,3 +39,21 @@ def test_the_writer_refuses_a_result_that_does_not_say_what_it_measured(tmp_path
     assert outside["commit"] is None and outside["dirty"] is None
     with pytest.raises(ValueError, match="commit, dirty"):
         common.write_result("example", good | outside)
+
+
+def test_every_committed_results_file_carries_its_commit_and_machine() -> None:
+    """Issue 43: each results file names the machine (CPU model and cores) and the date, and the commit it was
+    measured at (``commit``, with ``dirty`` and ``command``) or, for a file written before the writer recorded it,
+    the commit that committed it (``committed_in``); ``benchmarks/provenance.py`` describes each."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import provenance
+
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        assert (data.get("date") or data.get("when")) and (data.get("machine") or {}).get("cpu"), path.name
+        if data.get("commit"):
+            assert data.get("dirty") is not None and data.get("command"), path.name
+        else:
+            assert len(data.get("committed_in") or "") == 40, f"{path.name}: neither commit nor committed_in"
+        p = provenance.of(path.name)
+        assert p["commit"] and p["command"] and "CPU cores" in provenance.describe(p), path.name
