@@ -306,3 +306,24 @@ def test_on_resume_the_command_line_owns_what_it_changed_and_restored_values_are
         "algorithm.penalty=0.9 (the config's; the checkpoint had 0.5)"
     ]
     assert restored_algorithm_state({"penalty": 0.7}, {"penalty": 0.9}, {"penalty": 0.9}) == ({"penalty": 0.7}, [])
+
+
+def test_a_value_head_with_several_outputs_is_named(tiny_model_dir, tmp_path) -> None:
+    """Issue 44 item 11: a saved head whose bias has 3 values (a 3-label classifier) was reported as "shape '[1]' is
+    invalid for input of size 3"; it is named as what it is."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vlmrl.models.trainable import load_model
+    from vlmrl.models.value_head import add_value_head
+
+    folder = tmp_path / "three"
+    shutil.copytree(tiny_model_dir, folder)
+    [weights] = folder.glob("*.safetensors")
+    state = load_file(weights)
+    hidden = state["lm_head.weight"].shape[1]
+    state.update({"score.weight": torch.zeros(1, hidden), "score.bias": torch.zeros(3)})
+    save_file(state, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"score.weight's bias has 3 values; a value head has one output"):
+        add_value_head(load_model(str(folder), "cpu"), str(folder))

@@ -217,3 +217,35 @@ def test_non_finite_advantages_blame_the_input_that_is_not_finite() -> None:
     ):
         tb = TokenBatch(mask=mask, old_logprobs=old, ref_logprobs=fine, values=values)
         assert expected in nonfinite_cause(tb, fine, [0.0, 1.0])
+
+
+CLEARS = """
+from vlmrl.algorithms import RLAlgorithm
+
+
+class Clears(RLAlgorithm):
+    def before_train_step(self, step, data):
+        data.clear()
+
+
+class Deep(RLAlgorithm):
+    def __init__(self):
+        super().__init__()
+        self.deep = nested = []
+        for _ in range(5000):
+            nested.append([])
+            nested = nested[0]
+        self.count = 3
+"""
+
+
+def test_what_a_hook_does_to_its_data_or_its_state_is_named_not_a_traceback(tmp_path) -> None:
+    """Issue 44 item 11: ``data.clear()`` in ``before_train_step`` stops the run naming the class and what must stay;
+    an attribute nested too deep to be plain data is left out of the state (as any non-JSON attribute is)."""
+    from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
+    from vlmrl.trainer.step import before_train_step
+
+    (tmp_path / "hooks.py").write_text(CLEARS)
+    with pytest.raises(AlgorithmError, match=r"Clears.before_train_step at step 4: data\['rewards'\] must stay 4"):
+        before_train_step(build_algorithm(f"{tmp_path / 'hooks.py'}:Clears", {}), batch([0, 1], rid=0, start=0), 4)
+    assert build_algorithm(f"{tmp_path / 'hooks.py'}:Deep", {}).state_dict() == {"count": 3}

@@ -103,7 +103,7 @@ class RLAlgorithm:
                 continue
             try:
                 json.dumps(v)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):  # not plain data (or nested too deep to be): not state
                 continue
             out[k] = v
         return out

@@ -63,6 +63,11 @@ def add_value_head(model: torch.nn.Module, path: str) -> str:
             weight = state["weight"].reshape(1, -1)
             if weight.shape[1] != hidden:
                 raise ValueError(f"{path}: value head {source} has {weight.shape[1]} inputs, the model {hidden}")
+            if "bias" in state and state["bias"].numel() != 1:
+                raise ValueError(
+                    f"{path}: value head {source}'s bias has {state['bias'].numel()} values; a value head has one "
+                    "output (a classification head with several labels is not a critic or a reward model)"
+                )
             head.weight.copy_(weight)
             head.bias.copy_(state.get("bias", torch.zeros(1)).reshape(1))
     model.lm_head = head

@@ -292,7 +292,10 @@ def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int, timeout_s
         "components": step.scores.components,
     }
     call_hook(algo, "before_train_step", step_no, step_no, data, timeout_s=timeout_s)
-    shaped = torch.as_tensor(data["rewards"], dtype=torch.float32).reshape(-1)
+    try:
+        shaped = torch.as_tensor(data.get("rewards"), dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):  # removed, replaced by something that is not numbers
+        shaped = torch.empty(0)
     if shaped.shape != rewards.shape or not torch.isfinite(shaped).all():
         raise AlgorithmError(
             f"algorithm {type(algo).__name__}.before_train_step at step {step_no}: "
