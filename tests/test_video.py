@@ -318,10 +318,12 @@ def video_colour_data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl"])
 def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, video_colour_data, tmp_path, family):
-    """The video colour task learns (validation >= 0.9 after 70 steps) with the tiny Qwen2.5-VL and the tiny Qwen3-VL
-    (its frames behind text timestamps, positioned one by one)."""
+    """The video colour task learns (validation >= 0.9 after 70 steps) with the tiny Qwen2.5-VL: the video feature's
+    one end-to-end learning run. (Qwen3-VL's video path, its frames behind text timestamps, is checked exactly in
+    tests/test_families.py, and its learning on images by the Qwen3-VL quick start; benchmarks/bench_families.py
+    measures its video learning.)"""
     from runs import base_args, metrics, run_to_end
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 

@@ -23,9 +23,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
 
 GATE_TIMEOUT_S = 5.0
 """Seconds a connection to the gate has to answer its challenge."""
@@ -64,6 +67,8 @@ class Rendezvous:
 def make_store(init: str, rank: int, world: int, timeout: datetime.timedelta, host_rank: int = 0) -> Rendezvous:
     """The store of ``init`` for member ``rank`` of ``world`` (``host_rank`` hosts a TCP one): ``file://PATH``, or
     ``tcp://HOST:PORT?auth=SECRET`` served through the gate (see the module docstring)."""
+    import torch.distributed as dist  # (here: the driver imports this module for tcp_address without torch)
+
     if init.startswith("file://"):
         return Rendezvous(dist.FileStore(init.removeprefix("file://"), world))
     url = urlsplit(init)
@@ -87,6 +92,8 @@ def _listener(host: str, port: int) -> socket.socket:
 
 def _host(host: str, port: int, key: bytes, world: int, timeout: datetime.timedelta) -> Rendezvous:
     """The hosting rank: the store on loopback, the gate on ``host:port``."""
+    import torch.distributed as dist
+
     inner = _listener("127.0.0.1", 0)
     local_port = inner.getsockname()[1]
     store = dist.TCPStore(
@@ -130,6 +137,8 @@ def _host(host: str, port: int, key: bytes, world: int, timeout: datetime.timede
 
 def _member(host: str, port: int, key: bytes, world: int, timeout: datetime.timedelta) -> Rendezvous:
     """Another member: a relay on loopback that answers the gate's challenge for each of its connections."""
+    import torch.distributed as dist
+
     relay = _listener("127.0.0.1", 0)
 
     def forward(local: socket.socket, _peer: str) -> None:
