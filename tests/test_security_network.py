@@ -141,7 +141,7 @@ MEMBER = textwrap.dedent(
         deadline = time.monotonic() + 10  # (the gate's thread may still be closing the intruder's connection)
         while not rv.refused and time.monotonic() < deadline:
             time.sleep(0.05)
-        print("GATE REFUSED", len(rv.refused), flush=True)
+        print("GATE REFUSED", rv.refused, flush=True)
     dist.destroy_process_group()
     """
 )

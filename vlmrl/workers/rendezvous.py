@@ -51,8 +51,8 @@ class Rendezvous:
     """A store for ``torch.distributed`` and what serves it (closed with :meth:`close`)."""
 
     store: dist.Store
-    refused: list[str] = field(default_factory=list)
-    """Peers the gate refused (host:port), on the hosting rank."""
+    refused: int = 0
+    """Connections the gate refused, on the hosting rank (the first is named on stderr)."""
     _sockets: list[socket.socket] = field(default_factory=list)
 
     def close(self) -> None:
@@ -118,8 +118,8 @@ def _host(host: str, port: int, key: bytes, world: int, timeout: datetime.timede
                 raise PermissionError("wrong answer")
             conn.settimeout(None)
         except OSError as e:  # (PermissionError included)
-            rv.refused.append(peer)
-            if len(rv.refused) == 1:
+            rv.refused += 1
+            if rv.refused == 1:
                 why = f"no valid answer with the run's secret: {e}"
                 print(f"[vlmrl] rendezvous: refused {peer} ({why})", file=sys.stderr, flush=True)
             conn.close()
