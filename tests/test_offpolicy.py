@@ -155,7 +155,7 @@ def test_a_sync_blocked_by_a_dead_rollout_worker_is_reported_at_once() -> None:
         def __init__(self, dies_after: float) -> None:
             self.t0, self.dies_after = time.monotonic(), dies_after
 
-        def dead_worker_error(self, stage: str) -> WorkerError | None:
+        def dead_worker_error(self, stage: str, grace_s: float = 2.0) -> WorkerError | None:
             gone = time.monotonic() - self.t0 > self.dies_after
             return WorkerError(f"rollout worker 1 died during the {stage}") if gone else None
 
@@ -168,6 +168,34 @@ def test_a_sync_blocked_by_a_dead_rollout_worker_is_reported_at_once() -> None:
     failing = Pending(lambda: (_ for _ in ()).throw(WorkerError("worker 0 failed")))
     with pytest.raises(WorkerError, match="worker 0 failed"):
         wait_watching(failing, Pool(dies_after=60), "weight sync")
+
+
+def test_a_broken_broadcast_waits_briefly_for_the_peer_whose_kill_broke_it() -> None:
+    """A rollout worker killed by a signal resets its sockets before its exit can be collected, so the trainer's
+    broken broadcast arrives first (a CI run named the training worker's 'Connection reset by peer'); asked after
+    the break, the pool waits up to ``grace_s`` for a worker to end and names it. While polling (grace 0) an alive
+    pool answers at once."""
+    import time
+
+    from vlmrl.workers.launch_local import ProcessWorkerGroup
+
+    group = ProcessWorkerGroup.__new__(ProcessWorkerGroup)
+    group.role = "rollout"
+    group.procs = [mp.get_context("spawn").Process(target=time.sleep, args=(1.0 + i,)) for i in range(2)]
+    for p in group.procs:
+        p.start()
+    try:
+        t0 = time.monotonic()
+        assert group.dead_worker_error("weight sync", grace_s=0.0) is None
+        assert time.monotonic() - t0 < 0.2
+        assert group.dead_worker_error("weight sync", grace_s=0.05) is None
+        error = group.dead_worker_error("weight sync", grace_s=30.0)
+        assert error is not None and time.monotonic() - t0 < 10
+        assert str(error) == "rollout worker 0 died during weight sync (exit code 0)", str(error)
+    finally:
+        for p in group.procs:
+            p.kill()
+            p.join()
 
 
 def test_prompts_split_over_engine_groups_and_seeds_depend_on_the_step_only() -> None:

@@ -63,7 +63,7 @@ def wait_watching(pending: Pending, other: WorkerGroup, stage: str, poll_s: floa
     waiter.start()
     while waiter.is_alive():
         waiter.join(poll_s)
-        if waiter.is_alive() and (dead := other.dead_worker_error(stage)) is not None:
+        if waiter.is_alive() and (dead := other.dead_worker_error(stage, grace_s=0.0)) is not None:
             raise dead
     if "error" in box:
         raise box["error"]

@@ -96,7 +96,7 @@ class WorkerGroup(ABC):
         """``method(*args[i])`` on worker i; results in rank order. The first failure raises ``WorkerError``."""
         return self.submit(stage, method, args).result()
 
-    def dead_worker_error(self, stage: str) -> WorkerError | None:
+    def dead_worker_error(self, stage: str, grace_s: float = 2.0) -> WorkerError | None:
         """The error naming a worker of this group whose process has ended (None: all alive, or a launcher that
         cannot tell): a peer's collective broken by it is reported as that worker's death."""
         return None

@@ -213,11 +213,14 @@ class ProcessWorkerGroup(WorkerGroup):
         self._pending = Pending(lambda: self._collect(stage, self.timeout_s, deadline))
         return self._pending
 
-    def dead_worker_error(self, stage: str) -> WorkerError | None:
-        """The error naming the first worker process of this group that has ended (None: all alive)."""
+    def dead_worker_error(self, stage: str, grace_s: float = 2.0) -> WorkerError | None:
+        """The error naming the first worker process of this group that has ended, waiting up to ``grace_s`` for
+        one to end (None: all alive). A process killed by a signal closes its sockets before its exit can be
+        collected, so a peer's broken collective is often seen first; the grace lets the death be the one named."""
+        ended = set(wait([p.sentinel for p in self.procs], timeout=grace_s))
         for rank, proc in enumerate(self.procs):
-            proc.join(timeout=0.5 if not proc.is_alive() else 0)
-            if not proc.is_alive():
+            # (a sentinel is ready when the process's files close, a moment before its exit can be collected)
+            if proc.sentinel in ended or not proc.is_alive():
                 return self._died(rank, stage)
         return None
 
