@@ -178,13 +178,16 @@ def test_the_ppo_preset_is_the_quick_start_with_ppo_overrides() -> None:
 @pytest.mark.slow
 def test_the_ppo_example_learns_the_quick_start_task(tmp_path) -> None:
     """``bash examples/ppo_cpu.sh`` (the quick start's pipeline with ``CONFIG=ppo_tiny_cpu``: GAE and a critic built
-    from the actor's checkpoint): greedy validation 0 before training, >= 0.9 after 120 steps; the critic's metrics
-    in every step's line; the critic's panel in the report."""
+    from the actor's checkpoint): greedy validation 0 before training, >= 0.9 at step 60 (the test stops the
+    example's 120 steps there, ``trainer.total_training_steps=60``, a Hydra override as a user passes one; the
+    learning rate is constant, so the curve to step 60 is the full run's: measured 0.33 / 1.00 / 1.00 at steps
+    20 / 40 / 60 on 2026-11-28, benchmarks/bench_ppo.py's seeds reach 0.9 by step 50); the critic's metrics in every
+    step's line; the critic's panel in the report."""
     out = tmp_path / "ppo"
-    log = run_example("ppo_cpu.sh", out, timeout=1200)
+    log = run_example("ppo_cpu.sh", out, "trainer.total_training_steps=60", timeout=1200)
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
-    assert val[0] <= 0.05 and val[120] >= 0.9, val
+    assert sorted(val) == [0, 60] and val[0] <= 0.05 and val[60] >= 0.9, val
     for key in (
         "critic/vf_loss",
         "critic/vf_clipfrac",

@@ -62,15 +62,16 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
 def test_the_quick_start_learns_with_qwen3_vl(tmp_path):
     """README, model families: ``FAMILY=qwen3_vl bash examples/quickstart_cpu.sh`` trains the tiny Qwen3-VL (16-px
     patches, DeepStack, interleaved M-RoPE) on the same task, and it learns: greedy validation at most 0.1 before
-    training, at least 0.9 at steps 40 and 80 (the issue's bar; measured 1.00 at both, benchmarks/bench_families.py),
-    the engine's log-probs equal to the trainer's after every push."""
+    training, at least 0.9 at step 40 (the issue's bar; measured 1.00 at 40 and 80, benchmarks/bench_families.py,
+    whose 80-step curve this run's first 40 steps are: the learning rate is constant), the engine's log-probs equal
+    to the trainer's after every push."""
     import json
 
     out = tmp_path / "quickstart"
     log = run_example(
         "quickstart_cpu.sh",
         out,
-        "trainer.total_training_steps=80",
+        "trainer.total_training_steps=40",
         "trainer.test_freq=40",
         timeout=1200,
         FAMILY="qwen3_vl",
@@ -78,7 +79,7 @@ def test_the_quick_start_learns_with_qwen3_vl(tmp_path):
     assert "[quickstart] tiny model: " in log and "tiny-qwen3vl-" in log and "(qwen3_vl)" in log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
-    assert sorted(val) == [0, 40, 80] and val[0] <= 0.1 and val[40] >= 0.9 and val[80] >= 0.9, val
+    assert sorted(val) == [0, 40] and val[0] <= 0.1 and val[40] >= 0.9, val
     assert max(r["rollout/logprob_diff"] for r in rows if r["step"] > 0) < 1e-3
 
 
@@ -105,42 +106,21 @@ def uninterrupted(tiny_model_dir, colour_data, tmp_path_factory) -> Path:
     return out
 
 
-def test_kill_driver_then_resume_matches_uninterrupted(tiny_model_dir, colour_data, uninterrupted, tmp_path):
-    """kill -9 of the driver after a checkpoint; ``resume_mode=auto`` continues with the same data order and RNG:
-    the resumed run's curve equals an uninterrupted run's, step for step; the engines' log-probs equal the
-    trainer's at every step (the weight push is exact)."""
-    extra = SIX_STEPS
-    ref_dir, cut_dir = uninterrupted, tmp_path / "interrupted"
+def test_a_dead_worker_stops_the_run_and_resume_matches_uninterrupted(
+    tiny_model_dir, colour_data, uninterrupted, tmp_path
+):
+    """A worker killed mid-run (``kill -9``, after the step-2 checkpoint): the driver stops with an error naming the
+    worker and the stage (no hang) and the checkpoint to resume from; a half-written next checkpoint (what a crash
+    while saving leaves) is ignored and removed; ``resume_mode=auto`` continues with the same data order and RNG, and
+    the resumed run's curve equals an uninterrupted run's step for step, the engines' log-probs equal to the
+    trainer's at every step (the weight push is exact). (A driver killed with ``kill -9``: its processes end with it,
+    test_every_worker_process_ends_with_the_driver; what it can leave behind is this half-written checkpoint.)"""
+    ref_dir, out = uninterrupted, tmp_path / "run"
     drift = [r["rollout/logprob_diff"] for r in metrics(ref_dir)]
     assert len(drift) == 6 and max(drift) < 1e-3, drift
-
-    cut = Run(base_args(tiny_model_dir, colour_data, cut_dir, *extra), ENV)
+    run = Run(base_args(tiny_model_dir, colour_data, out, *SIX_STEPS), ENV)
     try:
-        wait_for_step(cut, cut_dir, 3, timeout=600)
-        os.kill(cut.proc.pid, signal.SIGKILL)  # the driver, mid-run
-    finally:
-        cut.cleanup()
-    resumed_from = int((cut_dir / "latest_checkpointed_iteration.txt").read_text())
-    assert resumed_from in (2, 4)
-    again = run_to_end(base_args(tiny_model_dir, colour_data, cut_dir, *extra))
-    assert f"resumed from {cut_dir / f'global_step_{resumed_from}'} at step {resumed_from}" in again.output()
-    _compare_curves(metrics(ref_dir), metrics(cut_dir), CURVE_KEYS)
-    assert sorted(p.name for p in cut_dir.glob("global_step_*")) == ["global_step_2", "global_step_4", "global_step_6"]
-
-
-def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data, tmp_path):
-    """A worker killed mid-run: the driver stops with an error naming the worker and the stage (no hang), the last
-    checkpoint stays intact and the run resumes from it; a half-written checkpoint is ignored and removed."""
-    extra = (
-        "trainer.total_training_steps=5",
-        "trainer.save_freq=2",
-        "data.val_files=null",
-        "actor_rollout_ref.rollout.name=hf",
-    )
-    out = tmp_path / "run"
-    run = Run(base_args(tiny_model_dir, colour_data, out, *extra), ENV)
-    try:
-        wait_for_step(run, out, 2, timeout=600)
+        wait_for_step(run, out, 3, timeout=600)
         victims = run.workers()
         assert len(victims) == 2, [p.cmdline() for p in run.descendants()]
         victims[1].kill()
@@ -156,16 +136,16 @@ def test_worker_death_stops_driver_and_resume_works(tiny_model_dir, colour_data,
     assert "(killed by SIGKILL)" in text and "last complete checkpoint:" in text and "Traceback" not in text
     assert any(f"during {stage}" in text for stage in ("rollout", "update", "checkpoint save")), text[-3000:]
     last = int((out / "latest_checkpointed_iteration.txt").read_text())
-    assert last >= 2
+    assert last in (2, 4), last
     # a crash while writing the next checkpoint leaves only a .tmp folder behind
-    partial = out / f"global_step_{last + 1}.tmp" / "actor"
+    partial = out / f"global_step_{last + 2}.tmp" / "actor"
     partial.mkdir(parents=True)
     (partial / "__0_0.distcp").write_bytes(b"\0" * 100)
-    again = run_to_end(base_args(tiny_model_dir, colour_data, out, *extra))
+    again = run_to_end(base_args(tiny_model_dir, colour_data, out, *SIX_STEPS))
     assert f"resumed from {out / f'global_step_{last}'} at step {last}" in again.output()
     assert not partial.parent.exists()
-    steps = [r["step"] for r in metrics(out)]
-    assert steps == list(range(1, 6)), steps
+    _compare_curves(metrics(ref_dir), metrics(out), CURVE_KEYS)
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2", "global_step_4", "global_step_6"]
 
 
 def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninterrupted, tmp_path):
