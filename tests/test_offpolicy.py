@@ -491,53 +491,49 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(tiny_model_dir, colour_da
     assert "last complete checkpoint:" in text and "Traceback" not in text, text[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "extra",
-    [
-        (
-            "algorithm.adv_estimator=remax",
-            "actor_rollout_ref.model.lora_rank=4",
-            "actor_rollout_ref.rollout.name=hf",
-            "trainer.cpu_workers=2",
-            "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "trainer.total_training_steps=3",
-            "async.fallback_kl=1e-9",
-        ),
-        (
-            "algorithm.adv_estimator=gae",
-            "critic.optim.lr=2e-3",
-            "algorithm.use_kl_in_reward=True",
-            "trainer.total_training_steps=2",
-        ),
-    ],
-    ids=["remax-lora-hf-2-trainers", "critic-kl-in-reward"],
+REMAX_LORA_HF = (
+    "algorithm.adv_estimator=remax",
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.rollout.name=hf",
+    "trainer.cpu_workers=2",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "trainer.total_training_steps=3",
+    "async.fallback_kl=1e-9",
 )
-def test_other_estimators_and_models_run_off_policy(tiny_model_dir, colour_data, tmp_path, extra) -> None:
+
+
+@pytest.mark.slow
+def test_remax_with_lora_on_the_hf_rollout_and_two_trainers_runs_off_policy(
+    tiny_model_dir, colour_data, tmp_path
+) -> None:
     """ReMax (its greedy baseline rolled out on the pool before the next batch is launched) with LoRA and a fallback
     threshold every stale step exceeds, on the HF rollout (the GPU machines' rollout, where vLLM cannot be
     installed: the rollout worker holds a plain copy of the model the sync writes into) and 2 training workers
-    (the FSDP2 shards gathered, the LoRA weights merged, for the sync); and PPO with a critic and the in-reward KL
-    (values and reference on the training pool). The second step of each trains on the batch generated meanwhile."""
+    (the FSDP2 shards gathered, the LoRA weights merged, for the sync). The second step trains on the batch generated
+    meanwhile. (PPO with a critic and the in-reward KL off policy: tests/test_reward_model.py's
+    test_the_models_score_alone_on_the_one_step_off_policy_trainer_with_a_critic, whose run holds a reward model.)"""
     out = tmp_path / "run"
     run = run_to_end(
         base_args(
-            tiny_model_dir, colour_data, out, *POOLS, *extra, "trainer.val_before_train=false", "data.val_files=null"
+            tiny_model_dir,
+            colour_data,
+            out,
+            *POOLS,
+            *REMAX_LORA_HF,
+            "trainer.val_before_train=false",
+            "data.val_files=null",
         )
     )
     rows = metrics(out)
     assert [r["async/staleness"] for r in rows][:2] == [0.0, 1.0]
     assert all(r["actor/grad_norm"] > 0 for r in rows), rows
-    if "algorithm.adv_estimator=remax" in extra:
-        assert all(r["timing/baseline_s"] > 0 for r in rows)
-        assert "2 training worker(s)" in run.output() and "1 HF rollout model(s)" in run.output()
-        # step 2's drift trips the fallback: step 3 is generated from the weights after 2 updates (LoRA B no longer
-        # 0), merged and synced into the HF rollout's model: its log-probs equal the trainer's
-        keys = ("step", "async/staleness", "async/fallback", "rollout_corr/k3_kl", "rollout/logprob_diff")
-        assert rows[2]["async/fallback"] == 1.0 and rows[2]["async/staleness"] == 0.0, [
-            {k: r.get(k) for k in keys} for r in rows
-        ]
-        assert rows[1]["rollout/logprob_diff"] > 1e-4 >= rows[2]["rollout/logprob_diff"]
-    else:
-        assert all("critic/vf_loss" in r and "reward/kl_penalty" in r for r in rows)
+    assert all(r["timing/baseline_s"] > 0 for r in rows)
+    assert "2 training worker(s)" in run.output() and "1 HF rollout model(s)" in run.output()
+    # step 2's drift trips the fallback: step 3 is generated from the weights after 2 updates (LoRA B no longer
+    # 0), merged and synced into the HF rollout's model: its log-probs equal the trainer's
+    keys = ("step", "async/staleness", "async/fallback", "rollout_corr/k3_kl", "rollout/logprob_diff")
+    assert rows[2]["async/fallback"] == 1.0 and rows[2]["async/staleness"] == 0.0, [
+        {k: r.get(k) for k in keys} for r in rows
+    ]
+    assert rows[1]["rollout/logprob_diff"] > 1e-4 >= rows[2]["rollout/logprob_diff"]

@@ -695,10 +695,14 @@ def test_a_failing_reward_model_call_is_that_batchs_error(tiny_processor):
 
 
 @pytest.mark.slow
-def test_the_models_score_alone_on_the_one_step_off_policy_trainer(tiny_model_dir, trained, colour, tmp_path):
+def test_the_models_score_alone_on_the_one_step_off_policy_trainer_with_a_critic(
+    tiny_model_dir, trained, colour, tmp_path
+):
     """With no reward configured the model's score is the whole reward (verl's behaviour), and the reward model
     runs on the training pool of ``hybrid_engine=False`` (the rollout pool holds engines only): every sample is
-    scored, one step stale as the trainer's batches are."""
+    scored, one step stale as the trainer's batches are. The same run is the one-step trainer's PPO case: a critic
+    and the in-reward KL, values and reference on the training pool beside the reward model, each update with a
+    gradient (the off-policy tests' other estimators are in tests/test_offpolicy.py)."""
     folder, _ = trained
     rows = _run(
         tiny_model_dir,
@@ -710,12 +714,16 @@ def test_the_models_score_alone_on_the_one_step_off_policy_trainer(tiny_model_di
         "trainer.cpu_workers=1",
         "rollout.cpu_workers=1",
         "trainer.total_training_steps=3",
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=2e-3",
+        "algorithm.use_kl_in_reward=True",
     )
     steps = [r for r in rows if r["step"] > 0]
     assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0]
     assert all(r["reward_model/errors"] == 0 and r["reward/mean"] == r["reward/rm/mean"] for r in steps)
     components = {k.split("/")[1] for k in steps[0] if k.startswith("reward/") and k.count("/") == 2}
     assert components == {"rm"}, components
+    assert all(r["actor/grad_norm"] > 0 and "critic/vf_loss" in r and "reward/kl_penalty" in r for r in steps), steps
 
 
 def test_the_engine_sleeps_for_the_reward_model_and_wakes_for_the_next_rollout():
