@@ -100,7 +100,7 @@ def test_parameters_come_from_unknown_algorithm_keys(colour_data: Path, tmp_path
             "its constructor does not take these parameters (min_lenght)",
         ),
         ([f"algorithm.name={EXAMPLE}:NoSuchClass"], "has no function 'NoSuchClass'"),
-        (["algorithm.name=vlmrl.algos.losses.LossConfig"], "is not a subclass of vlmrl.algorithms.RLAlgorithm"),
+        (["algorithm.name=vlmrl.algorithms.losses.LossConfig"], "is not a subclass of vlmrl.algorithms.RLAlgorithm"),
         ([f"algorithm.name={EXAMPLE}:LengthAware", "+algorithm.min_length=9"], "need 0 < min_length <= max_length"),
     ],
 )

@@ -1,5 +1,5 @@
-"""vlmrl.algos on hand-computed examples: advantage estimators, the PPO loss (``losses.vanilla``), loss aggregation,
-KL, registries."""
+"""vlmrl.algorithms on hand-computed examples: advantage estimators, the PPO loss (``losses.vanilla``), loss
+aggregation, KL, registries."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vlmrl.algos import estimators
-from vlmrl.algos.core import aggregate, kl_penalty
-from vlmrl.algos.estimators import compute_advantages
-from vlmrl.algos.estimators import get_adv_estimator_fn as get_advantage_fn
-from vlmrl.algos.losses import LossConfig, get_policy_loss, vanilla
+from vlmrl.algorithms import estimators
+from vlmrl.algorithms.core import aggregate, kl_penalty
+from vlmrl.algorithms.estimators import compute_advantages
+from vlmrl.algorithms.estimators import get_adv_estimator_fn as get_advantage_fn
+from vlmrl.algorithms.losses import LossConfig, get_policy_loss, vanilla
 
 
 def ppo_loss(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean", **batch_info):
@@ -376,7 +376,7 @@ def test_user_policy_loss_from_file(tmp_path: Path):
     # plain REINFORCE (-A * logp), written as for verl: its signature, config.global_batch_info into agg_loss
     f = write(
         tmp_path / "my_loss.py",
-        "from vlmrl.algos.losses import agg_loss\n"
+        "from vlmrl.algorithms.losses import agg_loss\n"
         "def reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode='token-mean', config=None,\n"
         "              rollout_is_weights=None):\n"
         "    loss = agg_loss(-advantages * log_prob, response_mask, loss_agg_mode, **config.global_batch_info)\n"

@@ -626,6 +626,41 @@ def test_loss_and_correction_settings_outside_their_range_are_refused(
     assert overrides[-1].split("=")[0] in msg and reason in msg, msg
 
 
+COMPONENTS = (
+    "reward.components=[{function: format, weight: 0.1}, {function: accuracy, name: right, weight: 0.9}, "
+    "{function: my_reward.py:details, weight: 0}]"
+)
+"""Three components: format (the registry name), right (named), details (a file's function: its short name)."""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        (["algorithm.gdpo_reward_keys=[format,right]"], None),
+        (["algorithm.gdpo_reward_keys=[format,details/acc]"], None),  # a dict-valued component's entry
+        (["algorithm.gdpo_reward_keys=[format,accuracy]"], "'accuracy' is not a reward component"),
+        (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=right"], None),
+        (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"], None),  # verl's total
+        (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=rigth"], "'rigth' is neither"),
+    ],
+)
+def test_reward_keys_must_name_a_component_of_the_reward(
+    tmp_path: Path, overrides: list[str], refused: str | None
+) -> None:
+    """Issue 44 item 6: with a ``reward.components`` list the components' names are known before any reward runs,
+    so ``algorithm.gdpo_reward_keys`` and ``algorithm.filter_groups.metric`` that name none are refused at the gate,
+    listing the names (before, at step 1). A single reward function reports its keys only when it runs: not checked
+    here (tests/test_estimators.py: step 1 names the missing key)."""
+    line = geo3k_launch_line(tmp_path) + ["algorithm.adv_estimator=gdpo", COMPONENTS, *overrides]
+    if refused is None:
+        load(line)
+    else:
+        with pytest.raises(ConfigError) as e:
+            load(line)
+        assert refused in str(e.value) and "format, right, details" in str(e.value), str(e.value)
+    load(geo3k_launch_line(tmp_path) + ["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[anything]"])
+
+
 def test_a_critic_export_is_refused_as_the_policy(tmp_path: Path, tiny_model_dir: str) -> None:
     """Issue 44 item 7: a folder whose head is a score head (a critic's or reward model's export) and that holds no
     ``lm_head.weight`` would load as a policy with a random head, different on every load; the gate refuses it,

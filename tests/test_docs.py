@@ -56,7 +56,7 @@ def test_the_configuration_reference_lists_every_key_and_verl_rule(site: Path) -
 
 
 def test_the_api_reference_renders_the_extension_points_docstrings(site: Path) -> None:
-    from vlmrl.algos.algorithm import RLAlgorithm
+    from vlmrl.algorithms.algorithm import RLAlgorithm
     from vlmrl.tools.base import BaseTool
 
     text = _text(site / "reference" / "api" / "index.html")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from vlmrl.algos import estimators
-from vlmrl.algos.estimators import (
+from vlmrl.algorithms import estimators
+from vlmrl.algorithms.estimators import (
     ADV_ESTIMATORS,
     ESTIMATOR_NEEDS,
     EstimatorConfig,

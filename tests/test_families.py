@@ -220,7 +220,7 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
     """The trainer's forwards on every prompt kind give the same log-probs and PPO-loss gradients (fp32, <= 1e-5):
     shared-prompt (plain), full-sequence (gradient checkpointing), packed (both), and the batch split into
     token-budget micro-batches with their losses summed; with LoRA adapters too."""
-    from vlmrl.algos.losses import LossConfig, get_policy_loss
+    from vlmrl.algorithms.losses import LossConfig, get_policy_loss
     from vlmrl.workers.policy import token_micro_batches
 
     proc = tiny.processor

@@ -93,3 +93,49 @@ def test_no_function_in_vlmrl_is_over_60_lines() -> None:
                 if lines > 60:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "\n".join(long)
+
+
+DERIVED = ("planned_device", "planned_world", "separate_pools", "critic_plan", "launcher_of", "needs_of", "tp_size")
+"""``vlmrl.config.plan``'s derivations that the gate computes once into a ``RunPlan``."""
+DERIVING = {
+    "vlmrl/config/plan.py": "where they are defined, and run_plan",
+    "vlmrl/config/checks.py": "the value checks, which run before the plan exists (plugins load in them)",
+    "vlmrl/workers/launch_ray.py": "trainer.device=auto resolved against the cluster's resources, not this machine's",
+}
+
+
+def test_derived_values_are_computed_once_by_the_gate() -> None:
+    """Issue 42, one gate: outside the gate (``vlmrl/config``'s plan and value checks) and the Ray launcher, no module
+    derives device, launcher, pools, critic or the estimator's needs from a config: they read the ``RunPlan`` the
+    gate computed (``Composed.plan``). The plan the command line composes is the one its values give."""
+    import ast
+
+    calls = []
+    for path in sorted((REPO / "vlmrl").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in DERIVING:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in DERIVED:
+                    calls.append(f"{rel}:{node.lineno} {name}()")
+    assert not calls, "\n".join(calls)
+
+    from vlmrl.config.command import compose
+
+    composed = compose(
+        [
+            "actor_rollout_ref.model.path=m",
+            "data.train_files=t.parquet",
+            "trainer.device=cpu",
+            "trainer.cpu_workers=2",
+            "actor_rollout_ref.hybrid_engine=False",
+            "rollout.cpu_workers=1",
+            "algorithm.adv_estimator=gae",
+        ]
+    )
+    plan = composed.plan
+    assert plan is not None and (plan.device, plan.world, plan.rollout_world) == ("cpu", 2, 1), plan
+    assert plan.separate_pools and plan.critic is not None and plan.needs.critic and plan.launcher == "local"
+    assert plan.rollout_correction is not None and plan.rollout_correction.rollout_is == "token"  # TIS by default

@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from vlmrl.algos import losses
-from vlmrl.algos.losses import LossConfig, PolicyLossSettings, agg_loss, get_policy_loss
+from vlmrl.algorithms import losses
+from vlmrl.algorithms.losses import LossConfig, PolicyLossSettings, agg_loss, get_policy_loss
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runs import base_args, make_colour_data, metrics, train_here_to_end
-from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings
+from vlmrl.algorithms.losses import POLICY_LOSSES, LossConfig, PolicyLossSettings
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ SPY = """
 import json
 from pathlib import Path
 
-from vlmrl.algos.losses import get_policy_loss
+from vlmrl.algorithms.losses import get_policy_loss
 
 
 def spy(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
@@ -105,8 +105,8 @@ def test_a_loss_with_no_path_to_the_policy_stops_the_update(worker, kind: str) -
     micro-batch's check stops the update naming the loss, before any weight changes."""
     import torch
 
-    from vlmrl.algos.algorithm import AlgorithmError
-    from vlmrl.algos.losses import POLICY_LOSSES, register_policy_loss
+    from vlmrl.algorithms.algorithm import AlgorithmError
+    from vlmrl.algorithms.losses import POLICY_LOSSES, register_policy_loss
     from vlmrl.batch import TrainShard
 
     name = f"no_path_{kind}"

@@ -193,7 +193,7 @@ def test_gradient_checkpointing_gives_the_same_logprobs_loss_and_gradients(tiny_
     per-token log-probs, PPO + entropy loss and parameter gradients (fp32, <= 1e-5), on prompts with one image, two
     images and none. transformers keeps no KV cache under checkpointing, so the shared-prompt forward must step aside
     (it crashed at step 1 before: ``'NoneType' object has no attribute 'batch_select_indices'``)."""
-    from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
+    from vlmrl.algorithms.losses import LossConfig, agg_loss, get_policy_loss
 
     torch.manual_seed(3)
     models = {}

@@ -1,6 +1,6 @@
-"""An advantage estimator carries its own needs (``vlmrl.algos.estimators.Needs``, declared where it is registered):
-the config's checks, the plan and the trainer read the declaration, for a user's estimator as for the built-ins, and
-nothing in vlmrl compares an estimator's name."""
+"""An advantage estimator carries its own needs (``vlmrl.algorithms.estimators.Needs``, declared where it is
+registered): the config's checks, the plan and the trainer read the declaration, for a user's estimator as for the
+built-ins, and nothing in vlmrl compares an estimator's name."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runs import make_colour_data
-from vlmrl.algos.estimators import ADV_ESTIMATORS, ESTIMATOR_NEEDS, OWN_CONVENTION, Needs, estimator_needs
-from vlmrl.algos.ppo import token_advantages
+from vlmrl.algorithms.estimators import ADV_ESTIMATORS, ESTIMATOR_NEEDS, OWN_CONVENTION, Needs, estimator_needs
+from vlmrl.algorithms.ppo import token_advantages
 from vlmrl.config import ConfigError, load
 from vlmrl.config.plan import critic_enabled, needs_of
 
@@ -130,7 +130,7 @@ set (``adv_estimator in GROUP``); a lookup of a name in a registry is neither.""
 
 def test_no_estimator_name_is_compared_outside_its_registration() -> None:
     """Config, plan, trainer and workers decide by ``Needs``; the only names are where estimators are registered
-    (``vlmrl/algos/estimators.py``)."""
+    (``vlmrl/algorithms/estimators.py``)."""
     found = []
     for path in sorted((REPO / "vlmrl").rglob("*.py")):
         if path.name == "estimators.py":

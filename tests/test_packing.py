@@ -121,7 +121,7 @@ def test_packed_forward_equals_the_padded_forwards(tiny_processor, tiny_model_di
     """Same per-token log-probs, PPO loss and parameter gradients (fp32, <= 1e-5) as the padded forwards (full
     sequences, and each prompt once with its KV cache shared), and the same log-probs the sampler reported; no
     padding position runs."""
-    from vlmrl.algos.losses import LossConfig, get_policy_loss
+    from vlmrl.algorithms.losses import LossConfig, get_policy_loss
 
     torch.manual_seed(3)
     model = AutoModelForImageTextToText.from_pretrained(

@@ -13,8 +13,8 @@ import torch
 
 from runs import base_args, make_colour_data, metrics, run_to_end
 from vlmrl.algorithms import load_plugins
-from vlmrl.algos.estimators import ADV_ESTIMATORS, get_adv_estimator_fn
-from vlmrl.algos.losses import POLICY_LOSSES, LossConfig, get_policy_loss
+from vlmrl.algorithms.estimators import ADV_ESTIMATORS, get_adv_estimator_fn
+from vlmrl.algorithms.losses import POLICY_LOSSES, LossConfig, get_policy_loss
 
 BODY = """
 import json, os
@@ -71,7 +71,7 @@ def test_a_plugin_file_registers_its_names(tmp_path: Path, style: str) -> None:
         torch.testing.assert_close(out, (-1.0 - 2.0 + 0.5 + 0.5) / 4 * torch.tensor(1.0))
         assert m == {"actor/plain_pg_calls": 1.0}
         if style == "verl":  # verl's own built-ins are not copied over vlmrl's
-            assert get_policy_loss("vanilla").__module__ == "vlmrl.algos.losses"
+            assert get_policy_loss("vanilla").__module__ == "vlmrl.algorithms.losses"
     finally:
         ADV_ESTIMATORS.pop(est, None)
         POLICY_LOSSES.pop(loss, None)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from vlmrl.algos import ppo
-from vlmrl.algos.core import kl_penalty
-from vlmrl.algos.estimators import EstimatorConfig
+from vlmrl.algorithms import ppo
+from vlmrl.algorithms.core import kl_penalty
+from vlmrl.algorithms.estimators import EstimatorConfig
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

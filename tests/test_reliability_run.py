@@ -22,7 +22,7 @@ pytestmark = pytest.mark.serial  # runs alone in a parallel suite: a frozen work
 REPO = Path(__file__).resolve().parents[1]
 
 NAN_LOSS = """
-from vlmrl.algos.losses import vanilla
+from vlmrl.algorithms.losses import vanilla
 
 CALLS = {"n": 0}
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vlmrl.algos import rollout_correction as rc
+from vlmrl.algorithms import rollout_correction as rc
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from vlmrl.algos.filter_groups import choose_groups, enough, varying_groups
+from vlmrl.algorithms.filter_groups import choose_groups, enough, varying_groups
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch
 from vlmrl.scoring.manager import RewardOutput
 from vlmrl.trainer.step import StepData, assemble, plan_shards
@@ -130,7 +130,7 @@ def test_before_train_step_sees_the_tensors_compute_loss_sees(tmp_path) -> None:
     """Issue 44 item 13: the tutorials' class reads ``data["attention_mask"].sum(dim=1)`` in ``before_train_step``;
     the hook gets the batch as ``compute_loss`` names it (``responses`` [B, R], ``response_mask``, ``attention_mask``
     [B, P+R], ``prompts``), so the class runs unchanged but for its import line."""
-    from vlmrl.algos.algorithm import build_algorithm
+    from vlmrl.algorithms.algorithm import build_algorithm
     from vlmrl.trainer.step import before_train_step
 
     (tmp_path / "tutorial.py").write_text(TUTORIAL_CLASS)
@@ -176,7 +176,7 @@ def test_driver_hooks_are_bounded_and_whatever_they_do_stops_the_run_by_name(tmp
     than a dict of numbers is named, not a traceback."""
     import time
 
-    from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
+    from vlmrl.algorithms.algorithm import AlgorithmError, build_algorithm
     from vlmrl.trainer.step import after_train_step, before_train_step
 
     (tmp_path / "hooks.py").write_text(HOOKS)
@@ -242,7 +242,7 @@ class Deep(RLAlgorithm):
 def test_what_a_hook_does_to_its_data_or_its_state_is_named_not_a_traceback(tmp_path) -> None:
     """Issue 44 item 11: ``data.clear()`` in ``before_train_step`` stops the run naming the class and what must stay;
     an attribute nested too deep to be plain data is left out of the state (as any non-JSON attribute is)."""
-    from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
+    from vlmrl.algorithms.algorithm import AlgorithmError, build_algorithm
     from vlmrl.trainer.step import before_train_step
 
     (tmp_path / "hooks.py").write_text(CLEARS)

@@ -204,7 +204,7 @@ BUSY = """
 import os, time
 from pathlib import Path
 
-from vlmrl.algos.losses import vanilla
+from vlmrl.algorithms.losses import vanilla
 
 
 def _hold(kind):

@@ -24,16 +24,7 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
-from vlmrl.config.plan import (
-    launcher_of,
-    planned_device,
-    planned_world,
-    ray_address,
-    rollout_correction,
-    rollout_per_node,
-    rollout_world,
-    separate_pools,
-)
+from vlmrl.config.plan import RunPlan, run_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
@@ -52,6 +43,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)
+    run: RunPlan | None = None
+    """What the config gate derived (``Composed.plan``): what the plan's lines print."""
 
 
 def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
@@ -236,7 +229,7 @@ def _engine(cfg: VLMRLConfig, rep: Report) -> None:
         rep.problems.append(str(e))
         return
     tp = ro.tensor_model_parallel_size
-    world = planned_world(cfg)
+    world = rep.run.world
     engines = f"{world // tp} engine(s) of {tp} worker(s) each" if tp > 1 and world % tp == 0 else "one per worker"
     rep.plan.append(
         f"rollout: vLLM, n={ro.n}, temperature={ro.temperature}, tensor_model_parallel_size={tp} ({engines}), "
@@ -268,10 +261,9 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
     not fit the CPU workers this machine would use instead is a note."""
     import torch
 
-    tr = cfg.trainer
+    tr, run = cfg.trainer, rep.run
     cuda = torch.cuda.is_available()
-    dev = planned_device(cfg, cuda)
-    world = planned_world(cfg, cuda)
+    dev, world = run.device, run.world
     if dev == "cuda":
         inline = tr.launcher == "inline"
         gpus = f"{tr.nnodes} node(s) x {tr.n_gpus_per_node} GPU(s) = {world} hybrid worker(s)"
@@ -282,12 +274,12 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             rep.notes.append(f"this machine has {have} CUDA GPU(s); the run asks for {need} per node")
     else:
         rep.plan.append(f"workers: {world} CPU hybrid worker(s)" + (" (in this process)" if world == 1 else ""))
-    if separate_pools(cfg):
-        pool, unit = rollout_world(cfg, cuda), "GPU" if dev == "cuda" else "CPU"
+    if run.separate_pools:
+        pool, unit = run.rollout_world, "GPU" if dev == "cuda" else "CPU"
         rep.plan[-1] = rep.plan[-1].replace("hybrid worker", "training worker")
         rep.plan.append(
             f"rollout pool (actor_rollout_ref.hybrid_engine=False, one-step off-policy): {cfg.rollout.nnodes} node(s) "
-            f"x {rollout_per_node(cfg, cuda)} {unit} rollout worker(s) = {pool}; the batch of step t+1 generated "
+            f"x {run.rollout_per_node} {unit} rollout worker(s) = {pool}; the batch of step t+1 generated "
             "while step t trains (staleness 1), weights synced by a collective after each update"
             + (
                 f"; a step whose behaviour KL exceeds {cfg.async_training.fallback_kl} makes the next one wait for a "
@@ -297,9 +289,9 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
             )
         )
 
-    launcher = launcher_of(cfg)
+    launcher = run.launcher
     if launcher == "ray":
-        address = ray_address(cfg)
+        address = run.ray_address
         where = f"joins the Ray cluster at {address}" if address else "starts a private one-machine Ray cluster"
         launcher += f" ({where}; workers of a node on one machine)"
     rep.plan.append(f"launcher: {launcher}")
@@ -308,14 +300,14 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
     if cfg.trainer.device == "auto" and not cuda and tr.launcher != "inline" and tr.nnodes * tr.n_gpus_per_node > 1:
         for problem in batch_problems(_with_device(cfg, "cuda")):
             rep.problems.append(f"on GPUs ({tr.nnodes} x {tr.n_gpus_per_node}): {problem}")
-        here = batch_problems(cfg)
+        here = batch_problems(cfg, run)
         rep.notes.append(
             f"trainer.device=auto and no CUDA here: this machine would train on {world} CPU worker(s)"
             + (f", which it cannot as set ({' '.join(here)})" if here else "")
             + f"; on a GPU machine the plan is {tr.nnodes} x {tr.n_gpus_per_node} GPU worker(s), checked above"
         )
     else:
-        rep.problems += batch_problems(cfg)
+        rep.problems += batch_problems(cfg, run)
 
 
 def _with_device(cfg: VLMRLConfig, device: str) -> VLMRLConfig:
@@ -336,7 +328,7 @@ def _loggers(cfg: VLMRLConfig, rep: Report) -> None:
 
 def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
-    bs, n, world = data.train_batch_size, arr.rollout.n, planned_world(cfg)
+    bs, n, world = data.train_batch_size, arr.rollout.n, rep.run.world
     if tr.total_training_steps:
         steps = f"{tr.total_training_steps} (trainer.total_training_steps)"
     elif kept is not None:
@@ -372,11 +364,10 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     checkpoints' parameter counts): trained models 16 bytes a parameter sharded over the workers (fp32 weights,
     gradients, AdamW's two moments), the reference 4 (fp32, sharded), the engine's full copy 2 (bf16) on GPU, 4 on
     CPU."""
-    from vlmrl.config.plan import critic_plan, needs_of
     from vlmrl.models.value_head import checkpoint_params
 
     alg = cfg.algorithm
-    critic = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if needs_of(cfg).critic else ""
+    critic = f" (gamma {alg.gamma:g}, lambda {alg.lam:g})" if rep.run.needs.critic else ""
     rep.plan.append(f"algorithm: {alg.adv_estimator}{critic}, {_kl_in_reward(cfg)}")
     act = cfg.actor_rollout_ref.actor
     low = act.clip_ratio_low if act.clip_ratio_low is not None else act.clip_ratio
@@ -385,7 +376,7 @@ def _algorithm(cfg: VLMRLConfig, folder: str | None, rep: Report) -> None:
     if alg.name:
         rep.plan.append(_algorithm_class(cfg))
     _rollout_correction(cfg, rep)
-    crit = critic_plan(cfg)
+    crit = rep.run.critic
     if crit is not None:
         head = "from the actor's checkpoint" if crit.path == cfg.actor_rollout_ref.model.path else crit.path
         rep.plan.append(
@@ -422,7 +413,7 @@ def _kl_in_reward(cfg: VLMRLConfig) -> str:
 
 def _algorithm_class(cfg: VLMRLConfig) -> str:
     """The plan's line for ``algorithm.name``: the class with its parameters (given, or defaults)."""
-    from vlmrl.algos.algorithm import load_class, parameters
+    from vlmrl.algorithms.algorithm import load_class, parameters
 
     alg = cfg.algorithm
     try:
@@ -436,7 +427,7 @@ def _algorithm_class(cfg: VLMRLConfig) -> str:
 
 def _rollout_correction(cfg: VLMRLConfig, rep: Report) -> None:
     """The rollout correction's line of the plan, when it is on."""
-    rc = rollout_correction(cfg)
+    rc = rep.run.rollout_correction
     if rc is not None:
         parts = (
             [
@@ -456,17 +447,16 @@ def _rollout_correction(cfg: VLMRLConfig, rep: Report) -> None:
 
 def _memory(cfg: VLMRLConfig, folder: str | None, crit: Any, rm_params: int | None, rep: Report) -> None:
     """The memory line: the models each worker holds (``_algorithm`` says how each is counted)."""
-    from vlmrl.config.plan import reference_needed
     from vlmrl.models.value_head import checkpoint_params
 
     rm = cfg.reward_model
     params = checkpoint_params(folder) if folder else None
     if params is None:
         return
-    world = max(planned_world(cfg), 1)
-    gpu = planned_device(cfg) == "cuda"
+    world = max(rep.run.world, 1)
+    gpu = rep.run.device == "cuda"
     parts = [("actor", 16 * params / world)]
-    if reference_needed(cfg):
+    if rep.run.reference:
         parts.append(("reference", 4 * params / world))
     if crit is not None:
         cp = checkpoint_params(crit.path) or params
@@ -484,12 +474,14 @@ def _memory(cfg: VLMRLConfig, folder: str | None, crit: Any, rm_params: int | No
     )
 
 
-def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str]) -> int:
-    """Run every check on ``cfg`` (None when the config itself could not be built: ``problems`` say why), print the
-    report and return the exit status."""
+def run(cfg: VLMRLConfig | None, problems: list[str], notices: list[str], plan: RunPlan | None = None) -> int:
+    """Run every check on ``cfg`` (None when the config itself could not be built: ``problems`` say why) and the
+    plan the gate derived from it (``Composed.plan``; None: derived here), print the report and return the exit
+    status."""
     rep = Report(problems=list(problems), notes=list(notices))
     if cfg is not None:
-        rep.problems += check_environment(cfg)
+        rep.run = plan or run_plan(cfg)
+        rep.problems += check_environment(cfg, rep.run)
         _resources(cfg, rep, sane=not problems)
         folder = _model(cfg, rep)
         data = _data(cfg, folder, rep)

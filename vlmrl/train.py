@@ -80,11 +80,10 @@ def _startup_error(e: StartupError, cfg: Any) -> NoReturn:
     sys.exit(STARTUP_ERROR_EXIT)
 
 
-def _train(cfg: Any, clock: Any) -> None:
-    """Train on a checked config; start-up failures and stopped runs end the process with one line."""
-    from vlmrl.config.plan import launcher_of, planned_device
-
-    if launcher_of(cfg) == "local" and planned_device(cfg) == "cpu":  # the workers' imports run meanwhile
+def _train(cfg: Any, plan: Any, clock: Any) -> None:
+    """Train on a checked config and the plan the gate derived from it; start-up failures and stopped runs end the
+    process with one line."""
+    if plan.launcher == "local" and plan.device == "cpu":  # the workers' imports run meanwhile
         from vlmrl.workers.launch_local import start_forkserver
 
         start_forkserver(vllm=cfg.actor_rollout_ref.rollout.name == "vllm")
@@ -96,7 +95,7 @@ def _train(cfg: Any, clock: Any) -> None:
     except OSError:
         pass
     try:
-        last = fit(cfg, checked=True, clock=clock)
+        last = fit(cfg, checked=True, clock=clock, plan=plan)
     except ConfigError as e:
         _config_error(str(e))
     except RunStopped as e:
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     if composed.dry_run:
         from vlmrl import dry_run
 
-        sys.exit(dry_run.run(composed.cfg, composed.problems, []))
+        sys.exit(dry_run.run(composed.cfg, composed.problems, [], composed.plan))
     if composed.problems or composed.cfg is None:
         _config_error("\n".join(composed.problems))
     if cmd.print_config:
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(OmegaConf.to_yaml(composed.raw), end="")
         return
-    _train(composed.cfg, clock)
+    _train(composed.cfg, composed.plan, clock)
 
 
 if __name__ == "__main__":

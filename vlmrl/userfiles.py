@@ -105,6 +105,16 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def short_name(spec: str) -> str:
+    """A function spec's short name, without loading it: the function's (``file.py:fn`` and ``module:fn`` -> fn),
+    ``compute_score`` for a bare ``file.py`` (verl's default), else the spec itself (a registry name). A reward
+    component's default name and its metrics' key."""
+    target, fn_name = split_spec(spec)
+    if fn_name:
+        return fn_name
+    return "compute_score" if target.endswith(".py") else spec
+
+
 def is_file_target(target: str) -> bool:
     """True when a spec's target names a file (``x.py`` or a path) rather than an importable module."""
     return target.endswith(".py") or "/" in target or os.sep in target

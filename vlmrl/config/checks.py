@@ -14,27 +14,17 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
-from vlmrl.config.plan import (
-    critic_plan,
-    launcher_of,
-    needs_of,
-    per_node,
-    planned_device,
-    planned_world,
-    rollout_correction,
-    rollout_per_node,
-    rollout_world,
-    separate_pools,
-    token_budgets,
-)
+from vlmrl.config.plan import RunPlan, critic_plan, needs_of, run_plan, token_budgets
 from vlmrl.config.reward_model import reward_model_environment, reward_model_problems
-from vlmrl.config.schema import RewardConfig, RolloutConfig, VLMRLConfig
+from vlmrl.config.schema import TOTAL_SCORE_NAMES, RewardConfig, RolloutConfig, VLMRLConfig
+from vlmrl.userfiles import short_name
 
 
 def _positive(problems: list[str], key: str, value: Any, fix: str = "") -> None:
@@ -47,7 +37,7 @@ def check_values(cfg: VLMRLConfig) -> list[str]:
     owner-only permissions are part of the setting); every one says how to fix it."""
     p = number_problems(cfg) + algorithm_problems(cfg) + token_budget_problems(cfg)
     p += multi_turn_problems(cfg) + video_problems(cfg) + ppo_problems(cfg) + engine_problems(cfg)
-    p += reward_problems(cfg.reward) + reward_model_problems(cfg)
+    p += reward_problems(cfg.reward) + reward_key_problems(cfg) + reward_model_problems(cfg)
     tr = cfg.trainer
     if tr.val_only and not cfg.data.val_files:
         p.append("trainer.val_only=True evaluates on data.val_files: set data.val_files=<parquet>.")
@@ -133,8 +123,8 @@ def sampling_problems(ro: RolloutConfig) -> list[str]:
 def algorithm_problems(cfg: VLMRLConfig) -> list[str]:
     """The plugins, the estimator (and what it declares it needs), the policy loss, the algorithm class."""
     from vlmrl.algorithms import load_plugins  # torch (as in vlmrl.config.plan.needs_of)
-    from vlmrl.algos.estimators import Needs, estimator_needs
-    from vlmrl.algos.losses import get_policy_loss
+    from vlmrl.algorithms.estimators import Needs, estimator_needs
+    from vlmrl.algorithms.losses import get_policy_loss
 
     p: list[str] = []
     alg, actor, ro = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -173,6 +163,49 @@ def algorithm_problems(cfg: VLMRLConfig) -> list[str]:
         p.append(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of a prompt: "
             f"set actor_rollout_ref.rollout.n >= 2 (got {ro.n})."
+        )
+    return p
+
+
+def component_names(components: list[Any]) -> list[str] | None:
+    """The names of ``reward.components``' entries, known before any reward loads: each entry's ``name``, else its
+    function's short name (``userfiles.short_name``, the rule the reward itself uses); None when an entry is not
+    one the reward would build (its own check names it)."""
+    names = []
+    for entry in components:
+        spec = entry if isinstance(entry, str) else entry.get("function") if isinstance(entry, Mapping) else None
+        if not spec:
+            return None
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        names.append(str(name or short_name(str(spec))))
+    return names
+
+
+def reward_key_problems(cfg: VLMRLConfig) -> list[str]:
+    """``algorithm.gdpo_reward_keys`` and ``algorithm.filter_groups.metric`` against the reward's components, when
+    the reward is a ``reward.components`` list (a dict-valued component adds ``name/<key>`` entries). A reward of one
+    function reports its keys only when it runs: step 1 names a key it lacks."""
+    r, alg = cfg.reward, cfg.algorithm
+    names = component_names(list(r.components)) if r.components and not r.dispatch else None
+    if names is None:
+        return []
+
+    def known(key: str) -> bool:
+        return key in names or any(key.startswith(f"{n}/") for n in names)
+
+    p = []
+    listed = ", ".join(names)
+    for key in alg.gdpo_reward_keys or []:
+        if not known(key):
+            p.append(
+                f"algorithm.gdpo_reward_keys: {key!r} is not a reward component (reward.components: {listed}; a "
+                "dict-valued component's entries are <name>/<key>)."
+            )
+    fg = alg.filter_groups
+    if fg.enable and fg.metric not in TOTAL_SCORE_NAMES and not known(fg.metric):
+        p.append(
+            f"algorithm.filter_groups.metric={fg.metric!r} is neither the total ({', '.join(TOTAL_SCORE_NAMES)}) "
+            f"nor a reward component (reward.components: {listed})."
         )
     return p
 
@@ -277,7 +310,7 @@ def algorithm_class_problems(cfg: VLMRLConfig) -> list[str]:
                 "class, and none is set)"
             )
         return out
-    from vlmrl.algos.algorithm import build_algorithm
+    from vlmrl.algorithms.algorithm import build_algorithm
 
     try:
         build_algorithm(alg.name, dict(alg.params))
@@ -302,7 +335,7 @@ def rollout_correction_problems(cfg: VLMRLConfig) -> list[str]:
         p.append(f"{key}.loss_type={rc.loss_type!r}: use ppo_clip | reinforce (bypass mode's loss).")
     if not rc.enabled:
         return p
-    from vlmrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs
+    from vlmrl.algorithms.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs
 
     try:
         if rc.rollout_is is not None:
@@ -373,19 +406,20 @@ def ppo_problems(cfg: VLMRLConfig) -> list[str]:
     return p
 
 
-def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+def unused_settings(cfg: VLMRLConfig, overrides: list[str], plan: RunPlan | None = None) -> tuple[list[str], list[str]]:
     """(problems, notices) for PPO settings the command line sets that this run would not use: ``critic.*`` without
     a critic is refused (vlmrl's default estimator is grpo, verl's gae: a verl PPO script would otherwise train GRPO
     without its critic); the in-reward KL's settings while it is off, and GAE's or discounting's with an estimator
-    that does not use them, are notices (verl ignores them the same way)."""
+    that does not use them, are notices (verl ignores them the same way). ``plan``: the gate's (None: derived)."""
+    plan = plan or run_plan(cfg)
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
     problems, notices = [], []
     alg = cfg.algorithm
     # (critic.strategy names the backend only: verl's GRPO scripts pass critic.strategy=fsdp2 beside the actor's)
     critic = [k for k in keys if k.startswith("critic.") and k not in ("critic.enable", "critic.strategy")]
-    if "critic.strategy" in keys and critic_plan(cfg) is None:
+    if "critic.strategy" in keys and plan.critic is None:
         notices.append(f"critic.strategy: this run builds no critic (algorithm.adv_estimator={alg.adv_estimator})")
-    if critic and critic_plan(cfg) is None:
+    if critic and plan.critic is None:
         problems.append(
             f"{critic[0]} is set but this run builds no critic: algorithm.adv_estimator={alg.adv_estimator} (vlmrl's "
             "default is grpo; verl's default, gae, is the estimator that uses a critic). Add "
@@ -394,7 +428,7 @@ def unused_settings(cfg: VLMRLConfig, overrides: list[str]) -> tuple[list[str], 
     kl = [k for k in keys if k == "algorithm.kl_penalty" or k.startswith("algorithm.kl_ctrl.")]
     if kl and not alg.use_kl_in_reward:
         notices.append(f"{', '.join(kl)}: the in-reward KL is off (algorithm.use_kl_in_reward=False), as in verl")
-    reads = needs_of(cfg).reads  # what the estimator declares it reads (a user's: both, by default)
+    reads = plan.needs.reads  # what the estimator declares it reads (a user's: both, by default)
     if "algorithm.lam" in keys and "lam" not in reads:
         notices.append(f"algorithm.lam: GAE's lambda; algorithm.adv_estimator={alg.adv_estimator} does not use it")
     if "algorithm.gamma" in keys and "gamma" not in reads:
@@ -439,11 +473,12 @@ def reward_problems(r: RewardConfig) -> list[str]:
     return p
 
 
-def batch_problems(cfg: VLMRLConfig) -> list[str]:
+def batch_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
     """Batch sizes that do not split over the planned workers, and engine groups that do not fit them (call it on
-    values ``check_values`` accepted)."""
+    values ``check_values`` accepted; ``plan``: the gate's, None: derived)."""
+    plan = plan or run_plan(cfg)
     arr, data = cfg.actor_rollout_ref, cfg.data
-    world = planned_world(cfg)
+    world = plan.world
     p = []
     if cfg.trainer.nnodes > 1 and cfg.trainer.launcher == "local":
         p.append(
@@ -461,7 +496,7 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
             f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
         )
-    crit = critic_plan(cfg)
+    crit = plan.critic
     if crit is not None:
         cm = crit.mini_batch_size
         if cm > data.train_batch_size or data.train_batch_size % cm or (cm * arr.rollout.n) % world:
@@ -469,8 +504,8 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
                 f"critic.ppo_mini_batch_size={cm} must divide data.train_batch_size={data.train_batch_size}, and "
                 f"mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
             )
-    if separate_pools(cfg):
-        return p + pool_problems(cfg)
+    if plan.separate_pools:
+        return p + pool_problems(cfg, plan)
     tp = arr.rollout.tensor_model_parallel_size
     if tp > 1:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
@@ -481,20 +516,19 @@ def batch_problems(cfg: VLMRLConfig) -> list[str]:
             )
         elif world % tp:
             p.append(f"{key} must divide the {world} workers (each engine is shared by {tp} of them).")
-        elif per_node(cfg) % tp and cfg.trainer.launcher != "inline":
-            what = "n_gpus_per_node" if planned_device(cfg) == "cuda" else "cpu_workers"
-            p.append(f"{key} must divide trainer.{what}={per_node(cfg)}: an engine's workers share one node.")
+        elif plan.per_node % tp and cfg.trainer.launcher != "inline":
+            what = "n_gpus_per_node" if plan.device == "cuda" else "cpu_workers"
+            p.append(f"{key} must divide trainer.{what}={plan.per_node}: an engine's workers share one node.")
     return p
 
 
-def pool_problems(cfg: VLMRLConfig) -> list[str]:
+def pool_problems(cfg: VLMRLConfig, plan: RunPlan) -> list[str]:
     """The rollout pool of ``actor_rollout_ref.hybrid_engine=False``: its size, its engines' tensor-parallel groups,
     the launcher and the fallback threshold."""
     p: list[str] = []
     ro, pool = cfg.actor_rollout_ref.rollout, cfg.rollout
-    gpu = planned_device(cfg) == "cuda"
-    what = "n_gpus_per_node" if gpu else "cpu_workers"
-    for key, value in (("rollout.nnodes", pool.nnodes), (f"rollout.{what}", rollout_per_node(cfg))):
+    what = "n_gpus_per_node" if plan.device == "cuda" else "cpu_workers"
+    for key, value in (("rollout.nnodes", pool.nnodes), (f"rollout.{what}", plan.rollout_per_node)):
         if value < 1:
             p.append(f"{key}={value}: the rollout pool of actor_rollout_ref.hybrid_engine=False needs at least 1.")
     if cfg.trainer.launcher == "inline":
@@ -508,15 +542,15 @@ def pool_problems(cfg: VLMRLConfig) -> list[str]:
             f"rollout.nnodes={pool.nnodes} with trainer.launcher=local: the local launcher runs on this machine "
             "only; a pool on several machines runs on a Ray cluster (launcher auto or ray)."
         )
-    world, tp = rollout_world(cfg), ro.tensor_model_parallel_size
+    world, tp = plan.rollout_world, ro.tensor_model_parallel_size
     if tp > 1 and world > 0:
         key = f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
         if ro.name != "vllm":
             p.append(
                 f"{key}: tensor-parallel engines are vLLM's (set rollout.name=vllm or tensor_model_parallel_size=1)."
             )
-        elif rollout_per_node(cfg) % tp:
-            p.append(f"{key} must divide rollout.{what}={rollout_per_node(cfg)}: an engine's workers share one node.")
+        elif plan.rollout_per_node % tp:
+            p.append(f"{key} must divide rollout.{what}={plan.rollout_per_node}: an engine's workers share one node.")
     temp = ro.temperature
     if not cfg.algorithm.rollout_correction.enabled and cfg.async_training.tis_by_default and temp != 1.0:
         p.append(
@@ -531,7 +565,7 @@ def pool_problems(cfg: VLMRLConfig) -> list[str]:
             f"async_training.fallback_kl={fk!r}: a KL above which a step waits for a fresh generation, a number "
             "> 0 (None: never)."
         )
-    elif fk is not None and rollout_correction(cfg) is None:
+    elif fk is not None and plan.rollout_correction is None:
         p.append(
             f"async_training.fallback_kl={fk}: the KL is measured by the rollout correction, which is off "
             "(keep async_training.tis_by_default=True or set algorithm.rollout_correction.*)."
@@ -616,8 +650,9 @@ def _model_folder_problems(path: str, cfg_file: Path, supported: tuple[str, ...]
     return [f"actor_rollout_ref.model.path: {head}"] if head else []
 
 
-def check_environment(cfg: VLMRLConfig) -> list[str]:
-    """Problems of the machine the run would start on: data files, the model folder, the output folder."""
+def check_environment(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
+    """Problems of the machine the run would start on: data files, the model folder, the output folder (``plan``:
+    the gate's, None: derived)."""
     p: list[str] = []
     arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
     path = arr.model.path
@@ -646,7 +681,7 @@ def check_environment(cfg: VLMRLConfig) -> list[str]:
     mt = arr.rollout.multi_turn
     if mt.enable and mt.tool_config_path and not os.path.isfile(os.path.expanduser(mt.tool_config_path)):
         p.append(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {mt.tool_config_path!r} is not a file.")
-    if launcher_of(cfg) == "ray" and (auth := ray_auth_problem()):
+    if (plan or run_plan(cfg)).launcher == "ray" and (auth := ray_auth_problem()):
         p.append(auth + ".")
     p += reward_model_environment(cfg)
     out = Path(tr.default_local_dir)
@@ -705,16 +740,18 @@ def data_problems(cfg: VLMRLConfig, facts: DataFacts) -> list[str]:
     return p
 
 
-def machine_problems(cfg: VLMRLConfig) -> list[str]:
+def machine_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
     """Problems of the machine the run would start on (``check_environment``) and of how its batches split over the
     workers it would start there (``batch_problems``). Run on values ``check_values`` accepted."""
-    return check_environment(cfg) + batch_problems(cfg)
+    plan = plan or run_plan(cfg)
+    return check_environment(cfg, plan) + batch_problems(cfg, plan)
 
 
 def check_config(cfg: VLMRLConfig) -> None:
     """Raise ConfigError listing every problem of a typed config built or changed in code: its values, then (when
     they are sane) the machine's. ``command.compose`` runs the same checks on a command line."""
     problems = check_values(cfg)
-    problems += check_environment(cfg) + (batch_problems(cfg) if not problems else [])  # arithmetic on sane numbers
+    plan = run_plan(cfg)
+    problems += check_environment(cfg, plan) + (batch_problems(cfg, plan) if not problems else [])  # sane numbers
     if problems:
         raise ConfigError("\n".join(problems))

@@ -25,6 +25,7 @@ from vlmrl.config.checks import check_values, machine_problems, unused_settings
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
 from vlmrl.config.keys import translate
+from vlmrl.config.plan import RunPlan, run_plan
 from vlmrl.config.schema import CHOICES, LOGGERS, NULLABLE_CHOICES, AlgorithmConfig, VLMRLConfig
 from vlmrl.config.verl import VALUE_REASONS, parse_value, render
 from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
@@ -75,6 +76,9 @@ class Composed:
     problems: list[str]
     notices: list[str]
     dry_run: bool
+    plan: RunPlan | None = None
+    """What the gate derived from ``cfg`` (``config.plan.run_plan``), once: the dry run prints it, the trainer and
+    its launchers read it (None when the config could not be built)."""
 
 
 def parse(argv: list[str]) -> Command:
@@ -201,18 +205,19 @@ def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
     dry = _wants_dry_run(cmd.overrides)
     raw, composition = (None, []) if file_problems else _hydra_compose(cmd, t.overrides)  # never compose bad files
     problems += composition
-    cfg = None
+    cfg, plan = None, None
     if raw is not None:
         cfg, value_problems = build(raw)
         problems += value_problems
-        if cfg is not None:
-            unused, unused_notes = unused_settings(cfg, file_overrides + cmd.overrides)
+        if cfg is not None:  # (after the value checks, which load algorithm.plugins: a plugin's estimator is known)
+            plan = run_plan(cfg)
+            unused, unused_notes = unused_settings(cfg, file_overrides + cmd.overrides, plan)
             problems += unused
             notices += unused_notes
         dry = bool(raw.get("trainer", {}).get("dry_run", dry))
         if machine and not dry and cfg is not None and not value_problems:  # (the dry run runs them itself)
-            problems += machine_problems(cfg)
-    return Composed(cfg, raw, problems, notices, dry)
+            problems += machine_problems(cfg, plan)
+    return Composed(cfg, raw, problems, notices, dry, plan)
 
 
 def _wants_dry_run(overrides: list[str]) -> bool:

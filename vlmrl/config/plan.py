@@ -3,8 +3,9 @@
 ``planned_device`` / ``planned_world`` / ``per_node`` (where the run trains), ``launcher_of`` / ``ray_address`` (how
 its workers start), ``tp_size`` (workers sharing one
 engine), ``token_budgets`` (micro-batches sized by tokens), ``critic_plan`` (the critic's settings with verl's defaults
-resolved), and :class:`WorkerPlan`: what every hybrid worker is told,
-its part of the config and the values the driver derived for it (built by :func:`worker_plan`).
+resolved), :class:`RunPlan`: all of them computed once by the config gate (``run_plan``), and :class:`WorkerPlan`:
+what every hybrid worker is told, its part of the config and the values the driver derived for it (built by
+:func:`worker_plan`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, RolloutCorrectionConfig, VLMRLConfig
 
 if TYPE_CHECKING:
-    from vlmrl.algos.estimators import Needs
+    from vlmrl.algorithms.estimators import Needs
 
 
 def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
@@ -115,10 +116,10 @@ def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]
 
 
 def needs_of(cfg: VLMRLConfig) -> Needs:
-    """What ``algorithm.adv_estimator`` declares it needs (``vlmrl.algos.estimators.Needs``); the default for a name
-    that does not resolve (the config's check reports that name)."""
+    """What ``algorithm.adv_estimator`` declares it needs (``vlmrl.algorithms.estimators.Needs``); the default for a
+    name that does not resolve (the config's check reports that name)."""
     # torch: loaded when a check or the trainer asks, not by importing vlmrl.config
-    from vlmrl.algos.estimators import Needs, estimator_needs
+    from vlmrl.algorithms.estimators import Needs, estimator_needs
 
     try:
         return estimator_needs(cfg.algorithm.adv_estimator)
@@ -246,6 +247,8 @@ class WorkerPlan:
     role: str = "hybrid"
     """hybrid (policy, reference and engine in one worker) | actor (the training pool of ``hybrid_engine=False``:
     policy, reference, critic; no engine) | rollout (its rollout pool: the engine only)."""
+    launcher: str = "local"
+    """How the workers start (``RunPlan.launcher``): local processes, inline, or Ray actors."""
 
 
 def reward_model_plan(cfg: VLMRLConfig) -> RewardModelPlan | None:
@@ -264,18 +267,81 @@ def reward_model_plan(cfg: VLMRLConfig) -> RewardModelPlan | None:
     )
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What the config gate derives from a config, once (``run_plan``, carried by ``command.Composed``): the
+    checks, the dry run, the trainer and the launchers read these fields instead of deriving them again. (The Ray
+    launcher alone resolves ``trainer.device=auto`` once more, against the cluster's resources, which the driver's
+    machine may not share.)"""
+
+    device: str
+    """cpu or cuda (``planned_device``)."""
+    launcher: str
+    """local | inline | ray (``launcher_of``)."""
+    per_node: int
+    """Hybrid (or training) workers on each machine."""
+    world: int
+    """Hybrid (or training) workers in the run (``planned_world``)."""
+    separate_pools: bool
+    """A rollout pool of its own (``hybrid_engine=False``: the one-step off-policy trainer)."""
+    rollout_per_node: int
+    rollout_world: int
+    """Workers of the rollout pool (0 with the hybrid engine)."""
+    spans_nodes: bool
+    ray_address: str | None
+    """The Ray cluster to join (``ray_address``; None: a private one, or no Ray)."""
+    tp: int
+    """Workers that share one rollout engine (``tp_size``)."""
+    critic: CriticPlan | None
+    reference: bool
+    rollout_correction: RolloutCorrectionConfig | None
+    reward_model: RewardModelPlan | None
+    needs: Needs
+    """What ``algorithm.adv_estimator`` declares it needs."""
+
+
+def run_plan(cfg: VLMRLConfig, cuda_available: bool | None = None) -> RunPlan:
+    """Every derived value of ``cfg`` the layers after the gate read (``cuda_available``: None asks torch, when
+    ``trainer.device=auto``)."""
+    device = planned_device(cfg, cuda_available)
+    cuda = device == "cuda"
+    return RunPlan(
+        device=device,
+        launcher=launcher_of(cfg),
+        per_node=per_node(cfg, cuda),
+        world=planned_world(cfg, cuda),
+        separate_pools=separate_pools(cfg),
+        rollout_per_node=rollout_per_node(cfg, cuda),
+        rollout_world=rollout_world(cfg, cuda),
+        spans_nodes=spans_nodes(cfg),
+        ray_address=ray_address(cfg),
+        tp=tp_size(cfg),
+        critic=critic_plan(cfg),
+        reference=reference_needed(cfg),
+        rollout_correction=rollout_correction(cfg),
+        reward_model=reward_model_plan(cfg),
+        needs=needs_of(cfg),
+    )
+
+
 def worker_plan(
-    cfg: VLMRLConfig, total_steps: int, data_images: int, data_videos: int, cuda_available: bool | None = None
+    cfg: VLMRLConfig,
+    total_steps: int,
+    data_images: int,
+    data_videos: int,
+    cuda_available: bool | None = None,
+    run: RunPlan | None = None,
 ) -> WorkerPlan:
     """The plan every worker of ``cfg``'s run gets; ``data_images`` / ``data_videos``: the most a prompt of the
-    training and validation data holds."""
+    training and validation data holds; ``run``: the gate's plan (None: derived here)."""
+    run = run or run_plan(cfg, cuda_available)
     arr, data = cfg.actor_rollout_ref, cfg.data
     ro, mt = arr.rollout, arr.rollout.multi_turn
     return WorkerPlan(
         arr=arr,
-        device=planned_device(cfg, cuda_available),
-        world=planned_world(cfg, cuda_available),
-        tp=1 if separate_pools(cfg) else tp_size(cfg),
+        device=run.device,
+        world=run.world,
+        tp=1 if run.separate_pools else run.tp,
         seed=cfg.trainer.seed,
         total_steps=total_steps,
         max_response_length=data.max_response_length,
@@ -284,24 +350,28 @@ def worker_plan(
         video_bounds=(data.video_min_pixels, data.video_max_pixels),
         limit_images=(ro.limit_images or data_images) + (mt.max_tool_images if mt.enable else 0),
         limit_videos=ro.limit_videos if ro.limit_videos is not None else data_videos,
-        critic=critic_plan(cfg),
-        reference=reference_needed(cfg),
-        rollout_correction=rollout_correction(cfg),
+        critic=run.critic,
+        reference=run.reference,
+        rollout_correction=run.rollout_correction,
         plugins=tuple(cfg.algorithm.plugins),
         algorithm=(cfg.algorithm.name, dict(cfg.algorithm.params)),
-        reward_model=reward_model_plan(cfg),
-        role="actor" if separate_pools(cfg) else "hybrid",
+        reward_model=run.reward_model,
+        role="actor" if run.separate_pools else "hybrid",
+        launcher=run.launcher,
     )
 
 
-def rollout_plan(cfg: VLMRLConfig, plan: WorkerPlan, cuda_available: bool | None = None) -> WorkerPlan:
+def rollout_plan(
+    cfg: VLMRLConfig, plan: WorkerPlan, cuda_available: bool | None = None, run: RunPlan | None = None
+) -> WorkerPlan:
     """What each worker of the rollout pool is told (``hybrid_engine=False``): the training plan's engine settings
     on the rollout pool's workers, with no critic, reference or correction (they train nothing)."""
+    run = run or run_plan(cfg, cuda_available)
     return dataclasses.replace(
         plan,
         role="rollout",
-        world=rollout_world(cfg, cuda_available),
-        tp=tp_size(cfg),
+        world=run.rollout_world,
+        tp=run.tp,
         critic=None,
         reference=False,
         rollout_correction=None,

@@ -13,8 +13,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from vlmrl.algos.loss_settings import AGG_MODES, PolicyLossConfig  # noqa: F401 (re-exported)
-from vlmrl.config.critic import CriticConfig, KLCtrlConfig
+from vlmrl.algorithms.loss_settings import AGG_MODES, PolicyLossConfig  # noqa: F401 (re-exported)
 from vlmrl.config.reward_model import RewardModelConfig
 from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
     AsyncTrainingConfig,
@@ -23,6 +22,7 @@ from vlmrl.config.schema_parts import (  # noqa: F401 (re-exported)
     RolloutPoolConfig,
     WrapPolicyConfig,
 )
+from vlmrl.config.schema_ppo import CriticConfig, KLCtrlConfig
 
 # ----------------------------------------------------------------------------------------------------------- data
 
@@ -300,12 +300,17 @@ class ActorRolloutRefConfig:
 # ------------------------------------------------------------------------------------------------ algorithm/reward
 
 
+TOTAL_SCORE_NAMES = ("score", "reward", "seq_reward", "seq_final_reward", "acc")
+"""Names ``algorithm.filter_groups.metric`` takes for the total reward (verl's spellings), unless a component has
+one of them."""
+
+
 @dataclass
 class FilterGroupsConfig:
     enable: bool = False
     """DAPO dynamic sampling: drop groups whose rewards all equal, and roll out more prompts to refill."""
     metric: str = "score"
-    """Reward component whose variance decides (score = the total)."""
+    """Reward component whose variance decides (score = the total; also spelled as in ``TOTAL_SCORE_NAMES``)."""
     max_num_gen_batches: int = 4
     """Most rollout batches per step before training on what was kept (0 = unbounded, verl's default: a reward
     that never varies would then roll out forever)."""
@@ -314,8 +319,8 @@ class FilterGroupsConfig:
 @dataclass
 class RolloutCorrectionConfig:
     """``algorithm.rollout_correction``: correct the loss for the engine's sampling policy differing from the
-    trainer's (``vlmrl.algos.rollout_correction``; verl's keys and defaults). Off unless rollout_is or rollout_rs is
-    set."""
+    trainer's (``vlmrl.algorithms.rollout_correction``; verl's keys and defaults). Off unless rollout_is or rollout_rs
+    is set."""
 
     rollout_is: str | None = None
     """Importance weights pi_old / pi_engine: token | sequence (None: none)."""
@@ -346,7 +351,7 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | grpo_vectorized | dr_grpo | rloo | rloo_vectorized | opo | gpg | grpo_passk | reinforce_plus_plus |
     reinforce_plus_plus_baseline | gdpo | remax | gae (PPO with a critic: verl's default, vlmrl's quick start uses grpo)
-    (``vlmrl.algos.estimators``), a name a user's file registers, or ``path/to/file.py:fn``."""
+    (``vlmrl.algorithms.estimators``), a name a user's file registers, or ``path/to/file.py:fn``."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's std (False = Dr. GRPO)."""
     gamma: float = 1.0

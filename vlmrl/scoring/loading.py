@@ -113,11 +113,11 @@ def resolve_function(spec: str) -> tuple[Callable[..., Any], str, str]:
         return _load(REGISTRY[spec]), spec, spec
     target, fn_name = userfiles.split_spec(spec)
     if target.endswith(".py"):
-        name = fn_name or "compute_score"
+        name = userfiles.short_name(spec)
         return load_file_function(target, name), name, f"{os.path.basename(target)}:{name}"
     if fn_name:
         try:
-            return _load(spec), fn_name, spec
+            return _load(spec), userfiles.short_name(spec), spec
         except ModuleNotFoundError as e:
             if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
                 raise  # the module exists but one of its own imports is missing: say so

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vlmrl.config.checks import reward_problems
+from vlmrl.config.schema import TOTAL_SCORE_NAMES
 from vlmrl.scoring.composite import Dispatch, build_scorer, make_spec
 from vlmrl.scoring.loading import ERROR_KINDS, TIMEOUT, Outcome, RewardConfigError
 from vlmrl.scoring.runner import InlineRunner, ProcessRunner, timeout_text
@@ -42,7 +43,7 @@ class RewardOutput:
     errors: list[str | None] = field(default_factory=list)
     """Per sample: None, or the error kind (exception | timeout | non_finite | wrong_type)."""
 
-    SCORE_NAMES = ("score", "reward", "seq_reward", "seq_final_reward", "acc")
+    SCORE_NAMES = TOTAL_SCORE_NAMES
     """Names ``values`` takes for the total (verl's ``filter_groups.metric`` spellings), unless a component has it."""
 
     def values(self, metric: str) -> list[float]:

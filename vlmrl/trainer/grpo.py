@@ -35,16 +35,15 @@ from tqdm import tqdm
 from transformers import AutoProcessor
 
 from vlmrl import rng
-from vlmrl.algorithms import load_plugins
-from vlmrl.algos import filter_groups
-from vlmrl.algos.algorithm import AlgorithmError, build_algorithm
-from vlmrl.algos.estimators import EstimatorConfig, sequence_advantages
-from vlmrl.algos.losses import LossConfig
-from vlmrl.algos.ppo import make_kl_controller
+from vlmrl.algorithms import filter_groups, load_plugins
+from vlmrl.algorithms.algorithm import AlgorithmError, build_algorithm
+from vlmrl.algorithms.estimators import EstimatorConfig, sequence_advantages
+from vlmrl.algorithms.losses import LossConfig
+from vlmrl.algorithms.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
-from vlmrl.config.plan import critic_plan, launcher_of, needs_of, rollout_plan, separate_pools, tp_size, worker_plan
+from vlmrl.config.plan import RunPlan, rollout_plan, run_plan, worker_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
@@ -98,11 +97,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 class Trainer:
     """Holds the run's pieces; ``fit()`` is the loop."""
 
-    def __init__(self, cfg: VLMRLConfig, clock: StartupClock | None = None) -> None:
+    def __init__(self, cfg: VLMRLConfig, clock: StartupClock | None = None, plan: RunPlan | None = None) -> None:
         """Start the run: each step a ``vlmrl.startup.stage`` (a failure says what and what to check); what started
         before a failure is ended. ``cfg`` is a composed config (``vlmrl.config.command.compose`` checked it);
-        ``clock`` times the start-up's stages (printed when the first step begins)."""
+        ``clock`` times the start-up's stages (printed when the first step begins); ``plan``: the values the gate
+        derived from ``cfg`` (None: derived here, once)."""
         self.cfg = cfg
+        self._gate_plan = plan
         self.clock = clock or StartupClock()
         self.step = 0
         self.updates = 0
@@ -178,17 +179,19 @@ class Trainer:
         cfg = self.cfg
         alg = cfg.algorithm
         load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
+        self.plan = self._gate_plan or run_plan(cfg)  # (after the plugins: a plugin's estimator declares its needs)
+        """What the config gate derived (device, launcher, pools, critic, needs...): read, never derived again."""
         self.algorithm = build_algorithm(alg.name, dict(alg.params), LossConfig.from_actor(cfg.actor_rollout_ref.actor))
         """``algorithm.name``'s instance (the base class's hooks do nothing): its hooks run here, its
         ``compute_loss`` in the workers' instances, which get its state with each shard."""
-        self.critic = critic_plan(cfg)
+        self.critic = self.plan.critic
         self.kl_ctrl = (
             make_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
             if alg.use_kl_in_reward
             else None
         )
-        self.needs = needs_of(cfg)
-        """What the estimator declared it needs (``vlmrl.algos.estimators.Needs``): read here, never its name."""
+        self.needs = self.plan.needs
+        """What the estimator declared it needs (``vlmrl.algorithms.estimators.Needs``): read here, never its name."""
         self.token_level = self.critic is not None or self.kl_ctrl is not None or not self.needs.sequence_level
         """Per-token advantages computed after the workers' log-probs and values (PPO path; REINFORCE++ too: verl
         whitens its discounted returns over the batch's tokens, which needs each response's generated tokens; and a
@@ -243,7 +246,7 @@ class Trainer:
         videos = max(self.train_ds.max_videos_per_prompt, self.val_ds.max_videos_per_prompt if self.val_ds else 0)
         sw = Timer.start()
         self.limits = (images, videos)
-        plan = worker_plan(cfg, self.total_steps, images, videos)
+        plan = worker_plan(cfg, self.total_steps, images, videos, run=self.plan)
         with stage("the workers did not start"):
             self.group = make_worker_group(cfg, plan)
         self.world, self.tp = self.group.world, plan.tp
@@ -252,10 +255,10 @@ class Trainer:
         self.critic_mini_samples = self.critic.mini_batch_size * arr.rollout.n // self.world if self.critic else 0
         """Samples of one critic mini-batch on one worker."""
         nodes = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in self.group.infos)
-        if separate_pools(cfg):
+        if self.plan.separate_pools:
             with stage("the rollout pool did not start"):
-                self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan), first_gpu=self.world)
-            tp = tp_size(cfg)
+                self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan, run=self.plan), first_gpu=self.world)
+            tp = self.plan.tp
             with stage("the weight-sync group of the two pools did not form"):
                 self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
             where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
@@ -575,7 +578,7 @@ class Trainer:
                 "workers": f"the slowest ready {slow['process_s']:.1f} s after its process started: engine "
                 f"{slow.get('engine_s', 0.0):.1f}, model {slow.get('model_s', 0.0):.1f}"
             }
-            if ("process_s" in slow and launcher_of(self.cfg) != "inline")
+            if ("process_s" in slow and self.plan.launcher != "inline")
             else None
         )
         print(f"[vlmrl] {self.clock.line(detail)}", flush=True)
@@ -726,15 +729,18 @@ class RunStopped(RuntimeError):
     written); the message names the step, the cause and the last complete checkpoint."""
 
 
-def fit(cfg: VLMRLConfig, checked: bool = False, clock: StartupClock | None = None) -> dict[str, float]:
+def fit(
+    cfg: VLMRLConfig, checked: bool = False, clock: StartupClock | None = None, plan: RunPlan | None = None
+) -> dict[str, float]:
     """Build everything, train, clean up. ``checked``: ``cfg`` comes from ``vlmrl.config.command.compose`` with the
     machine's checks (``python -m vlmrl.train``); else ``check_config`` runs first, so a bad config is refused before
     anything loads. ``clock``: the start-up's stages so far (the command line's; else the start-up counts from
-    here). A failure during training raises ``RunStopped`` naming the step and the checkpoint to resume
-    from; one while starting, ``vlmrl.startup.StartupError``."""
+    here); ``plan``: the gate's derived values (``Composed.plan``; None: derived once here). A failure during
+    training raises ``RunStopped`` naming the step and the checkpoint to resume from; one while starting,
+    ``vlmrl.startup.StartupError``."""
     if not checked:
         check_config(cfg)
-    trainer = Trainer(cfg, clock)
+    trainer = Trainer(cfg, clock, plan)
     failed = True
     try:
         out = trainer.fit()

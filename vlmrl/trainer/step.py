@@ -18,9 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlmrl.algos.algorithm import AlgorithmError, RLAlgorithm, call_hook
-from vlmrl.algos.estimators import EstimatorConfig
-from vlmrl.algos.ppo import KLController, explained_variance, kl_in_reward, masked_mean, token_advantages, token_scores
+from vlmrl.algorithms.algorithm import AlgorithmError, RLAlgorithm, call_hook
+from vlmrl.algorithms.estimators import EstimatorConfig
+from vlmrl.algorithms.ppo import (
+    KLController,
+    explained_variance,
+    kl_in_reward,
+    masked_mean,
+    token_advantages,
+    token_scores,
+)
 from vlmrl.batch import PreparedShard, PromptSample, RewardSample, RolloutBatch, TrainShard, split_even
 from vlmrl.config import AlgorithmConfig
 from vlmrl.rollout.multi_turn import multi_turn_metrics
@@ -278,8 +285,8 @@ def hook_tensors(rollout: RolloutBatch) -> dict[str, torch.Tensor]:
 
 
 def before_train_step(algo: RLAlgorithm, step: StepData, step_no: int, timeout_s: float | None = None) -> StepData:
-    """The algorithm's ``before_train_step`` on this step's rewards (``vlmrl.algos.algorithm``); returns the step the
-    advantages are computed from: its scores replaced by the hook's ``rewards`` (the logged reward metrics keep the
+    """The algorithm's ``before_train_step`` on this step's rewards (``vlmrl.algorithms.algorithm``); returns the step
+    the advantages are computed from: its scores replaced by the hook's ``rewards`` (the logged reward metrics keep the
     scores as the reward functions gave them). The base class's hook (none) costs nothing."""
     if type(algo).before_train_step is RLAlgorithm.before_train_step:
         return step

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vlmrl.algos.ppo import value_loss
+from vlmrl.algorithms.ppo import value_loss
 from vlmrl.config.plan import CriticPlan
 from vlmrl.models import qwen_vl
 from vlmrl.models.forward import response_values

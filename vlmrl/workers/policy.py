@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vlmrl.algos.algorithm import build_algorithm, call_hook, check_gradient_path, checked_loss
-from vlmrl.algos.core import kl_penalty
-from vlmrl.algos.losses import LossConfig
-from vlmrl.algos.rollout_correction import correct
+from vlmrl.algorithms.algorithm import build_algorithm, call_hook, check_gradient_path, checked_loss
+from vlmrl.algorithms.core import kl_penalty
+from vlmrl.algorithms.losses import LossConfig
+from vlmrl.algorithms.rollout_correction import correct
 from vlmrl.config import ActorRolloutRefConfig
 from vlmrl.config.plan import token_budgets
 from vlmrl.config.schema import RolloutCorrectionConfig
@@ -331,7 +331,7 @@ class PolicyWorker:
 
     def _correct(self, x: ModelInputs, old: torch.Tensor) -> tuple[ModelInputs, torch.Tensor | None, dict]:
         """Rollout correction of this shard: the inputs with the rejected tokens out of the response mask, the
-        importance weights and the ``rollout_corr/*`` metrics (``vlmrl.algos.rollout_correction``)."""
+        importance weights and the ``rollout_corr/*`` metrics (``vlmrl.algorithms.rollout_correction``)."""
         if x.rollout_logprobs is None:
             raise RuntimeError(
                 "algorithm.rollout_correction needs the engine's log-probs of the sampled tokens, and "

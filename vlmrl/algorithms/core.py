@@ -1,5 +1,5 @@
 """Masked sums and means, KL estimators and the critic's loss aggregation (advantage estimators:
-``vlmrl.algos.estimators``; policy losses and their aggregation: ``vlmrl.algos.losses``)."""
+``vlmrl.algorithms.estimators``; policy losses and their aggregation: ``vlmrl.algorithms.losses``)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ The built-ins are verl 0.9.1's ``core_algos`` estimators, to the same tensors (t
 own functions beside these): ``grpo``, ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``,
 ``grpo_passk``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gdpo``, ``remax`` (the trainer rolls
 out each prompt greedily for its baseline); plus vlmrl's ``dr_grpo`` (GRPO without the std). ``gae`` needs the
-critic's values (``vlmrl.algos.ppo``); ``optimal_token_baseline`` and ``tir_optimal_token_baseline`` the policy's
+critic's values (``vlmrl.algorithms.ppo``); ``optimal_token_baseline`` and ``tir_optimal_token_baseline`` the policy's
 old log-probs and the sum of its squared token probabilities (the workers compute them before the advantages).
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlmrl.algos.core import masked_mean
-from vlmrl.algos.losses import _Attrs
+from vlmrl.algorithms.core import masked_mean
+from vlmrl.algorithms.losses import _Attrs
 from vlmrl.userfiles import registered_or_file
 
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -67,7 +67,7 @@ ESTIMATOR_NEEDS: dict[str, Needs] = {}
 """Each registered estimator's declared needs (``register_adv_est``)."""
 OWN_CONVENTION: dict[str, Needs] = {"gae": Needs(critic=True)}
 """Estimators with a calling convention of their own, outside ``ADV_ESTIMATORS`` (as verl's trainer calls GAE
-apart): GAE takes the critic's values (``vlmrl.algos.ppo.token_advantages``)."""
+apart): GAE takes the critic's values (``vlmrl.algorithms.ppo.token_advantages``)."""
 
 
 def register_adv_est(name: Any, needs: Needs | None = None) -> Callable[[EstimatorFn], EstimatorFn]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-"""verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algos.losses.agg_loss``)."""
+"""verl's loss aggregation modes (``actor.loss_agg_mode``; ``vlmrl.algorithms.losses.agg_loss``)."""
 
 
 @dataclass
@@ -16,7 +16,8 @@ class PolicyLossConfig:
 
     loss_mode: str = "vanilla"
     """vanilla (PPO clip + dual clip; also spelled ppo) | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | dro |
-    cispo | dppo_tv | dppo_kl (``vlmrl.algos.losses``), a name a user's file registers, or ``path/to/file.py:fn``."""
+    cispo | dppo_tv | dppo_kl (``vlmrl.algorithms.losses``), a name a user's file registers, or
+    ``path/to/file.py:fn``."""
     clip_cov_ratio: float = 0.0002
     """clip_cov: share of the tokens whose gradient is cut."""
     clip_cov_lb: float = 1.0

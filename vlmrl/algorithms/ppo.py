@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vlmrl.algos.core import aggregate, kl_penalty
-from vlmrl.algos.estimators import (
+from vlmrl.algorithms.core import aggregate, kl_penalty
+from vlmrl.algorithms.estimators import (
     OWN_CONVENTION,
     EstimatorConfig,
     checked,
@@ -195,7 +195,7 @@ def token_advantages(
     sum_pi_squared: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns [B, R] for ``estimator``: GAE (needs the critic's ``values``; ``config.gamma`` and
-    ``lam``), or any estimator of ``vlmrl.algos.estimators`` (built-in, registered or from a file), called as verl
+    ``lam``), or any estimator of ``vlmrl.algorithms.estimators`` (built-in, registered or from a file), called as verl
     calls it (``index``: each sample's prompt; GDPO also gets the reward ``components``, ReMax the ``baselines``)."""
     config = config or EstimatorConfig(adv_estimator=estimator)
     if estimator_needs(estimator).critic and values is None:

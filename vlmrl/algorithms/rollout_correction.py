@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vlmrl.algos.core import masked_mean, masked_sum
+from vlmrl.algorithms.core import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 RS_OPTIONS = (

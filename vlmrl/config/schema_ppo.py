@@ -1,7 +1,7 @@
 """The schema of actor-critic PPO: the critic (value model, ``critic.*``) and the in-reward KL controller
 (``algorithm.kl_ctrl``). Keys and defaults are verl 0.9.1's; ``None`` means "the actor's value" where verl
 interpolates the actor's key (``critic.ppo_mini_batch_size: ${actor_rollout_ref.actor.ppo_mini_batch_size}``), read
-through ``vlmrl.config.plan.critic_settings``."""
+through ``vlmrl.config.plan.critic_plan``."""
 
 from __future__ import annotations
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from vlmrl.algos.core import kl_penalty
-from vlmrl.algos.losses import LossConfig, agg_loss, get_policy_loss
+from vlmrl.algorithms.core import kl_penalty
+from vlmrl.algorithms.losses import LossConfig, agg_loss, get_policy_loss
 from vlmrl.userfiles import load_callable
 
 

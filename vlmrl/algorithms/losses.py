@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from vlmrl.algos.core import masked_mean, masked_sum
-from vlmrl.algos.loss_settings import AGG_MODES, PolicyLossConfig
-from vlmrl.algos.rollout_correction import correct
+from vlmrl.algorithms.core import masked_mean, masked_sum
+from vlmrl.algorithms.loss_settings import AGG_MODES, PolicyLossConfig
+from vlmrl.algorithms.rollout_correction import correct
 from vlmrl.userfiles import registered_or_file
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]

@@ -1,1 +1,0 @@
-"""vlmrl.algos."""
