@@ -21,7 +21,8 @@ the README figures this run is measuring (those tied to ``suite.json``).
 
 The run holds the shared CPU lock (``$VLMRL_CPU_LOCK``); a run during which other processes used more than 10 % of
 the machine is repeated (``--retries``). Writes ``benchmarks/results/suite.json`` and the ``## Test suite`` section
-of ``benchmarks/README.md``, and ``tests/durations.json`` (each test's seconds, setup and teardown included, by node
+of ``benchmarks/README.md``, and ``tests/durations.json`` (each test's own seconds, setup and teardown included but the
+setup of fixtures it shares with other tests, which go to its module's entry, by node
 id: tests/test_suite_tiers.py checks the tiers against it, and ``tests/conftest.py`` starts the parallel run with the
 heaviest modules); the clone is removed afterwards (``--keep`` keeps it; ``--durations-from KEPT/junit.xml`` writes
 only the durations file from a kept run).
@@ -147,13 +148,29 @@ def node_id(case: ET.Element) -> str:
     return "::".join(["/".join(parts[: k + 1]) + ".py", *parts[k + 1 :], case.get("name", "")])
 
 
+SHARED_SETUP = "shared_setup_s"
+"""The JUnit property tests/conftest.py gives a test: seconds of its setup spent on fixtures it shares with others."""
+
+
+def shared_key(nodeid: str, tier: str) -> str:
+    """The durations entry that holds a module's shared fixtures' seconds in one tier (no test has this id)."""
+    return f"{nodeid.split('::')[0]}::(shared fixtures, {tier} tier)"
+
+
 def write_durations(xml: Path, out: Path = DURATIONS) -> dict[str, float]:
-    """``out``: each test's seconds (setup, call and teardown, as JUnit counts them) in the JUnit files of one run
-    (``xml`` and the files of its other runs beside it), slowest first."""
+    """``out``: each test's own seconds (setup, call and teardown, as JUnit counts them, less the setup of fixtures
+    wider than one test, which the first test to use them pays) in the JUnit files of one run (``xml`` and the files
+    of its other runs beside it), and per module and tier the shared fixtures' seconds (``shared_key``), slowest
+    first."""
     seconds: dict[str, float] = {}
-    for case in _cases([f for t in TIER_FILES for f in tier_files(xml, t)]):
-        nid = node_id(case)
-        seconds[nid] = seconds.get(nid, 0.0) + float(case.get("time", 0.0))
+    for tier in TIER_FILES:
+        for case in _cases(tier_files(xml, tier)):
+            nid = node_id(case)
+            shared = sum(float(p.get("value", 0.0)) for p in case.iter("property") if p.get("name") == SHARED_SETUP)
+            seconds[nid] = seconds.get(nid, 0.0) + max(float(case.get("time", 0.0)) - shared, 0.0)
+            if shared:
+                key = shared_key(nid, tier)
+                seconds[key] = seconds.get(key, 0.0) + shared
     ordered = dict(sorted(((n, round(t, 2)) for n, t in seconds.items()), key=lambda kv: (-kv[1], kv[0])))
     out.write_text(json.dumps(ordered, indent=1) + "\n")
     return ordered

@@ -122,6 +122,14 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def pytest_configure(config):
+    """Each test's shared fixtures timed apart from it (tests/shared_setup.py; benchmarks/bench_suite.py reads it)."""
+    import shared_setup
+
+    if not config.pluginmanager.is_registered(shared_setup):
+        config.pluginmanager.register(shared_setup, "vlmrl-shared-setup")
+
+
 _DURATIONS = Path(__file__).parent / "durations.json"
 """Each test's seconds in the last measured run, by node id (``python benchmarks/bench_suite.py`` writes it): the
 tiers are checked against it (tests/test_suite_tiers.py) and the parallel run starts with the heaviest modules."""
