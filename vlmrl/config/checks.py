@@ -747,11 +747,13 @@ def machine_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]
     return check_environment(cfg, plan) + batch_problems(cfg, plan)
 
 
-def check_config(cfg: VLMRLConfig) -> None:
+def check_config(cfg: VLMRLConfig) -> RunPlan:
     """Raise ConfigError listing every problem of a typed config built or changed in code: its values, then (when
-    they are sane) the machine's. ``command.compose`` runs the same checks on a command line."""
+    they are sane) the machine's; else return the plan the checks derived (``run_plan``). ``command.compose`` runs the
+    same checks on a command line."""
     problems = check_values(cfg)
     plan = run_plan(cfg)
     problems += check_environment(cfg, plan) + (batch_problems(cfg, plan) if not problems else [])  # sane numbers
     if problems:
         raise ConfigError("\n".join(problems))
+    return plan

@@ -103,7 +103,9 @@ class Trainer:
         ``clock`` times the start-up's stages (printed when the first step begins); ``plan``: the values the gate
         derived from ``cfg`` (None: derived here, once)."""
         self.cfg = cfg
-        self._gate_plan = plan
+        load_plugins(cfg.algorithm.plugins)  # (imported already when the config check ran in this process)
+        self.plan = plan or run_plan(cfg)  # (after the plugins: a plugin's estimator declares its needs)
+        """What the config gate derived (device, launcher, pools, critic, needs...): read, never derived again."""
         self.clock = clock or StartupClock()
         self.step = 0
         self.updates = 0
@@ -178,9 +180,6 @@ class Trainer:
         """The algorithm class, the critic's plan, the in-reward KL, the estimator's needs and the reward."""
         cfg = self.cfg
         alg = cfg.algorithm
-        load_plugins(alg.plugins)  # (the config check imported them already when it ran in this process)
-        self.plan = self._gate_plan or run_plan(cfg)  # (after the plugins: a plugin's estimator declares its needs)
-        """What the config gate derived (device, launcher, pools, critic, needs...): read, never derived again."""
         self.algorithm = build_algorithm(alg.name, dict(alg.params), LossConfig.from_actor(cfg.actor_rollout_ref.actor))
         """``algorithm.name``'s instance (the base class's hooks do nothing): its hooks run here, its
         ``compute_loss`` in the workers' instances, which get its state with each shard."""
@@ -739,7 +738,7 @@ def fit(
     training raises ``RunStopped`` naming the step and the checkpoint to resume from; one while starting,
     ``vlmrl.startup.StartupError``."""
     if not checked:
-        check_config(cfg)
+        plan = check_config(cfg)
     trainer = Trainer(cfg, clock, plan)
     failed = True
     try:
