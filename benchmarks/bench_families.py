@@ -1,16 +1,19 @@
 """Each model family vlmrl trains, measured the same way: the engine against the trainer, and what it learns.
 
-    python benchmarks/bench_families.py [--families qwen2_5_vl,qwen3_vl,qwen3_vl_moe] [--steps 80] [--video-steps 70]
+    python benchmarks/bench_families.py [--families qwen2_5_vl,qwen3_vl,qwen3_vl_moe,glm4v] [--steps 80]
+        [--video-steps 70]
 
 Per family (its tiny model: ``python -m vlmrl.testing.tiny --family NAME``):
 
 - exactness: vLLM (CPU) samples 3 responses to each of an image, a two-image, a video, an image + video and a
-  text-only prompt; the largest |engine - trainer| log-prob over the sampled tokens for the trainer's shared-prompt,
-  full-sequence and packed forwards; then the language model and the vision tower are perturbed and pushed into the
-  running engine, and the same gap measured on new samples (tests/test_families.py asserts <= 1e-4 for both);
+  text-only prompt (a family vlmrl trains without videos: images in the video prompts' places, as the tests do);
+  the largest |engine - trainer| log-prob over the sampled tokens for the trainer's shared-prompt, full-sequence
+  and packed forwards; then every weight is perturbed and pushed into the running engine, and the same gap measured
+  on new samples (tests/test_families.py asserts <= 1e-4 for both);
 - learning: the quick start's recipe (``configs/tiny_cpu.yaml``, vLLM rollout, 2 worker processes) on the colour task
-  for ``--steps`` steps and on the video colour task for ``--video-steps``: greedy validation before, in the middle
-  and at the end, the first step where the 5-step mean training reward reaches 0.9, and the median step time.
+  for ``--steps`` steps and on the video colour task for ``--video-steps`` (the families vlmrl trains on videos):
+  greedy validation before, in the middle and at the end, the first step where the 5-step mean training reward
+  reaches 0.9, and the median step time.
 
 Writes ``benchmarks/results/families.json`` and the ``## Model families`` section of ``benchmarks/README.md``.
 """
@@ -43,7 +46,7 @@ from common import (  # noqa: E402
 )
 
 SECTION = "Model families"
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v")
 
 
 def exactness(family: str) -> dict[str, Any]:
@@ -71,7 +74,7 @@ def exactness(family: str) -> dict[str, Any]:
         rollout_cfg=RolloutConfig(),
         max_model_len=512,
         limit_images=2,
-        limit_videos=1,
+        limit_videos=int(FAMS[family].videos),
         pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
         video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
     )
@@ -81,8 +84,9 @@ def exactness(family: str) -> dict[str, Any]:
         fresh = trainer_gaps(model, tiny, prompts, engine.generate(prompts, spec))
         g = torch.Generator().manual_seed(7)
         with torch.no_grad():
-            for _, p in model.named_parameters():
-                p.add_(torch.randn(p.shape, generator=g) * 0.5 * (p.std() if p.numel() > 1 else 1.0))
+            for _, p in model.named_parameters():  # zero-initialised biases too (the tests' perturbation)
+                spread = float(p.std()) if p.numel() > 1 else 0.0
+                p.add_(torch.randn(p.shape, generator=g) * 0.5 * (spread or 0.1))
         engine.update_weights(engine_weights(model))
         pushed = trainer_gaps(model, tiny, prompts, engine.generate(prompts, spec))
     finally:
@@ -123,7 +127,7 @@ def markdown(res: dict[str, Any]) -> str:
     rows = []
     for name, f in res["families"].items():
         gaps = max(f["exactness"]["fresh_gap"].values()), max(f["exactness"]["pushed_gap"].values())
-        img, vid = f["image"], f["video"]
+        img, vid = f["image"], f["video"] or NO_VIDEO
         rows.append(
             [
                 name,
@@ -133,8 +137,8 @@ def markdown(res: dict[str, Any]) -> str:
                 " / ".join(f"{v:.2f}" for v in img["val"].values()),
                 str(img["hit_0.9_step"] or "not reached"),
                 f"{img['step_s']:.2f}",
-                " / ".join(f"{v:.2f}" for v in vid["val"].values()),
-                f"{vid['step_s']:.2f}",
+                " / ".join(f"{v:.2f}" for v in vid["val"].values()) or "no videos",
+                f"{vid['step_s']:.2f}" if vid["step_s"] else "",
             ]
         )
     return "\n".join(
@@ -166,7 +170,14 @@ def markdown(res: dict[str, Any]) -> str:
     )
 
 
-README_LABELS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
+README_LABELS = {
+    "qwen2_5_vl": "Qwen2.5-VL",
+    "qwen3_vl": "Qwen3-VL",
+    "qwen3_vl_moe": "Qwen3-VL-MoE",
+    "glm4v": "GLM-4.1V",
+}
+NO_VIDEO = {"val": {}, "step_s": None}
+"""A family vlmrl trains without videos (``Family.videos``): no video run."""
 
 
 def readme_table(res: dict[str, Any]) -> str:
@@ -175,7 +186,7 @@ def readme_table(res: dict[str, Any]) -> str:
     c = res["config"]
     rows = []
     for name, f in res["families"].items():
-        ex, img, vid = f["exactness"], f["image"], f["video"]
+        ex, img, vid = f["exactness"], f["image"], f["video"] or NO_VIDEO
         rows.append(
             [
                 README_LABELS[name],
@@ -184,8 +195,8 @@ def readme_table(res: dict[str, Any]) -> str:
                 f"{max(ex['pushed_gap'].values()) * 1e6:.1f}",
                 " / ".join(f"{v:.2f}" for v in img["val"].values()),
                 f"{img['step_s']:.2f} s",
-                " / ".join(f"{v:.2f}" for v in vid["val"].values()),
-                f"{vid['step_s']:.2f} s",
+                " / ".join(f"{v:.2f}" for v in vid["val"].values()) or "no videos",
+                f"{vid['step_s']:.2f} s" if vid["step_s"] else "",
             ]
         )
     return table(
@@ -233,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "video_val_steps": " / ".join(str(s) for s in range(0, a.video_steps + 1, vv)),
     }
     res["families"] = {}
+    from vlmrl.models.families import FAMILIES as FAMS
+
     for name in names:
         print(f"[bench_families] {name}", flush=True)
         ex = run_json_worker(
@@ -244,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         res["families"][name] = {
             "exactness": ex,
             "image": learn(name, image, work / f"run-{name}-colour", a.steps, iv),
-            "video": learn(name, video, work / f"run-{name}-video", a.video_steps, vv),
+            "video": learn(name, video, work / f"run-{name}-video", a.video_steps, vv) if FAMS[name].videos else None,
         }
     default = names == list(FAMILIES) and a.steps == 80 and a.video_steps == 70
     publish("families", SECTION, res, markdown(res), None if default else work)

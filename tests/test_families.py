@@ -10,6 +10,7 @@ Qwen3-VL-MoE (4 experts, 2 per token) runs on vLLM's CPU MoE kernel, so it takes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,13 +20,13 @@ from utils import clip, expanded, noise, solid, video_prompt
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models import forward, packing, qwen_vl
-from vlmrl.models.families import FAMILIES
+from vlmrl.models.families import FAMILIES, family_of_processor
 from vlmrl.models.inputs import VIDEO_AS_GIVEN, ModelInputs, build_inputs, process_images
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe"]
+FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v"]
 """The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family, checked all the same."""
 
 
@@ -53,11 +54,18 @@ def tiny(request) -> Tiny:
 
 
 def prompts_of(proc: Any) -> list[PromptSample]:
-    """Image, two-image (one tall), video, image + video (odd frame count) and text-only prompts."""
+    """Image, two-image (one tall), video, image + video (odd frame count) and text-only prompts; for a family vlmrl
+    trains without videos (``Family.videos``) the video prompts hold a third image instead, so every family runs
+    five prompts of the same positions in the list."""
+    videos = family_of_processor(proc).videos
     return [
         video_prompt(proc, "Two pictures.", [], 2.0, images=[noise(1), noise(2, (56, 112))], index=0),
-        video_prompt(proc, "What happens?", [clip(6)], fps=1.5, index=1),
-        video_prompt(proc, "Picture and clip.", [clip(5, (56, 56), 30)], 3.0, images=[noise(3)], index=2),
+        video_prompt(proc, "What happens?", [clip(6)], fps=1.5, index=1)
+        if videos
+        else video_prompt(proc, "What happens?", [], 2.0, images=[noise(4, (84, 56))], index=1),
+        video_prompt(proc, "Picture and clip.", [clip(5, (56, 56), 30)], 3.0, images=[noise(3)], index=2)
+        if videos
+        else video_prompt(proc, "Picture and text.", [], 3.0, images=[noise(3)], index=2),
         video_prompt(proc, "What colour is the shape?", [], 2.0, images=[solid((0, 200, 0))], index=3),
         video_prompt(proc, "Just text.", [], 2.0, index=4),
     ]
@@ -130,8 +138,22 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         assert type(proc).__name__ == "Qwen3VLProcessor"
         text = proc.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
         assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # Qwen3-VL: no default system
+    if tiny.name == "glm4v":
+        assert type(model).__name__ == "Glm4vForConditionalGeneration" and type(proc).__name__ == "Glm4vProcessor"
+        assert model.config.text_config.rope_parameters["partial_rotary_factor"] == 0.5
+        text = proc.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        assert text == "[gMASK]<sop><|user|>\nhi<|assistant|>\n"  # GLM's template
+        ends = {proc.tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")}
+        assert set(model.generation_config.eos_token_id) == ends
+        # the processor's size counts an image as two frames: vlmrl's bounds are one image's area
+        assert qwen_vl.pixel_bounds(proc.image_processor) == (FAMILY_SPECS["glm4v"].min_pixels, 28 * 28 * 16)
+        assert proc.image_processor.size["longest_edge"] == 2 * 28 * 28 * 16
     base = AutoProcessor.from_pretrained(ensure_tiny_model(0)).tokenizer  # the tiny Qwen2.5-VL's
-    assert proc.tokenizer.get_vocab() == base.get_vocab()  # README: the same tokenizer in every family
+    if tiny.family.vision_tokens == FAMILIES["qwen2_5_vl"].vision_tokens:  # README: one tokenizer in the Qwen families
+        assert proc.tokenizer.get_vocab() == base.get_vocab()
+    else:  # the same trained vocabulary with the family's own special tokens
+        common = set(base.get_vocab()) & set(proc.tokenizer.get_vocab())
+        assert len(common) >= len(base.get_vocab()) - 20
     with pytest.raises(ValueError, match="not supported.*Qwen3-VL"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "llava"})(), "actor_rollout_ref.model.path=x")
 
@@ -145,6 +167,7 @@ def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:
     text = tiny.processor.tokenizer.decode(expanded(tiny.processor, p))
     stamps = "<0.2 seconds>" in text and "<0.8 seconds>" in text and "<1.5 seconds>" in text
     assert stamps is tiny.family.video_timestamps, text
+    assert bool(p.videos) is tiny.family.videos
 
 
 @pytest.mark.vllm
@@ -164,7 +187,7 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
         rollout_cfg=RolloutConfig(),
         max_model_len=512,
         limit_images=2,
-        limit_videos=1,
+        limit_videos=int(tiny.family.videos),
         pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
         video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
     )
@@ -194,7 +217,8 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
                 with torch.no_grad():
                     for n, p in model.named_parameters():
                         if part(n):
-                            p.add_(torch.randn(p.shape, generator=g) * scale * (p.std() if p.numel() > 1 else 1.0))
+                            spread = float(p.std()) if p.numel() > 1 else 0.0  # zero-initialised biases too
+                            p.add_(torch.randn(p.shape, generator=g) * scale * (spread or 0.1))
                 sent = engine.update_weights(engine_weights(model))  # the trainer's push
                 assert sent > 0
                 got = engine.generate(probe, greedy)
@@ -263,7 +287,8 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
     everything = [list(range(x.batch_size))]
     ref_lp, ref_g = loss_and_grads(make(False), False, everything)
     assert any(float(g.abs().max()) > 1e-4 for g in ref_g.values())
-    budget = token_micro_batches(x, everything[0], 160, "ppo_max_token_len_per_gpu", "cpu", 1, packed=True)
+    limit = 160 if tiny.family.videos else 60  # (image-only prompts are shorter)
+    budget = token_micro_batches(x, everything[0], limit, "ppo_max_token_len_per_gpu", "cpu", 1, packed=True)
     assert len(budget) > 2
     for ckpt, packed, batches in (
         (True, False, everything),
@@ -337,3 +362,47 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
         load([*base, f"data.image_patch_size={size}"])
     with pytest.raises(ConfigError, match="data.image_patch_size=15"):
         load([*base, "data.image_patch_size=15"])
+
+
+def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path) -> None:
+    """GLM-4.1V (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video limits are refused at
+    the config gate naming the family; a record with a video is refused by the dataset naming the file and row; a
+    GLM-4.1V config without ``text_config.attention_bias`` (vLLM would build the decoder without the q/k/v biases
+    transformers has, and drop them from every push) is refused at the gate and at load. The Qwen model passes."""
+    import json
+    import shutil
+
+    from utils import synthetic_data
+
+    from vlmrl.config import DataConfig, load
+    from vlmrl.config.checks import check_environment
+    from vlmrl.data import RLDataset
+    from vlmrl.data.dataset import DataError
+
+    glm = ensure_tiny_model(0, FAMILY_SPECS["glm4v"])
+    data = synthetic_data(tmp_path, "video_colour", train=4, test=2, size=112)
+    files = str(data / "train.parquet")
+    base = [f"data.train_files={files}", f"data.val_files={data / 'test.parquet'}"]
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    zoom = Path(__file__).resolve().parents[1] / "examples" / "tool_config" / "zoom.yaml"
+    turns = [f"{mt}.enable=True", f"{mt}.tool_config_path={zoom}"]
+    for path, refused in ((glm, True), (ensure_tiny_model(0), False)):
+        cfg = load([*base, f"actor_rollout_ref.model.path={path}", *turns, "actor_rollout_ref.rollout.limit_videos=1"])
+        problems = [p for p in check_environment(cfg) if "GLM-4.1V (glm4v)" in p]
+        assert len(problems) == 2 * refused, problems
+        assert not refused or "multi_turn.enable=True: vlmrl writes tool turns in Qwen's hermes format" in problems[0]
+        assert not refused or "limit_videos=1: vlmrl trains GLM-4.1V (glm4v) on images and text" in problems[1]
+    proc = AutoProcessor.from_pretrained(glm)
+    with pytest.raises(DataError, match=r"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains GLM-4.1V on images"):
+        RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=512), verbose=False)
+
+    plain = tmp_path / "no-bias"
+    shutil.copytree(glm, plain)
+    config = json.loads((plain / "config.json").read_text())
+    del config["text_config"]["attention_bias"]
+    (plain / "config.json").write_text(json.dumps(config))
+    cfg = load([*base, f"actor_rollout_ref.model.path={plain}"])
+    [problem] = [p for p in check_environment(cfg) if "attention_bias" in p]
+    assert "its config has text_config.attention_bias=None; GLM-4.1V checkpoints have True there" in problem
+    with pytest.raises(ValueError, match="text_config.attention_bias=None"):
+        qwen_vl.check_model_type(AutoConfig.from_pretrained(plain), "actor_rollout_ref.model.path")

@@ -248,6 +248,32 @@ def test_verl_script_dry_run(script: str, verl_home: Path, tiny_model_dir: str) 
         assert "Did you mean" not in out and "Traceback" not in out and "Error parsing override" not in out
 
 
+GLM41V = "run_glm41v_9b.sh"
+"""verl's GLM-4.1V script (geo3k, vLLM, tensor-parallel 2, packed, KL loss)."""
+
+
+def test_verls_glm41v_script_passes_the_dry_run_with_the_tiny_glm4v(verl_home: Path) -> None:
+    """verl's GLM-4.1V script as shipped, its model pointed at the tiny GLM-4.1V: its geo3k records (verl's
+    preprocessing) render through GLM's chat template and processor, and the plan names the family and the
+    script's settings; the quick start's GLM-4.1V run is its learning test (tests/test_train_e2e.py)."""
+    from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
+
+    model = ensure_tiny_model(0, FAMILY_SPECS["glm4v"])
+    proc = script_here(GLM41V, verl_home, "trainer.dry_run=True", f"actor_rollout_ref.model.path={model}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "OK: the run would start" in proc.stdout, out[-4000:]
+    for line in (
+        "model family: GLM-4.1V (28-px image tokens, its own vision tokens <|image|>, trained without videos or "
+        "multi-turn tool rollouts)",
+        "data.train: 1200 rows -> 1200 prompts",
+        "512 prompts x n=5 = 2560 samples per step",
+        "KL loss on (low_var_kl)",
+        "15 epoch(s)",
+    ):
+        assert line in proc.stdout, (line, proc.stdout[-3000:])
+    assert "Traceback" not in out
+
+
 def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: str) -> None:
     """The multi-turn geo3k script with ``actor_rollout_ref.rollout.name=vllm``: its config file's settings apply
     (multi-turn on, 5 assistant turns, verl's chat template, which lists the tool itself), the command line's win over

@@ -86,6 +86,9 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
     fam = family_of(mt)
     what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
     what += ["timestamped video frames"] * fam.video_timestamps
+    what += [f"its own vision tokens {fam.vision_tokens[0]}"] * (fam.vision_tokens[0] != "<|image_pad|>")
+    left_out = ["videos"] * (not fam.videos) + ["multi-turn tool rollouts"] * (not fam.tool_turns)
+    what += [f"trained without {' or '.join(left_out)}"] * bool(left_out)
     if fam.moe:
         left = fam.moe_not_implemented
         what.append(f"mixture of experts, trained without {', '.join(left[:-1])} or {left[-1]}")

@@ -632,10 +632,11 @@ def multi_turn_problems(cfg: VLMRLConfig) -> list[str]:
     return p
 
 
-def _model_folder_problems(path: str, cfg_file: Path, supported: tuple[str, ...]) -> list[str]:
-    """The policy folder's model type, and its language-model head."""
+def _model_folder_problems(cfg: VLMRLConfig, cfg_file: Path, supported: tuple[str, ...]) -> list[str]:
+    """The policy folder's model type, what its family is not trained on in vlmrl, and its language-model head."""
     from vlmrl.models.value_head import policy_head_problem
 
+    path = cfg.actor_rollout_ref.model.path
     try:
         config = json.loads(cfg_file.read_text(encoding="utf-8"))
         mt = config.get("model_type")
@@ -643,11 +644,37 @@ def _model_folder_problems(path: str, cfg_file: Path, supported: tuple[str, ...]
         return [f"{cfg_file}: unreadable model config ({type(e).__name__}: {e})."]
     if mt not in supported:
         return [f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(supported)}."]
+    p = family_problems(cfg, mt)
+    from vlmrl.models.families import family_of
+
+    if problem := family_of(mt).config_problem(config):
+        p.append(f"actor_rollout_ref.model.path={path!r}: {problem}.")
     try:
         head = policy_head_problem(path, config)
     except Exception:  # noqa: BLE001 - weights that do not read: the model loader names them at start-up
         head = None
-    return [f"actor_rollout_ref.model.path: {head}"] if head else []
+    return p + ([f"actor_rollout_ref.model.path: {head}"] if head else [])
+
+
+def family_problems(cfg: VLMRLConfig, model_type: str) -> list[str]:
+    """What the model's family is not trained on in vlmrl (``Family.videos``, ``Family.tool_turns``) that the config
+    asks for, by name (a data file's videos are refused by the dataset, naming the file and row)."""
+    from vlmrl.models.families import family_of
+
+    fam = family_of(model_type)
+    ro = cfg.actor_rollout_ref.rollout
+    p = []
+    if not fam.tool_turns and ro.multi_turn.enable:
+        p.append(
+            f"actor_rollout_ref.rollout.multi_turn.enable=True: vlmrl writes tool turns in Qwen's hermes format, "
+            f"which {fam.label} ({model_type}) does not read; multi-turn tool rollouts run with the Qwen-VL families."
+        )
+    if not fam.videos and ro.limit_videos:
+        p.append(
+            f"actor_rollout_ref.rollout.limit_videos={ro.limit_videos}: vlmrl trains {fam.label} ({model_type}) on "
+            "images and text, not videos; set it to 0 or null."
+        )
+    return p
 
 
 def check_environment(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
@@ -669,7 +696,7 @@ def check_environment(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str
         if not cfg_file.is_file():
             p.append(f"actor_rollout_ref.model.path={path!r} has no config.json (not an HF model folder).")
         else:
-            p += _model_folder_problems(path, cfg_file, SUPPORTED_MODEL_TYPES)
+            p += _model_folder_problems(cfg, cfg_file, SUPPORTED_MODEL_TYPES)
     for key in ("train_files", "val_files"):
         files = getattr(data, key)
         for f in [files] if isinstance(files, str) else list(files or []):

@@ -98,6 +98,7 @@ class RLDataset:
         self.pixel_bounds = qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
         self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
         self.video_key = data_cfg.video_key
+        self.family = family_of_processor(processor)
         self.video_pad_id = qwen_vl.vision_token_ids(self.tokenizer).video_pad
         self.video_rules = self._video_rules(processor, data_cfg)
 
@@ -214,6 +215,11 @@ class RLDataset:
     def _fit(self, src: ParquetSource, r: int, tid: list[int], n: int, nv: int, itok: int) -> tuple[int, str]:
         """Record ``r``'s prompt length and what becomes of it: kept, truncated (text only, to the limit) or the
         reason it is filtered; raises for a prompt the settings cannot take (naming the file and row)."""
+        if nv and not self.family.videos:
+            raise DataError(
+                f"{where(src.path, r)}: the record holds {nv} video(s); vlmrl trains {self.family.label} on images "
+                f"and text, not videos (the column data.video_key={self.video_key!r})"
+            )
         for pad_id, what, want in ((self.image_pad_id, "image", n), (self.video_pad_id, "video", nv)):
             pads = sum(1 for t in tid if t == pad_id)
             if pads != want:

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 from PIL import Image
 
-from vlmrl.models.families import SUPPORTED_MODEL_TYPES, Family, family_of  # noqa: F401  (callers look them up here)
+from vlmrl.models.families import (  # noqa: F401  (callers look them up here)
+    SUPPORTED_MODEL_TYPES,
+    Family,
+    family_of,
+    pixel_frames,
+)
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -37,38 +42,52 @@ _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_o
 
 @dataclass(frozen=True)
 class VisionTokenIds:
-    """Token ids of the vision special tokens of a Qwen-VL tokenizer."""
+    """Token ids of a tokenizer's vision special tokens (its family's ``Family.vision_tokens``)."""
 
     image_pad: int
     video_pad: int
     vision_start: int
     vision_end: int
+    extra: tuple[int, ...] = ()
+    """Further ids a rollout must never generate (``Family.never_sample``: GLM-4.1V's video start / end)."""
 
     @property
     def never_sample(self) -> list[int]:
         """Ids a rollout must never generate: a sampled pad breaks the next training forward
         (token/feature count mismatch, EasyR1 #110)."""
-        return [self.image_pad, self.video_pad, self.vision_start, self.vision_end]
+        return [self.image_pad, self.video_pad, self.vision_start, self.vision_end, *self.extra]
+
+
+def _token_id(tokenizer: Any, tok: str) -> int | None:
+    i = tokenizer.convert_tokens_to_ids(tok)
+    return None if i is None or i == getattr(tokenizer, "unk_token_id", None) else int(i)
 
 
 def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
-    """Look up the vision token ids in a Qwen-VL tokenizer; a clear error when it is not one."""
-    ids = {}
-    for tok in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END):
-        i = tokenizer.convert_tokens_to_ids(tok)
-        if i is None or i == getattr(tokenizer, "unk_token_id", None):
-            raise ValueError(f"tokenizer has no {tok!r}: not a Qwen-VL tokenizer (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
-        ids[tok] = int(i)
-    return VisionTokenIds(ids[IMAGE_PAD], ids[VIDEO_PAD], ids[VISION_START], ids[VISION_END])
+    """The vision token ids of a tokenizer of a supported family (the first family whose four vision tokens it
+    has); a clear error when it has no family's."""
+    from vlmrl.models.families import FAMILIES
+
+    for fam in FAMILIES.values():
+        ids = [_token_id(tokenizer, t) for t in fam.vision_tokens]
+        extra = [_token_id(tokenizer, t) for t in fam.never_sample]
+        if all(i is not None for i in ids + extra):
+            return VisionTokenIds(*ids, extra=tuple(extra))  # type: ignore[arg-type]
+    names = "; ".join(f"{f.label}: {' '.join(f.vision_tokens)}" for f in FAMILIES.values())
+    raise ValueError(f"the tokenizer has no vision tokens of a supported family ({names})")
 
 
 def check_model_type(config: Any, where: str) -> Family:
     """The family of a checkpoint's config; a checkpoint of no supported family is refused, naming where it came
     from."""
     try:
-        return family_of(config)
+        family = family_of(config)
     except ValueError as e:
         raise ValueError(f"{where}: {e}. Point actor_rollout_ref.model.path at such a checkpoint.") from None
+    problem = family.config_problem(config)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    return family
 
 
 # ------------------------------------------------------------------------------------------------------ images
@@ -81,13 +100,25 @@ def patch_factor(image_processor: Any) -> int:
 
 
 def pixel_bounds(image_processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> tuple[int, int]:
-    """min/max pixel area: the given values, else the processor's."""
+    """min/max pixel area of one image: the given values, else the processor's (its ``size`` divided by the frames
+    an image counts as there: ``Family.pixel_frames``)."""
     size = getattr(image_processor, "size", None) or {}
-    lo = min_pixels or getattr(image_processor, "min_pixels", None) or size.get("shortest_edge")
-    hi = max_pixels or getattr(image_processor, "max_pixels", None) or size.get("longest_edge")
+    frames = pixel_frames(image_processor)
+    lo = min_pixels or getattr(image_processor, "min_pixels", None) or _per_frame(size.get("shortest_edge"), frames)
+    hi = max_pixels or getattr(image_processor, "max_pixels", None) or _per_frame(size.get("longest_edge"), frames)
     if lo is None or hi is None:
         raise ValueError("image processor has no min_pixels/max_pixels; set data.min_pixels and data.max_pixels")
     return int(lo), int(hi)
+
+
+def _per_frame(bound: int | None, frames: int) -> int | None:
+    return None if bound is None else int(bound) // frames
+
+
+def processor_size(image_processor: Any, min_pixels: int, max_pixels: int) -> dict[str, int]:
+    """The processor's ``size`` for one image's area bounds (``Family.pixel_frames`` x the area)."""
+    frames = pixel_frames(image_processor)
+    return {"shortest_edge": int(min_pixels) * frames, "longest_edge": int(max_pixels) * frames}
 
 
 def apply_pixel_bounds(image_processor: Any, min_pixels: int, max_pixels: int) -> None:
@@ -98,7 +129,7 @@ def apply_pixel_bounds(image_processor: Any, min_pixels: int, max_pixels: int) -
     if hasattr(image_processor, "max_pixels"):
         image_processor.max_pixels = int(max_pixels)
     size = dict(getattr(image_processor, "size", None) or {})
-    size.update(shortest_edge=int(min_pixels), longest_edge=int(max_pixels))
+    size.update(processor_size(image_processor, min_pixels, max_pixels))
     image_processor.size = size
 
 

@@ -133,6 +133,10 @@ class HFRollout:
         return result
 
     def _generate_chunk(self, prompts: list[PromptSample], spec: SamplingSpec, batch: RolloutBatch) -> None:
+        if spec.n > 1 and any(len(p.images) > 1 for p in prompts):
+            family = qwen_vl.family_of(qwen_vl.inner_model(self.model).config)
+            if family.hf_repeat_prompts:  # each prompt n times, one sample each: the same rows in the same order
+                prompts, spec = [p for p in prompts for _ in range(spec.n)], dataclasses.replace(spec, n=1)
         enc = self._encode(prompts)
         seqs, lps = self._run_generate(enc, spec)
         prompt_ids = enc["input_ids"].repeat_interleave(spec.n, dim=0)

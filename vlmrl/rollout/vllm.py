@@ -123,9 +123,15 @@ def default_cache_off() -> dict[str, Any]:
 
 
 def _mm_processor_kwargs(
-    limit_videos: int, pixel_bounds: tuple[int, int] | None, video_pixel_bounds: tuple[int, int] | None
+    limit_videos: int,
+    pixel_bounds: tuple[int, int] | None,
+    video_pixel_bounds: tuple[int, int] | None,
+    frames: int = 1,
 ) -> dict[str, Any] | None:
-    """The engine's multimodal processor sizes: the data's pixel bounds (per modality when videos come)."""
+    """The engine's multimodal processor sizes: the data's pixel bounds (per modality when videos come); an image's
+    area bounds times the ``frames`` its processor counts an image as (``Family.pixel_frames``)."""
+    if pixel_bounds is not None:
+        pixel_bounds = (pixel_bounds[0] * frames, pixel_bounds[1] * frames)
     if limit_videos > 0:
         # per modality: vLLM drops a flat ``size`` that a scope also sets, and a flat ``size`` alone resizes the
         # frames with the images' bounds (both seen: 32 video tokens instead of 128, or the images' size lost)
@@ -144,6 +150,15 @@ def _mm_processor_kwargs(
         lo, hi = pixel_bounds
         return {"size": {"shortest_edge": lo, "longest_edge": hi}}
     return None
+
+
+def _pixel_frames(model_path: str, trust_remote_code: bool) -> int:
+    """The frames the model's family's image processor counts an image as (``Family.pixel_frames``)."""
+    from transformers import AutoConfig
+
+    from vlmrl.models.families import family_of
+
+    return family_of(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)).pixel_frames
 
 
 def engine_args(
@@ -177,7 +192,8 @@ def engine_args(
         enable_prefix_caching=True,
         load_format=rollout_cfg.load_format,
     )
-    mm = _mm_processor_kwargs(limit_videos, pixel_bounds, video_pixel_bounds)
+    frames = _pixel_frames(model_path, trust_remote_code) if pixel_bounds is not None else 1
+    mm = _mm_processor_kwargs(limit_videos, pixel_bounds, video_pixel_bounds, frames)
     if mm is not None:
         kwargs["mm_processor_kwargs"] = mm
     if device == "cuda":

@@ -1,9 +1,10 @@
 """Build a tiny random Qwen-VL fully offline: the real architecture, a locally trained tokenizer, the real processor.
 
-    python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m] [--family qwen3_vl|qwen3_vl_moe]
+    python -m vlmrl.testing.tiny --output DIR [--seed N] [--size tiny|20m|100m] [--family NAME]
 
-Families (``models.families``): Qwen2.5-VL (the default), Qwen3-VL (16-px patches, DeepStack, interleaved M-RoPE,
-its chat template: no default system message) and Qwen3-VL-MoE (Qwen3-VL with a mixture-of-experts language model).
+Families (``models.families``): Qwen2.5-VL (the default), Qwen2-VL, Qwen3-VL (16-px patches, DeepStack, interleaved
+M-RoPE, its chat template: no default system message), Qwen3-VL-MoE (Qwen3-VL with a mixture-of-experts language
+model) and GLM-4.1V (GLM's special tokens, chat template and decoder; ``tiny_glm4v``).
 
 The folder is a normal HF checkpoint: ``AutoProcessor`` + ``AutoModelForImageTextToText`` and ``vllm.LLM`` load it.
 It is deterministic for a seed (same bytes of weights), a few MB, and built in seconds. Its untrained policy explores:
@@ -27,6 +28,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from vlmrl.testing import tiny_glm4v
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -120,7 +123,8 @@ class TinySpec:
     tie_word_embeddings: bool = False
     """Share the input embedding and the LM head (Qwen2.5-VL-3B does)."""
     family: str = "qwen2_5_vl"
-    """Model family (``models.families.FAMILIES``): ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe``."""
+    """Model family (``models.families.FAMILIES``): ``qwen2_5_vl``, ``qwen2_vl``, ``qwen3_vl``, ``qwen3_vl_moe`` or
+    ``glm4v``."""
     deepstack_layers: int = 2
     """Qwen3-VL: vision blocks whose features DeepStack adds to the first decoder layers (the first blocks)."""
     num_experts: int = 4
@@ -172,11 +176,16 @@ TINY_QWEN2_VL = TinySpec(family="qwen2_vl")
 """The tiny Qwen2-VL: the tiny shape, Qwen2-VL's vision tower (full attention in every block, no window) and
 ``Qwen2VLProcessor``; its videos' temporal positions are frame-pair indices (no ``tokens_per_second``)."""
 
+TINY_GLM4V = TinySpec(family="glm4v")
+"""The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
+28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
+
 FAMILY_SPECS: dict[str, TinySpec] = {
     "qwen2_5_vl": TinySpec(),
     "qwen2_vl": TINY_QWEN2_VL,
     "qwen3_vl": TINY_QWEN3_VL,
     "qwen3_vl_moe": TINY_QWEN3_VL_MOE,
+    "glm4v": TINY_GLM4V,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -211,7 +220,9 @@ def _corpus(seed: int, tools: bool = False) -> list[str]:
 
 
 def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
-    """A byte-level BPE tokenizer trained locally, carrying every Qwen special token and the Qwen2.5-VL template."""
+    """A byte-level BPE tokenizer trained locally, carrying every Qwen special token and the Qwen2.5-VL template (the
+    Qwen3-VL template for Qwen3-VL; GLM-4.1V's special tokens and template for GLM-4.1V, on the same trained
+    vocabulary)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -224,7 +235,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    added = SPECIAL_TOKENS + (TOOL_TOKENS if spec.tool_tokens else [])
+    glm = spec.family == "glm4v"
+    specials = tiny_glm4v.SPECIAL_TOKENS if glm else SPECIAL_TOKENS
+    added = specials + (TOOL_TOKENS if spec.tool_tokens else [])
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(added),
         show_progress=False,
@@ -232,7 +245,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         special_tokens=[],
     )
     tok.train_from_iterator(_corpus(seed, spec.tool_tokens), trainer=trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)  # appended at the end of the vocabulary, like Qwen's
+    tok.add_special_tokens(specials)  # appended at the end of the vocabulary, like Qwen's
+    if glm:
+        return tiny_glm4v.tokenizer(tok)
     if spec.tool_tokens:
         from tokenizers import AddedToken
 
@@ -263,6 +278,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     from transformers import Qwen2VLImageProcessor
 
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
+    if spec.family == "glm4v":
+        return tiny_glm4v.processor(tokenizer, spec.min_pixels, spec.max_pixels)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -289,6 +306,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
 def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     """The model config of a spec (``Qwen2_5_VLConfig`` / ``Qwen3VLConfig`` / ``Qwen3VLMoeConfig``; token ids from
     ``tokenizer``)."""
+    if spec.family == "glm4v":
+        return tiny_glm4v.config(tokenizer, spec)
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
@@ -434,20 +453,28 @@ def _qwen3_vision_config(spec: TinySpec) -> dict:
 def _model_class(spec: TinySpec):
     import transformers
 
-    names = {"qwen2_5_vl": "Qwen2_5_VL", "qwen2_vl": "Qwen2VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe"}
+    names = {
+        "qwen2_5_vl": "Qwen2_5_VL",
+        "qwen2_vl": "Qwen2VL",
+        "qwen3_vl": "Qwen3VL",
+        "qwen3_vl_moe": "Qwen3VLMoe",
+        "glm4v": "Glm4v",
+    }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
 
 
-def generation_config(tokenizer):
-    """Qwen's generation defaults (both end tokens stop; plain sampling)."""
+def generation_config(tokenizer, family: str = "qwen2_5_vl"):
+    """The family's generation defaults (Qwen: both end tokens stop; GLM-4.1V: its end and next-role tokens; plain
+    sampling)."""
     from transformers import GenerationConfig
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    ends = tiny_glm4v.END_TOKENS if family == "glm4v" else ("<|im_end|>", "<|endoftext|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     return GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=pad,
+        eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in ends],
+        pad_token_id=pad,
         do_sample=True,
         temperature=1.0,
         top_k=0,
@@ -465,7 +492,7 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
     model = _model_class(spec)(config).float()
     with torch.no_grad():  # small head: a near-uniform first policy that explores
         model.lm_head.weight.normal_(0.0, spec.head_init_std)
-    model.generation_config = generation_config(tokenizer)
+    model.generation_config = generation_config(tokenizer, spec.family)
     return model
 
 
@@ -555,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         "--family",
         choices=list(FAMILY_SPECS),
         default="qwen2_5_vl",
-        help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens",
+        help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens, GLM-4.1V its own tokens",
     )
     ap.add_argument("--hidden", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's decoder layers")

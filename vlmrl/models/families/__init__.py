@@ -1,5 +1,5 @@
-"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE, chosen from the
-checkpoint's ``model_type``.
+"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and GLM-4.1V, chosen
+from the checkpoint's ``model_type``.
 
 The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
 (``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
@@ -10,6 +10,10 @@ The rest of vlmrl runs one code path for every family; where the families differ
   video one run of pads and spaces its temporal positions by ``tokens_per_second`` x ``second_per_grid_ts``;
 - ``deepstack``: the vision tower also returns features of early blocks that the decoder adds to the vision tokens'
   hidden states in its first layers (vlmrl carries them concatenated after the main features, as vLLM does);
+- ``vision_tokens``, ``never_sample``: the tokenizer's image / video pads and vision start / end (Qwen's
+  ``<|image_pad|>``..., GLM-4.1V's ``<|image|>``...), and what else a rollout must never generate;
+- ``pixel_frames``: GLM-4.1V's image processor bounds an image's area counted as two frames;
+- ``videos``, ``tool_turns``: what vlmrl trains the family on (the config gate refuses the rest by name);
 - ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
   for it, and the expert weights transformers holds transposed from the checkpoint's layout.
 
@@ -25,11 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 from vlmrl.models.families.base import Family
+from vlmrl.models.families.glm4v import GLM4V
 from vlmrl.models.families.qwen2_vl import QWEN2_VL
 from vlmrl.models.families.qwen3_vl import QWEN3_VL
 from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V)}
 """Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES.values() for t in f.model_types)
@@ -54,4 +59,11 @@ def family_of_processor(processor: Any) -> Family:
     return next((f for f in FAMILIES.values() if name in f.processor_classes), QWEN2_VL)
 
 
-__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of", "family_of_processor"]
+def pixel_frames(image_processor: Any) -> int:
+    """Frames an image counts as in this image processor's pixel bounds (``Family.pixel_frames``; 1 for a processor
+    of no known family)."""
+    name = type(image_processor).__name__
+    return next((f.pixel_frames for f in FAMILIES.values() if name in f.image_processor_classes), 1)
+
+
+__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of", "family_of_processor", "pixel_frames"]

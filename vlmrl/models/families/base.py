@@ -10,16 +10,38 @@ import torch
 
 @dataclass(frozen=True)
 class Family:
-    """What one Qwen-VL model family does differently (see ``models.families``)."""
+    """What one model family does differently (see ``models.families``)."""
 
     name: str
-    """Short name (``--family``): ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``."""
+    """Short name (``--family``): ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``, ``glm4v``."""
     label: str
     """How the README and errors name it."""
     model_types: tuple[str, ...]
     """The checkpoint ``model_type`` values it covers."""
     patch_size: int
     """Pixels per vision patch side; a token is ``merge_size`` x ``merge_size`` patches."""
+    vision_tokens: tuple[str, str, str, str] = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+    """Its tokenizer's image pad, video pad, vision start and vision end tokens (a prompt holds one pad per image
+    or video; the processor and the engine expand it)."""
+    never_sample: tuple[str, ...] = ()
+    """Further special tokens a rollout must never generate (beside the four ``vision_tokens``)."""
+    image_processor_classes: tuple[str, ...] = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")
+    """Its image processors' class names (``families.pixel_frames``)."""
+    pixel_frames: int = 1
+    """Frames the image processor's ``size`` bounds count an image as: its ``shortest_edge`` / ``longest_edge`` are
+    ``pixel_frames`` x an image's pixel area (GLM-4.1V's processor bounds t x h x w with an image as t = 2 frames);
+    vlmrl's ``data.min_pixels`` / ``max_pixels`` are always one image's area."""
+    videos: bool = True
+    """vlmrl trains it on videos (else a video column is refused at the config gate, naming the family)."""
+    tool_turns: bool = True
+    """Multi-turn tool rollouts (their turns are written in Qwen's hermes format; else refused at the gate)."""
+    hf_repeat_prompts: bool = False
+    """``generate``'s ``num_return_sequences`` repeats a multi-image prompt's image features out of order (transformers
+    5.19's GLM-4.1V: ``[A, A, B, B]`` for ``[A, B, A, B]``), so the HF rollout repeats such prompts itself."""
+    config_requires: tuple[tuple[str, object], ...] = ()
+    """(dotted config key, value) pairs a checkpoint's config must hold for the engine to build the model that
+    transformers builds (GLM-4.1V: ``text_config.attention_bias`` true, or vLLM leaves out the q/k/v biases that
+    transformers always has, and drops them from every push without a word)."""
     processor_classes: tuple[str, ...] = ()
     """Its processors' class names (the dataset, which has the processor and no model, reads the prompt layout from
     them: ``families.family_of_processor``)."""
@@ -37,6 +59,19 @@ class Family:
     """Name endings of fused expert weights that transformers holds transposed from the checkpoint's layout (and
     vLLM's loader's): Qwen3-VL-MoE's ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I] in
     memory are [E, H, 2I] / [E, I, H] on disk; transformers 5.19 transposes them when loading but not when saving."""
+
+    def config_problem(self, config: object) -> str | None:
+        """What a model config lacks of ``config_requires`` (None when nothing)."""
+        for key, want in self.config_requires:
+            value: object = config
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+            if value != want:
+                return (
+                    f"its config has {key}={value!r}; {self.label} checkpoints have {want!r} there (vLLM builds the "
+                    "model from it, transformers does not read it: the two would differ)"
+                )
+        return None
 
     def checkpoint_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """A parameter as the checkpoint (and the engine's loader) lays it out: fused experts transposed back, any
