@@ -39,6 +39,7 @@ COMMANDS = {
     "trl_sizes.json": "python benchmarks/bench_trl.py --model-size tiny,20m,100m",
     "packing.json": "python benchmarks/bench_packing.py",
     "families.json": "python benchmarks/bench_families.py",
+    "limits.json": "python benchmarks/bench_limits.py",
     "reward_model.json": "python benchmarks/bench_reward_model.py",
     "data.json": "python benchmarks/bench_data.py",
     "fixed_cost.json": "python benchmarks/bench_scaling.py --steps 12 --image-sizes 56",

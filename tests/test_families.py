@@ -156,6 +156,8 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         assert len(common) >= len(base.get_vocab()) - 20
     with pytest.raises(ValueError, match="not supported.*Qwen3-VL"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "llava"})(), "actor_rollout_ref.model.path=x")
+    with pytest.raises(ValueError, match=r"'glm4v_moe' is not supported \(the closest: GLM-4.1V, 'glm4v', a diff"):
+        qwen_vl.check_model_type(type("C", (), {"model_type": "glm4v_moe"})(), "actor_rollout_ref.model.path=x")
 
 
 def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:

@@ -1,7 +1,8 @@
 """FSDP2 settings that must not change what is learned, only what it costs: ``reshard_after_forward=False`` (keep
 each unit's gathered weights from its forward to its backward) and ``wrap_policy.min_num_params`` (small layers
-gathered with their parent: fewer units) train exactly as the default does. reshard_after_forward=False once trained
-nothing: the optimizer was built while the units were still gathered and stepped copies the next gather overwrote."""
+gathered with their parent: fewer units) and ``fsdp_size=1`` (a whole copy per worker, gradients all-reduced) train
+exactly as the default does. reshard_after_forward=False once trained nothing: the optimizer was built while the units
+were still gathered and stepped copies the next gather overwrote."""
 
 from __future__ import annotations
 
@@ -217,3 +218,86 @@ def test_units_kept_gathered_after_a_push_train_exactly_as_resharded_ones(
     for a, b in zip(resharded["pushes"], kept["pushes"]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(resharded["after"], kept["after"])
+
+
+def _hsdp_worker(rank: int, model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from vlmrl.models.forward import response_logprobs
+    from vlmrl.workers.policy import PolicyWorker
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
+    rows = list(range(rank, x.batch_size, 2))  # each rank its half of the samples, as the workers get theirs
+    mine, adv = x.select(rows), advantages[rows]
+    for fsdp_size in (-1, 1):
+        arr = ActorRolloutRefConfig()
+        arr.model.path = model_dir
+        arr.model.enable_gradient_checkpointing = False
+        arr.actor.fsdp_config.fsdp_size = fsdp_size
+        arr.actor.ppo_micro_batch_size_per_gpu = 2
+        arr.actor.shuffle = False
+        arr.actor.optim.lr = 1e-2
+        torch.manual_seed(0)
+        worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+        params = [p for p in worker.model.parameters() if isinstance(p, DTensor)]
+        whole = [tuple(p.to_local().shape) == tuple(p.shape) for p in params]
+        for _ in range(2):  # two updates of two mini-batches each: four optimizer steps
+            worker.update(mine, adv, 3)
+        with torch.no_grad():
+            after = response_logprobs(worker.model, x, vision_ids)[0]
+        out[rank, fsdp_size] = {
+            "after": after,
+            "pushed": {name: t.clone() for name, t in worker.engine_weights()},
+            "whole_locals": sum(whole),
+            "params": len(params),
+            "mesh": tuple(params[0].device_mesh.shape),
+        }
+    dist.destroy_process_group()
+
+
+def test_fsdp_size_1_holds_the_whole_model_per_worker_and_trains_as_sharding_does(
+    tiny_model_dir,
+    tiny_processor,
+    varied_batch,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """verl's ``fsdp_size``: with 1, each of 2 workers holds every parameter whole (a 2 x 1 mesh: replicas, no
+    shard to gather) and the gradients are all-reduced; its updates equal those of the default sharding over both
+    workers (log-probs within 1e-5, pushed weights within 2e-4 after four Adam steps at lr 1e-2, fp32). A size that
+    does not divide the workers is refused at the gate, naming the key."""
+    from vlmrl.config import load
+    from vlmrl.config.checks import batch_problems
+
+    x, advantages = varied_batch
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    ctx = processes()
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        rdv = f"file://{tmp_path / 'rdv'}"
+        args = (str(tiny_model_dir), ids, x, advantages, rdv, out)
+        procs = [ctx.Process(target=_hsdp_worker, args=(r, *args)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        results = dict(out)
+    assert [p.exitcode for p in procs] == [0, 0] and len(results) == 4
+    mask = x.response_mask.bool()
+    for rank in (0, 1):
+        sharded, whole = results[rank, -1], results[rank, 1]
+        assert sharded["mesh"] == (2,) and whole["mesh"] == (2, 1)
+        assert whole["whole_locals"] == whole["params"] and sharded["whole_locals"] < sharded["params"]
+        assert float((whole["after"] - sharded["after"])[mask].abs().max()) <= 1e-5
+        # the gradients are summed in another order (an all-reduce, not a reduce-scatter); Adam divides each by its
+        # own running scale, which carries that rounding of near-zero gradients into the weights: 4.5e-5 measured
+        worst = max(float((whole["pushed"][k] - t).abs().max()) for k, t in sharded["pushed"].items())
+        assert whole["pushed"].keys() == sharded["pushed"].keys() and worst <= 2e-4, worst
+    assert all(torch.equal(results[0, 1]["pushed"][k], t) for k, t in results[1, 1]["pushed"].items())
+
+    line = ["data.train_files=x", "actor_rollout_ref.model.path=m", "trainer.device=cpu", "trainer.cpu_workers=2"]
+    for size, refused in ((3, True), (2, False), (1, False), (-1, False)):
+        cfg = load([*line, f"actor_rollout_ref.actor.fsdp_config.fsdp_size={size}"])
+        problems = [p for p in batch_problems(cfg) if "fsdp_size" in p]
+        assert bool(problems) == refused, problems
+        assert not refused or "actor.fsdp_config.fsdp_size=3: the workers each parameter is sharded" in problems[0]

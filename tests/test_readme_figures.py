@@ -493,8 +493,10 @@ FIGURES: list[Figure] = [
 # fmt: on
 
 FA = "families.json"
-FAMILY_ROWS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
+FAMILY_ROWS = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE", "glm4v": "GLM-4.1V"}
 """The README's model-families table: its row label for each family of benchmarks/results/families.json."""
+NO_VIDEO_FAMILIES = ("glm4v",)
+"""Families vlmrl trains without videos (``Family.videos``): no video run, ``no videos`` in their row."""
 
 
 FAMILY_VAL_STEPS = {"image": ("0", "20", "40", "60", "80"), "video": ("0", "35", "70")}
@@ -524,17 +526,37 @@ def _family_figures() -> list[Figure]:
             F(FA, gap(name, "fresh_gap"), row + "{*} | {v} |", ".1f", scale=1e6),
             F(FA, gap(name, "pushed_gap"), row + "{*} | {*} | {v} |", ".1f", scale=1e6),
             F(FA, at(*fam, "image", "step_s"), colour + vals("image", None) + "{v} |", ".2f", " s"),
-            F(FA, at(*fam, "video", "step_s"), video + vals("video", None) + "{v} |", ".2f", " s"),
         ]
+        if name not in NO_VIDEO_FAMILIES:
+            out.append(F(FA, at(*fam, "video", "step_s"), video + vals("video", None) + "{v} |", ".2f", " s"))
         out += [
             F(FA, at(*fam, "image", "val", s), colour + vals("image", s).rstrip()) for s in FAMILY_VAL_STEPS["image"]
         ]
+        if name in NO_VIDEO_FAMILIES:
+            continue
         out += [
             F(FA, at(*fam, "video", "val", s), video + vals("video", s).rstrip()) for s in FAMILY_VAL_STEPS["video"]
         ]
     return out
 
 
+LI = "limits.json"
+
+
+def _li(size: str, *path: str) -> Field:
+    return at("sizes", size, *path)
+
+
+FIGURES += [
+    F(LI, _li("100m", "over_bound", "sharded", "update"), "At `100m` the update took {v}x its bound", ".1f"),
+    F(LI, _li("100m", "over_bound", "sharded", "rollout"), "its bound and the rollout {v}x;", ".1f"),
+    F(LI, _li("100m", "over_bound", "sharded", "push"), "the push took {v}x (the", ".1f"),
+    F(LI, _li("100m", "over_bound", "fsdp_size=1", "push"), "reload), and {v}x with", ".1f"),
+    F(LI, _li("100m", "step_s", "fsdp_size=1"), "made the `100m` step {v} against", ".1f", " s"),
+    F(LI, _li("100m", "step_s", "sharded"), "step {*} against {v} sharded", ".1f", " s"),
+    F(LI, _li("20m", "step_s", "fsdp_size=1"), "made the step slower ({v} against", ".1f", " s"),
+    F(LI, _li("20m", "step_s", "sharded"), "slower ({*} against {v})", ".1f", " s"),
+]
 FIGURES += _family_figures()
 FIGURES += [
     F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one reaches {v} in 70 steps"),
@@ -547,7 +569,8 @@ FIGURES += [
 ALLOWED: list[tuple[str, str]] = [
     # model families (README, "Model families")
     ("a token per merged 2 x 2)", "Qwen-VL's spatial merge, an architecture setting"),
-    ("at least 0.9 at step 40)", "the bound and steps tests/test_train_e2e.py asserts"),
+    ("at least 0.9 at step 40 for both)", "the bound and steps tests/test_train_e2e.py asserts"),
+    ("(14-pixel patches merged 2 x 2, the same", "GLM-4.1V's spatial merge, an architecture setting"),
     ("colour task for 80 steps and the video colour task for 70", "bench_families.py's defaults, settings"),
     ("engine gap (1e-6) | after a push (1e-6)", "the table's unit"),
     ("validation at steps 0 / 20 / 40 / 60 / 80 |", "bench_families.py's validation steps, settings"),
@@ -555,6 +578,8 @@ ALLOWED: list[tuple[str, str]] = [
     ("in 70 steps and the MoE", "the video run's length, a setting"),
     # speed at size (README, "Speed at size")
     ("TRL 1.16 in the same run", "the TRL version bench_trl.py installs, a setting"),
+    ("(2 processes x 1 thread at once, as the 2 workers run)", "bench_limits.py's layout, a setting"),
+    ("the update: 6 x parameters x tokens", "the FLOP count's definition (benchmarks/compute_efficiency.py)"),
     ("(6 x parameters x tokens", "the FLOP count's definition (benchmarks/compute_efficiency.py)"),
     ("the same 2 x 1 threads", "the benchmark's worker layout, a setting"),
     ("padded forwards' to 1e-5 in fp32", "the bound tests/test_packing.py and tests/test_micro_batches.py assert"),

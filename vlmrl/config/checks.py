@@ -78,6 +78,9 @@ def number_problems(cfg: VLMRLConfig) -> list[str]:
     _positive(p, "trainer.nnodes", tr.nnodes)
     _positive(p, "trainer.n_gpus_per_node", tr.n_gpus_per_node)
     _positive(p, "trainer.cpu_workers", tr.cpu_workers)
+    for key, fc in fsdp_groups(cfg):
+        if isinstance(fc.fsdp_size, bool) or fc.fsdp_size == 0 or fc.fsdp_size < -1:
+            p.append(f"{key}.fsdp_size={fc.fsdp_size!r}: -1 (shard over all workers) or a number of workers >= 1.")
     for key, fc in (("actor", actor.fsdp_config), ("ref", arr.ref.fsdp_config)):
         if fc.wrap_policy.min_num_params < 0:
             p.append(
@@ -473,6 +476,16 @@ def reward_problems(r: RewardConfig) -> list[str]:
     return p
 
 
+def fsdp_groups(cfg: VLMRLConfig) -> list[tuple[str, Any]]:
+    """(key, FSDP settings) of each model the workers shard: the actor, the reference and the critic."""
+    arr = cfg.actor_rollout_ref
+    return [
+        ("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
+        ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
+        ("critic.fsdp", cfg.critic.fsdp),
+    ]
+
+
 def batch_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
     """Batch sizes that do not split over the planned workers, and engine groups that do not fit them (call it on
     values ``check_values`` accepted; ``plan``: the gate's, None: derived)."""
@@ -496,6 +509,12 @@ def batch_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size="
             f"{data.train_batch_size}, and mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
         )
+    for key, fc in fsdp_groups(cfg):
+        if fc.fsdp_size >= 1 and world % fc.fsdp_size:
+            p.append(
+                f"{key}.fsdp_size={fc.fsdp_size}: the workers each parameter is sharded over: -1 (all {world}) or a "
+                f"divisor of the {world} workers (1: every worker holds the whole model)."
+            )
     crit = plan.critic
     if crit is not None:
         cm = crit.mini_batch_size
@@ -642,11 +661,14 @@ def _model_folder_problems(cfg: VLMRLConfig, cfg_file: Path, supported: tuple[st
         mt = config.get("model_type")
     except (OSError, ValueError, AttributeError) as e:
         return [f"{cfg_file}: unreadable model config ({type(e).__name__}: {e})."]
-    if mt not in supported:
-        return [f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(supported)}."]
-    p = family_problems(cfg, mt)
-    from vlmrl.models.families import family_of
+    from vlmrl.models.families import closest_family, family_of
 
+    if mt not in supported:
+        return [
+            f"actor_rollout_ref.model.path={path!r} is a {mt!r} model; vlmrl trains {', '.join(supported)}"
+            f"{closest_family(mt)}."
+        ]
+    p = family_problems(cfg, mt)
     if problem := family_of(mt).config_problem(config):
         p.append(f"actor_rollout_ref.model.path={path!r}: {problem}.")
     try:

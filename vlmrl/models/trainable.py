@@ -34,15 +34,17 @@ def fsdp_wrap(
     reshard: bool,
     dtype: torch.dtype = torch.float32,
     min_params: int = 0,
+    fsdp_size: int = -1,
 ) -> torch.nn.Module:
     """FSDP2 over the decoder layers, vision blocks (those with at least ``min_params`` parameters), vision tower
-    and root. ``dtype`` other than fp32: parameters are
+    and root, sharded over all workers (``fsdp_size`` -1) or, hybrid (HSDP), within groups of ``fsdp_size`` workers
+    that replicate each other (:func:`shard_mesh`). ``dtype`` other than fp32: parameters are
     gathered and computed in it, gradients reduced in fp32, master weights stay fp32 (MixedPrecisionPolicy, on GPU
     and CPU alike). ``offload``: sharded parameters, gradients and optimizer state live in host memory between uses
     (CPUOffloadPolicy; pinned on GPU machines)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    kw: dict[str, Any] = {"reshard_after_forward": reshard}
+    kw: dict[str, Any] = {"reshard_after_forward": reshard, "mesh": shard_mesh(device, fsdp_size)}
     if dtype != torch.float32:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if offload:
@@ -64,6 +66,20 @@ def fsdp_wrap(
     # gathered copies: an optimizer built now would step those (overwritten by the next gather) and never learn
     reshard_all(model)
     return model
+
+
+def shard_mesh(device: str, fsdp_size: int) -> Any:
+    """The device mesh FSDP2 shards over: None (its default, every worker of the default process group) for
+    ``fsdp_size`` -1 or the whole world; else a 2-D mesh of ``world / fsdp_size`` replicas x ``fsdp_size`` shards
+    (verl's ``fsdp_size``: HSDP)."""
+    world = dist.get_world_size()
+    if fsdp_size in (-1, world):
+        return None
+    if fsdp_size < 1 or world % fsdp_size:
+        raise ValueError(f"fsdp_size={fsdp_size}: -1 or a divisor of the {world} workers")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
 
 
 def reshard_all(model: torch.nn.Module) -> None:

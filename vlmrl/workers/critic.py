@@ -64,6 +64,7 @@ class CriticWorker:
                 fc.reshard_after_forward,
                 compute_dtype(fc.dtype, device),
                 fc.wrap_policy.min_num_params,
+                fc.fsdp_size,
             )
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, plan.optim, total_steps)
         # optimizer state in host memory between steps (critic.fsdp.optimizer_offload; param_offload keeps it there)

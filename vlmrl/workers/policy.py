@@ -184,6 +184,7 @@ class PolicyWorker:
                 fc.reshard_after_forward,
                 compute_dtype(fc.dtype, device),
                 fc.wrap_policy.min_num_params,
+                fc.fsdp_size,
             )
         self.ref = None
         if arr.actor.use_kl_loss if reference is None else reference:
@@ -192,7 +193,13 @@ class PolicyWorker:
             if dist.is_initialized():
                 rc = arr.ref.fsdp_config
                 ref = fsdp_wrap(
-                    ref, device, rc.param_offload, True, compute_dtype(rc.dtype, device), rc.wrap_policy.min_num_params
+                    ref,
+                    device,
+                    rc.param_offload,
+                    True,
+                    compute_dtype(rc.dtype, device),
+                    rc.wrap_policy.min_num_params,
+                    rc.fsdp_size,
                 )
             self.ref = ref
 

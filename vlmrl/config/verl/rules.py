@@ -82,7 +82,6 @@ def _fsdp_notices(group: str) -> tuple[Rule, ...]:
 def _fsdp_accepts(group: str) -> tuple[Rule, ...]:
     """FSDP settings accepted at the value vlmrl behaves as, under ``group``."""
     return (
-        accept(f"{group}.fsdp_size", (-1,), "hybrid sharding (vlmrl shards over all workers)"),
         accept(f"{group}.strategy", ("fsdp", "fsdp2"), _MEGATRON),
         accept(f"{group}.model_dtype", ("fp32", "float32"), "master weights in another dtype (vlmrl keeps fp32)"),
         accept(f"{group}.full_determinism", (False,), "deterministic kernels"),
@@ -195,8 +194,9 @@ RULES: tuple[Rule, ...] = (
     alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
     *(
         alias(f"critic.model.fsdp_config.{k}", f"critic.fsdp.{k}", why="verl's older place of the critic's FSDP keys")
-        for k in ("param_offload", "optimizer_offload")
+        for k in ("param_offload", "optimizer_offload", "fsdp_size")
     ),
+    accept("reward_model.model.fsdp_config.fsdp_size", (-1,), "hybrid sharding of the reward model"),
     alias("reward.custom_reward_function.path", "custom_reward_function.path"),
     alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),

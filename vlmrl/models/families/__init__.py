@@ -47,9 +47,18 @@ def family_of(config_or_type: Any) -> Family:
         if mt in f.model_types:
             return f
     raise ValueError(
-        f"model_type {mt!r} is not supported; vlmrl trains "
+        f"model_type {mt!r} is not supported{closest_family(mt)}; vlmrl trains "
         + "; ".join(f"{f.label} ({', '.join(f.model_types)})" for f in FAMILIES.values())
     )
+
+
+def closest_family(model_type: object) -> str:
+    """`` (the closest: <family>, '<type>', a different architecture)`` for an unsupported ``model_type`` whose
+    name is near a supported one's (``glm4v_moe``, a text model's ``qwen2``), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(model_type), SUPPORTED_MODEL_TYPES, n=1, cutoff=0.6)
+    return f" (the closest: {family_of(close[0]).label}, {close[0]!r}, a different architecture)" if close else ""
 
 
 def family_of_processor(processor: Any) -> Family:
@@ -66,4 +75,12 @@ def pixel_frames(image_processor: Any) -> int:
     return next((f.pixel_frames for f in FAMILIES.values() if name in f.image_processor_classes), 1)
 
 
-__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Family", "family_of", "family_of_processor", "pixel_frames"]
+__all__ = [
+    "FAMILIES",
+    "SUPPORTED_MODEL_TYPES",
+    "Family",
+    "closest_family",
+    "family_of",
+    "family_of_processor",
+    "pixel_frames",
+]

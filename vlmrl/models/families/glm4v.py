@@ -4,9 +4,11 @@ dimension in the checkpoint's config), a GLM-4 decoder; its own vision tokens (`
 <|end_of_image|>``) and chat template (``[gMASK]<sop><|user|>...<|assistant|>``), and an image processor whose
 pixel bounds count an image as two frames.
 
-Its videos are written as timestamped frames of the IMAGE token inside ``<|begin_of_video|>`` ... ``<|end_of_video|>``
-(transformers' forward then cannot tell a video's features from an image's in one prompt); vlmrl trains it on images
-and text, and refuses a video column or multi-turn tool rollouts (Qwen's hermes turns) at the config gate."""
+Its videos are written as frames of the IMAGE token behind whole-second timestamps inside ``<|begin_of_video|>`` ...
+``<|end_of_video|>``, a layout vlmrl's prompts and positions do not build yet (and in a prompt holding images too,
+transformers' forward cannot tell a video's features from an image's); vlmrl trains it on images and text, and
+refuses videos (the config gate's ``rollout.limit_videos``, the dataset's records) and multi-turn tool rollouts (Qwen's
+hermes turns) by name."""
 
 from vlmrl.models.families.base import Family
 
