@@ -98,6 +98,8 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
         "actor_rollout_ref.actor.fsdp_config.grad_offload",
         "critic.model.fsdp_config.param_offload",
         "critic.model.fsdp_config.optimizer_offload",
+        "critic.model.fsdp_config.fsdp_size",
+        "reward_model.model.fsdp_config.fsdp_size",  # the FSDP reward-model worker's (below)
         "trainer.use_ray",  # vlmrl's own older key (now trainer.launcher)
         "async.fallback_kl",
         "async.tis_by_default",  # vlmrl's short form of async_training.*
