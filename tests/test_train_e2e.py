@@ -65,8 +65,16 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     patches, DeepStack, interleaved M-RoPE) and ``FAMILY=glm4v`` the tiny GLM-4.1V (GLM's tokens, template and
     decoder) on the same task, and each learns: greedy validation at most 0.1 before training, at least 0.9 at step
     40 (the issue's bar; measured by benchmarks/bench_families.py, whose 80-step curves these runs' first 40 steps
-    are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push."""
+    are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push. The
+    step-40 checkpoint exports (``python -m vlmrl.export``) to a folder in the hub's layout that transformers loads
+    with the trained weights and vLLM serves: its greedy answers to the validation prompts score what the run's own
+    validation at step 40 did."""
     import json
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     out = tmp_path / "quickstart"
     log = run_example(
@@ -74,6 +82,7 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
         out,
         "trainer.total_training_steps=40",
         "trainer.test_freq=40",
+        "trainer.save_freq=40",
         timeout=1200,
         FAMILY=family,
     )
@@ -83,6 +92,56 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert sorted(val) == [0, 40] and val[0] <= 0.1 and val[40] >= 0.9, val
     assert max(r["rollout/logprob_diff"] for r in rows if r["step"] > 0) < 1e-3
+
+    exported = tmp_path / "exported"
+    cli = subprocess.run(
+        [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
+    base = AutoModelForImageTextToText.from_pretrained(ensure_tiny_model(0, FAMILY_SPECS[family])).state_dict()
+    assert new.keys() == base.keys() and sum(not torch.equal(new[k], base[k]) for k in new) > len(new) // 2
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE_THE_VALIDATION_SET, str(exported), str(out / "data" / "test.parquet")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=300,
+    )
+    assert served.returncode == 0 and "SCORE" in served.stdout, served.stderr[-3000:]
+    score = float(served.stdout.split("SCORE ", 1)[1].split()[0])
+    assert abs(score - val[40]) <= 0.02, (score, val[40])  # the trained policy's own greedy answers
+
+
+SERVE_THE_VALIDATION_SET = """
+import sys
+
+from transformers import AutoProcessor
+from vllm import LLM, SamplingParams
+
+from vlmrl.config import DataConfig
+from vlmrl.data import RLDataset
+from vlmrl.rewards.format import answer_span
+from vlmrl.rewards.synthetic import label_score
+
+folder, data = sys.argv[1], sys.argv[2]
+proc = AutoProcessor.from_pretrained(folder)
+ds = RLDataset(data, proc, DataConfig(train_files=data, max_prompt_length=512), verbose=False)
+prompts = [ds[i] for i in range(len(ds))]
+llm = LLM(model=folder, dtype="float32", max_model_len=512, enforce_eager=True, limit_mm_per_prompt={"image": 1})
+requests = [{"prompt_token_ids": p.prompt_ids, "multi_modal_data": {"image": p.images}} for p in prompts]
+outs = llm.generate(requests, SamplingParams(max_tokens=8, temperature=0))
+scores = [
+    label_score(answer_span(o.outputs[0].text), str(p.ground_truth), [str(c) for c in p.extra_info["choices"]])
+    for o, p in zip(outs, prompts)
+]
+print("SCORE", sum(scores) / len(scores))
+"""
+"""The mean quick-start reward of an exported folder's greedy answers (vLLM, 8 tokens: the validation's settings) to
+every prompt of the colour task's validation file."""
 
 
 def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:

@@ -43,9 +43,9 @@ class FSDPConfig:
     fsdp_size: int = -1
     """Workers each parameter is sharded over (verl's key): -1 = all of them; a divisor of the workers = hybrid
     sharding (HSDP: shards within groups of this size, the groups replicas of each other, gradients all-reduced
-    across them); 1 = every worker holds the whole model (no gathers: each forward, backward and weight push reads
-    its own copy; gradients all-reduced), which on CPU runs the update and the push far faster for a model that fits
-    each worker's memory (benchmarks/README.md, "Stages against the machine's limits")."""
+    across them); 1 = every worker holds the whole model and its optimizer state (no gathers: each forward, backward
+    and weight push reads its own copy; gradients all-reduced), which makes the CPU weight push several times faster
+    for a model that fits each worker's memory (benchmarks/README.md, "Stages against the machine's limits")."""
     dtype: str = "auto"
     """Mixed-precision compute dtype (FSDP2 MixedPrecisionPolicy: parameters gathered in it, gradients reduced in
     fp32, fp32 master weights): auto (bfloat16 on GPU, float32 on CPU) | bfloat16 | float16 | float32."""
