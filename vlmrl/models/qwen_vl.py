@@ -1,7 +1,8 @@
-"""What the Qwen-VL families share (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE), in one place; where they differ,
-the code here reads the model's :class:`~vlmrl.models.families.Family` (``models.families``).
+"""What the Qwen-VL families share (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE), and GLM-4.1V with them (Qwen2-VL's
+vision side), in one place; where they differ, the code here reads the model's
+:class:`~vlmrl.models.families.Family` (``models.families``).
 
-- special tokens (image/video pads) and the ids a rollout must never sample;
+- special tokens (image/video pads, each family's own) and the ids a rollout must never sample;
 - image resizing with qwen-vl-utils' rules and the number of image tokens an image becomes;
 - video frame sampling and frame resizing with qwen-vl-utils' ``fetch_video`` rules, the tokens a video becomes and
   its ``second_per_grid_ts``;

@@ -32,7 +32,8 @@ class Family:
     ``pixel_frames`` x an image's pixel area (GLM-4.1V's processor bounds t x h x w with an image as t = 2 frames);
     vlmrl's ``data.min_pixels`` / ``max_pixels`` are always one image's area."""
     videos: bool = True
-    """vlmrl trains it on videos (else a video column is refused at the config gate, naming the family)."""
+    """vlmrl trains it on videos (else ``rollout.limit_videos`` is refused at the config gate and a record with a
+    video by the dataset, each naming the family)."""
     tool_turns: bool = True
     """Multi-turn tool rollouts (their turns are written in Qwen's hermes format; else refused at the gate)."""
     hf_repeat_prompts: bool = False
