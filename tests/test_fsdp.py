@@ -7,6 +7,7 @@ were still gathered and stepped copies the next gather overwrote."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from test_micro_batches import varied_batch  # noqa: F401 - the fixture
@@ -30,6 +31,24 @@ def _run_alone(target, *args, tmp_path: Path) -> tuple[int | None, dict]:
         return p.exitcode, dict(out)
 
 
+def _worker(model_dir: str, vision_ids, micro: int, min_num_params: int = 0, **fsdp) -> Any:
+    """A PolicyWorker on the tiny model (no checkpointing, no shuffle, lr 1e-2, ``micro`` samples per micro-batch,
+    these ``fsdp_config`` values), its weights from seed 0."""
+    from vlmrl.workers.policy import PolicyWorker
+
+    arr = ActorRolloutRefConfig()
+    arr.model.path = model_dir
+    arr.model.enable_gradient_checkpointing = False
+    for key, value in fsdp.items():
+        setattr(arr.actor.fsdp_config, key, value)
+    arr.actor.fsdp_config.wrap_policy.min_num_params = min_num_params
+    arr.actor.ppo_micro_batch_size_per_gpu = micro
+    arr.actor.shuffle = False
+    arr.actor.optim.lr = 1e-2
+    torch.manual_seed(0)
+    return PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+
+
 def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict) -> None:
     import torch.distributed as dist
 
@@ -39,16 +58,13 @@ def _train(model_dir: str, vision_ids, x, advantages, rendezvous: str, out: dict
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
     for setting in SETTINGS:
-        arr = ActorRolloutRefConfig()
-        arr.model.path = model_dir
-        arr.model.enable_gradient_checkpointing = False
-        arr.actor.fsdp_config.reshard_after_forward = setting != "reshard_after_forward=False"
-        arr.actor.fsdp_config.wrap_policy.min_num_params = 10**6 if setting == "min_num_params=1e6" else 0
-        arr.actor.ppo_micro_batch_size_per_gpu = 3
-        arr.actor.shuffle = False
-        arr.actor.optim.lr = 1e-2
-        torch.manual_seed(0)
-        worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+        worker = _worker(
+            model_dir,
+            vision_ids,
+            3,
+            reshard_after_forward=setting != "reshard_after_forward=False",
+            min_num_params=10**6 if setting == "min_num_params=1e6" else 0,
+        )
 
         def logprobs(w: PolicyWorker) -> torch.Tensor:
             with torch.no_grad():
@@ -166,20 +182,11 @@ def _push_and_train(model_dir: str, vision_ids, x, advantages, rendezvous: str, 
     from torch.distributed.tensor import DTensor
 
     from vlmrl.models.forward import response_logprobs
-    from vlmrl.workers.policy import PolicyWorker
     from vlmrl.workers.weights import engine_weights
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
     for keep in (False, True):
-        arr = ActorRolloutRefConfig()
-        arr.model.path = model_dir
-        arr.model.enable_gradient_checkpointing = False
-        arr.actor.fsdp_config.reshard_after_forward = False
-        arr.actor.ppo_micro_batch_size_per_gpu = 3
-        arr.actor.shuffle = False
-        arr.actor.optim.lr = 1e-2
-        torch.manual_seed(0)
-        worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+        worker = _worker(model_dir, vision_ids, 3, reshard_after_forward=False)
         pushes, gathered = [], []
         for _ in range(3):  # update (two optimizer steps), then a push, as every training step does
             worker.update(x, advantages, 6)
@@ -225,21 +232,12 @@ def _hsdp_worker(rank: int, model_dir: str, vision_ids, x, advantages, rendezvou
     from torch.distributed.tensor import DTensor
 
     from vlmrl.models.forward import response_logprobs
-    from vlmrl.workers.policy import PolicyWorker
 
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     rows = list(range(rank, x.batch_size, 2))  # each rank its half of the samples, as the workers get theirs
     mine, adv = x.select(rows), advantages[rows]
     for fsdp_size in (-1, 1):
-        arr = ActorRolloutRefConfig()
-        arr.model.path = model_dir
-        arr.model.enable_gradient_checkpointing = False
-        arr.actor.fsdp_config.fsdp_size = fsdp_size
-        arr.actor.ppo_micro_batch_size_per_gpu = 2
-        arr.actor.shuffle = False
-        arr.actor.optim.lr = 1e-2
-        torch.manual_seed(0)
-        worker = PolicyWorker(arr, device="cpu", total_steps=4, vision_ids=vision_ids, seed=1, max_response_length=22)
+        worker = _worker(model_dir, vision_ids, 2, fsdp_size=fsdp_size)
         params = [p for p in worker.model.parameters() if isinstance(p, DTensor)]
         whole = [tuple(p.to_local().shape) == tuple(p.shape) for p in params]
         for _ in range(2):  # two updates of two mini-batches each: four optimizer steps

@@ -96,10 +96,10 @@ class RLDataset:
         ip = processor.image_processor
         self.patch_factor = qwen_vl.patch_factor(ip)
         self.pixel_bounds = qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
-        self.image_pad_id = qwen_vl.vision_token_ids(self.tokenizer).image_pad
+        vision = qwen_vl.vision_token_ids(self.tokenizer)
+        self.image_pad_id, self.video_pad_id = vision.image_pad, vision.video_pad
         self.video_key = data_cfg.video_key
         self.family = family_of_processor(processor)
-        self.video_pad_id = qwen_vl.vision_token_ids(self.tokenizer).video_pad
         self.video_rules = self._video_rules(processor, data_cfg)
 
         self._pool: Any = None
@@ -118,7 +118,7 @@ class RLDataset:
     def _video_rules(self, processor: Any, data_cfg: DataConfig) -> VideoRules:
         """How this model's video processor sizes and samples a video (``data.video_*`` bounds)."""
         vp = getattr(processor, "video_processor", None) or processor.image_processor
-        family = family_of_processor(processor)
+        family = self.family
         return VideoRules(
             qwen_vl.patch_factor(vp),
             *qwen_vl.pixel_bounds(vp, data_cfg.video_min_pixels, data_cfg.video_max_pixels),

@@ -315,12 +315,7 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     mrope = _mrope_section(spec)
     text = dict(
-        vocab_size=spec.model_vocab_size or len(tokenizer),
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate or 2 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
+        **text_shape(tokenizer, spec),
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope},
@@ -344,6 +339,35 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     return config
 
 
+def text_shape(tokenizer, spec: TinySpec) -> dict:
+    """The language model's shape of a spec, as every family's text config names it (the vocabulary: the
+    tokenizer's size, or ``model_vocab_size``)."""
+    return dict(
+        vocab_size=spec.model_vocab_size or len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate or 2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+    )
+
+
+def vision_shape(spec: TinySpec, patch_size: int) -> dict:
+    """The vision tower's shape of a spec, as the Qwen2.5-VL, Qwen3-VL and GLM-4.1V vision configs name it
+    (``patch_size``-px patches merged 2 x 2, frame pairs, RGB)."""
+    return dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
+        num_heads=spec.vision_heads,
+        out_hidden_size=spec.hidden,
+        patch_size=patch_size,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+    )
+
+
 def _qwen2_vision_config(spec: TinySpec) -> dict:
     """The vision tower's config of a Qwen2.5-VL (windowed attention) or Qwen2-VL spec."""
     if spec.family == "qwen2_vl":  # Qwen2-VL's tower: full attention, fixed-width MLP, no time scaling of videos
@@ -359,15 +383,7 @@ def _qwen2_vision_config(spec: TinySpec) -> dict:
             temporal_patch_size=2,
         )
     return dict(
-        depth=spec.vision_depth,
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
-        num_heads=spec.vision_heads,
-        out_hidden_size=spec.hidden,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        in_channels=3,
+        **vision_shape(spec, 14),
         window_size=112,
         fullatt_block_indexes=list(spec.fullatt_blocks) or [spec.vision_depth - 1],
         tokens_per_second=2,
@@ -386,12 +402,7 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
-        vocab_size=spec.model_vocab_size or len(tokenizer),
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate or 2 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
+        **text_shape(tokenizer, spec),
         head_dim=spec.hidden // spec.heads,
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
@@ -436,15 +447,7 @@ def _qwen3_vl_config(tokenizer, spec: TinySpec):
 def _qwen3_vision_config(spec: TinySpec) -> dict:
     """Qwen3-VL's vision tower: 16-px patches, learned position embeddings, DeepStack mergers."""
     return dict(
-        depth=spec.vision_depth,
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
-        num_heads=spec.vision_heads,
-        out_hidden_size=spec.hidden,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        in_channels=3,
+        **vision_shape(spec, 16),
         num_position_embeddings=256,
         deepstack_visual_indexes=list(range(min(spec.deepstack_layers, spec.vision_depth))),
     )

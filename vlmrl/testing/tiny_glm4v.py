@@ -81,16 +81,13 @@ def config(tok: Any, spec: Any) -> Any:
     sections over them) and GLM-4.1V's vision tower (14-px patches, learned position embeddings)."""
     from transformers import Glm4vConfig
 
+    from vlmrl.testing.tiny import text_shape, vision_shape  # (tiny imports this module)
+
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     rotary_half = (spec.hidden // spec.heads) // 4  # partial_rotary_factor 0.5: sections sum to head_dim / 4
     third = rotary_half * 3 // 8
     text = dict(
-        vocab_size=spec.model_vocab_size or len(tok),
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate or 2 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
+        **text_shape(tok, spec),
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
         rope_parameters={
@@ -104,18 +101,7 @@ def config(tok: Any, spec: Any) -> Any:
         eos_token_id=[ids[t] for t in END_TOKENS],
         tie_word_embeddings=spec.tie_word_embeddings,
     )
-    vision = dict(
-        depth=spec.vision_depth,
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
-        num_heads=spec.vision_heads,
-        out_hidden_size=spec.hidden,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        in_channels=3,
-        image_size=112,
-    )
+    vision = dict(**vision_shape(spec, 14), image_size=112)
     return Glm4vConfig(
         text_config=text,
         vision_config=vision,
