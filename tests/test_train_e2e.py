@@ -65,10 +65,10 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     patches, DeepStack, interleaved M-RoPE) and ``FAMILY=glm4v`` the tiny GLM-4.1V (GLM's tokens, template and
     decoder) on the same task, and each learns: greedy validation at most 0.1 before training, at least 0.9 at step
     40 (the issue's bar; measured by benchmarks/bench_families.py, whose 80-step curves these runs' first 40 steps
-    are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push. The
+    are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push. GLM-4.1V's
     step-40 checkpoint exports (``python -m vlmrl.export``) to a folder in the hub's layout that transformers loads
     with the trained weights and vLLM serves: its greedy answers to the validation prompts score what the run's own
-    validation at step 40 did."""
+    validation at step 40 did (a Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm)."""
     import json
 
     import torch
@@ -82,7 +82,7 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
         out,
         "trainer.total_training_steps=40",
         "trainer.test_freq=40",
-        "trainer.save_freq=40",
+        f"trainer.save_freq={40 if family == 'glm4v' else -1}",
         timeout=1200,
         FAMILY=family,
     )
@@ -92,15 +92,10 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert sorted(val) == [0, 40] and val[0] <= 0.1 and val[40] >= 0.9, val
     assert max(r["rollout/logprob_diff"] for r in rows if r["step"] > 0) < 1e-3
-
+    if family != "glm4v":
+        return
     exported = tmp_path / "exported"
-    cli = subprocess.run(
-        [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ENV},
-    )
-    assert cli.returncode == 0, cli.stderr[-3000:]
+    export_checkpoint(out, exported)
     new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
     base = AutoModelForImageTextToText.from_pretrained(ensure_tiny_model(0, FAMILY_SPECS[family])).state_dict()
     assert new.keys() == base.keys() and sum(not torch.equal(new[k], base[k]) for k in new) > len(new) // 2
@@ -114,6 +109,18 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     assert served.returncode == 0 and "SCORE" in served.stdout, served.stderr[-3000:]
     score = float(served.stdout.split("SCORE ", 1)[1].split()[0])
     assert abs(score - val[40]) <= 0.02, (score, val[40])  # the trained policy's own greedy answers
+
+
+def export_checkpoint(run_dir: Path, exported: Path) -> subprocess.CompletedProcess:
+    """``python -m vlmrl.export --checkpoint run_dir --output exported``, which must succeed."""
+    cli = subprocess.run(
+        [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(run_dir), "--output", str(exported)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    return cli
 
 
 SERVE_THE_VALIDATION_SET = """
@@ -217,13 +224,7 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninte
 
     out = uninterrupted
     exported = tmp_path / "exported"
-    cli = subprocess.run(
-        [sys.executable, "-m", "vlmrl.export", "--checkpoint", str(out), "--output", str(exported)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ENV},
-    )
-    assert cli.returncode == 0, cli.stderr[-3000:]
+    cli = export_checkpoint(out, exported)
     assert f"exported {out} -> {exported}" in cli.stdout and (out / "global_step_6").is_dir(), cli.stdout
     new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
     base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).state_dict()

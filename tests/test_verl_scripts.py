@@ -292,25 +292,28 @@ def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["run_qwen2_5_vl-7b_lora.sh", MULTI_TURN])
+@pytest.mark.parametrize("script", ["run_qwen2_5_vl-7b_lora.sh", MULTI_TURN, GLM41V])
 def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
     """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.testing.smoke's scale-down appended, as a
     verl user appends overrides), validation before and after, the checkpoint at the last step. Their
     ``tensor_model_parallel_size=2`` makes the two workers share one vLLM engine; the LoRA script pushes merged
-    adapters into it; the multi-turn one runs its agent loop (vLLM). verl's plain 7B script trains under
+    adapters into it; the multi-turn one runs its agent loop (vLLM); the GLM-4.1V one trains the tiny GLM-4.1V with
+    its KL loss, packing and gradient checkpointing. verl's plain 7B script trains under
     ``test_verls_ppo_launch_line_trains_at_tiny_scale`` (the same lines and the critic's); its seq-balance script's
     token budgets (``use_dynamic_bsz``) train under the Qwen3-VL one (actor, reference and rollout log-prob
     budgets) and pass the dry run here."""
     from vlmrl.testing.smoke import OVERRIDES
+    from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     out = tmp_path / "run"
     engine = ["actor_rollout_ref.rollout.name=vllm"] if script == MULTI_TURN else []
+    model = ensure_tiny_model(0, FAMILY_SPECS["glm4v"]) if script == GLM41V else tiny_model_dir
     proc = run_script(
         script,
         verl_home,
         *OVERRIDES,
         *engine,
-        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"actor_rollout_ref.model.path={model}",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl,wandb]",
         timeout=600,
