@@ -307,7 +307,7 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     """The model config of a spec (``Qwen2_5_VLConfig`` / ``Qwen3VLConfig`` / ``Qwen3VLMoeConfig``; token ids from
     ``tokenizer``)."""
     if spec.family == "glm4v":
-        return tiny_glm4v.config(tokenizer, spec)
+        return tiny_glm4v.config(tokenizer, spec, text_shape(tokenizer, spec), vision_shape(spec, 14))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig

@@ -76,18 +76,18 @@ def processor(tok: Any, min_pixels: int, max_pixels: int) -> Any:
     )
 
 
-def config(tok: Any, spec: Any) -> Any:
+def config(tok: Any, spec: Any, text_shape: dict, vision_shape: dict) -> Any:
     """A ``Glm4vConfig`` of the spec's shape: GLM-4's decoder (half the head's dimensions rotated, 3-D M-RoPE
-    sections over them) and GLM-4.1V's vision tower (14-px patches, learned position embeddings)."""
+    sections over them) and GLM-4.1V's vision tower (14-px patches, learned position embeddings). ``text_shape``
+    and ``vision_shape`` are the shapes every family's tiny config shares (``tiny.text_shape`` /
+    ``tiny.vision_shape(spec, 14)``)."""
     from transformers import Glm4vConfig
-
-    from vlmrl.testing.tiny import text_shape, vision_shape  # (tiny imports this module)
 
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     rotary_half = (spec.hidden // spec.heads) // 4  # partial_rotary_factor 0.5: sections sum to head_dim / 4
     third = rotary_half * 3 // 8
     text = dict(
-        **text_shape(tok, spec),
+        **text_shape,
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
         rope_parameters={
@@ -101,7 +101,7 @@ def config(tok: Any, spec: Any) -> Any:
         eos_token_id=[ids[t] for t in END_TOKENS],
         tie_word_embeddings=spec.tie_word_embeddings,
     )
-    vision = dict(**vision_shape(spec, 14), image_size=112)
+    vision = dict(**vision_shape, image_size=112)
     return Glm4vConfig(
         text_config=text,
         vision_config=vision,
