@@ -24,7 +24,7 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
-from vlmrl.config.plan import RunPlan, run_plan
+from vlmrl.config.plan import RunPlan, multi_turn_schedule, run_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
 from vlmrl.data.parquet import normalize_files
@@ -254,7 +254,7 @@ def _multi_turn(cfg: VLMRLConfig, rep: Report) -> None:
     rep.plan.append(
         f"multi-turn: tools {names} ({mt.format}), {turns}, {mt.max_parallel_calls} call(s) per turn, "
         f"tool timeout {mt.tool_timeout_s:g} s, the whole trajectory within data.max_response_length="
-        f"{cfg.data.max_response_length}"
+        f"{cfg.data.max_response_length}; {multi_turn_schedule(cfg.actor_rollout_ref.rollout)}"
     )
 
 

@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -88,15 +89,21 @@ class HangWatch:
         self.timeouts = 0
         self.returned = 0
         self.timed_out_names: dict[str, int] = {}
+        self._lock = threading.Lock()  # batches of calls may run from several threads (the per-trajectory agent loop)
 
     def timeout(self) -> float:
         """The timeout of the next call to start."""
-        if self.timeouts < self.slots or self.slowest_ok_s is None:
-            return self.timeout_s
-        return min(self.timeout_s, max(SHORT_TIMEOUT_FLOOR_S, SHORT_TIMEOUT_FACTOR * self.slowest_ok_s))
+        with self._lock:
+            if self.timeouts < self.slots or self.slowest_ok_s is None:
+                return self.timeout_s
+            return min(self.timeout_s, max(SHORT_TIMEOUT_FLOOR_S, SHORT_TIMEOUT_FACTOR * self.slowest_ok_s))
 
     def record(self, result: CallResult, name: str | None = None) -> None:
         """Count a finished call; :class:`HangError` when every one of the first ``2 x slots`` timed out."""
+        with self._lock:
+            self._record(result, name)
+
+    def _record(self, result: CallResult, name: str | None) -> None:
         self.finished += 1
         if result.error == TIMEOUT:
             self.timeouts += 1

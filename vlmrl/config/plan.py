@@ -15,7 +15,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vlmrl.config.schema import ActorRolloutRefConfig, FSDPConfig, OptimConfig, RolloutCorrectionConfig, VLMRLConfig
+from vlmrl.config.schema import (
+    ActorRolloutRefConfig,
+    FSDPConfig,
+    OptimConfig,
+    RolloutConfig,
+    RolloutCorrectionConfig,
+    VLMRLConfig,
+)
 
 if TYPE_CHECKING:
     from vlmrl.algorithms.estimators import Needs
@@ -94,6 +101,23 @@ def tp_size(cfg: VLMRLConfig) -> int:
     """Workers that share one rollout engine (``rollout.tensor_model_parallel_size`` with vLLM; 1 with HF)."""
     ro = cfg.actor_rollout_ref.rollout
     return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
+
+
+def multi_turn_schedule(rollout: RolloutConfig) -> str:
+    """How multi-turn rollouts of ``actor_rollout_ref.rollout`` will be scheduled, in words (the dry run's plan;
+    ``rollout.multi_turn.MultiTurnAgent.per_trajectory`` decides at run time from the same facts)."""
+    mt = rollout.multi_turn
+    if mt.schedule == "turn":
+        return "turn by turn (multi_turn.schedule=turn)"
+    why = [
+        "the HF rollout generates batch by batch" if rollout.name != "vllm" else "",
+        "tool_workers=0 runs calls one after another" if mt.tool_workers == 0 else "",
+        "a tensor-parallel engine's ranks take the same steps" if rollout.tensor_model_parallel_size > 1 else "",
+    ]
+    why = [w for w in why if w]
+    if why:
+        return "turn by turn (" + "; ".join(why) + ")"
+    return "per trajectory (each one's next turn starts when its tool calls return)"
 
 
 def token_budgets(arr: ActorRolloutRefConfig) -> dict[str, tuple[str, bool, int]]:

@@ -228,6 +228,10 @@ class MultiTurnConfig:
     """Processes per rollout worker that run tool calls, one call each at a time (a timeout ends the process; more
     for tools that wait on I/O). 0 = in the rollout worker's own thread, one after another (debugging; nothing can
     stop a call there, so tool_timeout_s must be 0)."""
+    schedule: str = "trajectory"
+    """trajectory: each trajectory's next turn starts as soon as its tool calls return (verl's agent loop; on the
+    vLLM engine with tool_workers >= 1 and one rank per engine, else turn by turn, which the dry run's plan names) |
+    turn: every trajectory's turn k generates together, then all of turn k's calls run, then turn k + 1."""
 
 
 @dataclass
@@ -547,6 +551,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.load_format": ("auto", "safetensors", "pt"),
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
+    "actor_rollout_ref.rollout.multi_turn.schedule": ("trajectory", "turn"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "reward_model.style": ("discriminative", "generative"),
     "reward_model.rollout.name": ("vllm", "hf"),

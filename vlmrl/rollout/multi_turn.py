@@ -1,6 +1,16 @@
 """Multi-turn tool rollouts (verl's ``multi_turn``): generate → parse tool calls → run the tools → append the tool
-turn (text and images) → generate again, for every trajectory of a batch at once, on any engine with
-``generate_turns`` (vLLM or HF).
+turn (text and images) → generate again.
+
+Two schedules (``multi_turn.schedule``):
+
+- ``trajectory`` (the default; verl's agent loop): each trajectory on its own, its next turn queued in the engine as
+  soon as its tool calls return while the others generate or wait on theirs, so neither the slowest generation nor
+  the slowest tool call of a turn holds the batch. Needs an engine that streams turns (vLLM's ``start_turns`` /
+  ``step_turns``), tool worker processes (``tool_workers`` >= 1) and a one-rank engine; each turn samples from its
+  own seed, so the trajectories do not depend on when their turns reach the engine.
+- ``turn``: every trajectory's turn k together, then every call of turn k, then turn k + 1 (any engine with
+  ``generate_turns``: the HF rollout, a tensor-parallel vLLM engine, whose ranks must take the same steps, and
+  ``tool_workers=0``, where calls run one after another in this thread).
 
 Token-in/token-out: each turn the engine gets the trajectory's ids (one image pad per image) and its images; the
 policy's generated ids are kept as generated (never decoded and re-tokenised); only the tool turns are tokenised.
@@ -19,15 +29,18 @@ run. The tools' text is tokenised without special tokens (an echoed ``<|image_pa
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from PIL import Image
 
 from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
 from vlmrl.models import qwen_vl
-from vlmrl.rollout.base import SamplingSpec, TurnRequest
+from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
 from vlmrl.supervise import HangWatch
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
@@ -96,43 +109,25 @@ class MultiTurnAgent:
         self.max_images = int(max_images)
 
     # ------------------------------------------------------------------------------------------------- loop
+    def per_trajectory(self) -> bool:
+        """Whether rollouts run per trajectory (``multi_turn.schedule=trajectory`` on an engine that streams turns,
+        with tool worker processes and a one-rank engine); else turn by turn."""
+        return (
+            getattr(self.cfg, "schedule", "trajectory") == "trajectory"
+            and hasattr(self.engine, "start_turns")
+            and self.tools.pool is not None
+            and self.tools.group is None
+        )
+
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` trajectories per prompt, grouped by prompt."""
         timer = Timer()
         states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
-        active = list(states)
-        per_turn = self.cfg.max_tokens_per_turn
         watch = self.tools.new_watch()  # the rollout's timeouts, counted across its turns
-        while active:
-            requests = []
-            for s in active:
-                left = self.budget - len(s.response)
-                requests.append(TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left, s.prompt))
-            outs = self.engine.generate_turns(requests, spec)
-            calls: list[_Call] = []
-            for s, o in zip(active, outs):
-                s.context += o.ids
-                s.response += o.ids
-                s.mask += [1] * len(o.ids)
-                s.logprobs += list(o.logprobs) + [0.0] * (len(o.ids) - len(o.logprobs))
-                s.finish = o.finish
-                turn = s.traj.assistant_turns
-                s.traj.assistant_turns += 1
-                text = self.tokenizer.decode(o.ids, skip_special_tokens=True)
-                s.traj.turn_texts.append(("assistant", text))
-                if o.finish == "length" or len(s.response) >= self.budget:
-                    continue
-                if self.cfg.max_assistant_turns and s.traj.assistant_turns >= self.cfg.max_assistant_turns:
-                    continue
-                if self.cfg.max_user_turns and s.traj.user_turns >= self.cfg.max_user_turns:
-                    continue
-                parsed = hermes.parse(text)
-                for k, c in enumerate(parsed):
-                    if k < self.cfg.max_parallel_calls:
-                        calls.append(_Call(s, c, turn))
-            with timer("tool"):
-                self._run_calls(calls, watch)
-            active = self._append_tool_turns(calls)
+        if self.per_trajectory():
+            self._run_per_trajectory(states, spec, timer, watch)
+        else:
+            self._run_turn_by_turn(states, spec, timer, watch)
         batch = RolloutBatch([], [], [], [], n=spec.n)
         for s in states:
             counts = [self._image_tokens(im) for im in s.prompt.images]
@@ -144,7 +139,100 @@ class MultiTurnAgent:
             batch.trajectories.append(s.traj)
         batch.timing["generate_s"] = timer.elapsed
         batch.timing["tool_s"] = timer["tool"]
+        batch.timing["tool_wait_s"] = timer["tool_wait"] if self.per_trajectory() else timer["tool"]
         return batch
+
+    def _run_turn_by_turn(
+        self, states: list[_State], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
+    ) -> None:
+        """Every trajectory's turn k generates together, then every call of turn k runs, then turn k + 1."""
+        active = list(states)
+        while active:
+            outs = self.engine.generate_turns([self._turn_request(s) for s in active], spec)
+            calls = [c for s, o in zip(active, outs) for c in self._after_turn(s, o)]
+            with timer("tool"):
+                self._run_calls(calls, watch)
+            active = self._append_tool_turns(calls)
+
+    def _run_per_trajectory(
+        self, states: list[_State], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
+    ) -> None:
+        """Each trajectory on its own schedule: its next turn goes into the engine as soon as its tool calls return,
+        while the others generate or wait on theirs (the engine's scheduler runs up to ``max_num_seqs`` at once, the
+        tool workers ``tool_workers`` calls). Each turn samples from its own seed (drawn from torch's generator once
+        per rollout, then fixed by the trajectory and the turn), so the trajectories do not depend on the order the
+        turns reach the engine in. ``timer`` gets ``tool`` (seconds during which some call ran) and ``tool_wait`` (of
+        those, the seconds the engine sat idle, every trajectory waiting on its tools)."""
+        base = int(torch.randint(0, 2**31 - 1, (1,)))
+        index = {id(s): k for k, s in enumerate(states)}
+        in_engine: dict[str, tuple[int, _State]] = {}
+        running: dict[Future, list[_Call]] = {}
+
+        def start(batch: list[tuple[int, _State]]) -> None:
+            seeds = [(base + 1_000_003 * k + 7919 * s.traj.assistant_turns) % 2**31 for k, s in batch]
+            ids = self.engine.start_turns([self._turn_request(s) for _, s in batch], spec, seeds)
+            in_engine.update(zip(ids, batch))
+
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(states), 64)), thread_name_prefix="vlmrl-tool-calls")
+        busy_since = 0.0  # when calls began running with none before
+        try:
+            start(list(enumerate(states)))
+            while in_engine or running:
+                if in_engine:
+                    for rid, out in self.engine.step_turns():
+                        if rid not in in_engine:
+                            raise RuntimeError(f"the engine finished a request it was not given here ({rid!r})")
+                        k, s = in_engine.pop(rid)
+                        calls = self._after_turn(s, out)
+                        if calls:
+                            if not running:
+                                busy_since = time.perf_counter()
+                            running[pool.submit(self._run_calls, calls, watch)] = calls
+                else:
+                    with timer("tool_wait"):
+                        wait(list(running), return_when=FIRST_COMPLETED)
+                ready: list[tuple[int, _State]] = []
+                for future in [f for f in running if f.done()]:
+                    calls = running.pop(future)
+                    future.result()  # a tool that hangs stops the rollout (HangError)
+                    ready += [(index[id(s)], s) for s in self._append_tool_turns(calls)]
+                if busy_since and not running:
+                    timer.add("tool", time.perf_counter() - busy_since)
+                    busy_since = 0.0
+                if ready:
+                    start(ready)
+        except BaseException:
+            self.engine.abort_turns(list(in_engine))
+            for future in running:
+                future.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _turn_request(self, s: _State) -> TurnRequest:
+        """A trajectory's next turn: its whole context, and what is left of its token budget (or one turn's)."""
+        left = self.budget - len(s.response)
+        per_turn = self.cfg.max_tokens_per_turn
+        return TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left, s.prompt)
+
+    def _after_turn(self, s: _State, o: TurnOutput) -> list[_Call]:
+        """Append a generated turn to its trajectory; the tool calls it makes (none: the trajectory has ended)."""
+        s.context += o.ids
+        s.response += o.ids
+        s.mask += [1] * len(o.ids)
+        s.logprobs += list(o.logprobs) + [0.0] * (len(o.ids) - len(o.logprobs))
+        s.finish = o.finish
+        turn = s.traj.assistant_turns
+        s.traj.assistant_turns += 1
+        text = self.tokenizer.decode(o.ids, skip_special_tokens=True)
+        s.traj.turn_texts.append(("assistant", text))
+        if o.finish == "length" or len(s.response) >= self.budget:
+            return []
+        if self.cfg.max_assistant_turns and s.traj.assistant_turns >= self.cfg.max_assistant_turns:
+            return []
+        if self.cfg.max_user_turns and s.traj.user_turns >= self.cfg.max_user_turns:
+            return []
+        return [_Call(s, c, turn) for k, c in enumerate(hermes.parse(text)) if k < self.cfg.max_parallel_calls]
 
     def _image_tokens(self, image: Image.Image) -> int:
         factor, lo, hi = self.bounds

@@ -324,25 +324,58 @@ class VLLMRollout:
         batch.timing["generate_s"] = sw.elapsed
         return batch
 
-    def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
-        """One sample per request with its own token limit (a multi-turn step; prefix caching reuses each
-        trajectory's earlier turns)."""
+    def _turn_requests(
+        self, requests: list[TurnRequest], spec: SamplingSpec, seeds: list[int] | None = None
+    ) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The engine's prompts and sampling parameters of multi-turn requests (one sample each, its own token
+        limit; ``seeds``: one sampling seed per request)."""
         engine_requests = []
         params = []
-        for r in requests:
+        for k, r in enumerate(requests):
             req: dict[str, Any] = {"prompt_token_ids": list(r.ids)}
             if r.images:
                 req["multi_modal_data"] = {"image": list(r.images) if len(r.images) > 1 else r.images[0]}
             engine_requests.append(req)
-            params.append(self.sampling_params(dataclasses.replace(spec, n=1, max_tokens=max(1, r.max_tokens))))
+            p = self.sampling_params(dataclasses.replace(spec, n=1, max_tokens=max(1, r.max_tokens)))
+            if seeds is not None:
+                p.seed = int(seeds[k])
+            params.append(p)
+        return engine_requests, params
+
+    @staticmethod
+    def _turn_output(out: Any) -> TurnOutput:
+        """A finished request's one sample as a :class:`TurnOutput`."""
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
+        return TurnOutput(ids, lps, "length" if c.finish_reason == "length" else "stop")
+
+    def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
+        """One sample per request with its own token limit (a multi-turn step; prefix caching reuses each
+        trajectory's earlier turns)."""
+        engine_requests, params = self._turn_requests(requests, spec)
         outs = self.llm.generate(engine_requests, params, use_tqdm=False)
-        result = []
-        for out in outs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
-            result.append(TurnOutput(ids, lps, "length" if c.finish_reason == "length" else "stop"))
-        return result
+        return [self._turn_output(out) for out in outs]
+
+    # ------------------------------------------------------------------- streaming turns (the agent loop)
+    def start_turns(self, requests: list[TurnRequest], spec: SamplingSpec, seeds: list[int]) -> list[str]:
+        """Queue multi-turn requests in the running engine without waiting for them (the per-trajectory agent loop:
+        ``rollout.multi_turn``); their ids, which :meth:`step_turns` reports them under. ``seeds``: each request's
+        own sampling seed, so what it samples does not depend on what else the engine runs beside it."""
+        engine_requests, params = self._turn_requests(requests, spec, seeds)
+        added = self.llm.enqueue(engine_requests, params, use_tqdm=False)
+        # vLLM names a request ``<its id>-<random suffix>`` inside the engine and reports and aborts it by its id
+        return [str(i).rsplit("-", 1)[0] for i in added]
+
+    def step_turns(self) -> list[tuple[str, TurnOutput]]:
+        """One engine step over every queued request (vLLM's scheduler batches them: at most ``max_num_seqs`` run
+        at once); the requests that finished in it, by id."""
+        return [(o.request_id, self._turn_output(o)) for o in self.llm.llm_engine.step() if o.finished]
+
+    def abort_turns(self, request_ids: list[str]) -> None:
+        """Drop queued or running requests (a rollout that stops on an error leaves nothing in the engine)."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(list(request_ids))
 
     # --------------------------------------------------------------------------------------------- weight push
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:

@@ -248,6 +248,7 @@ def step_metrics(
     if rb.trajectories:
         out.update(multi_turn_metrics(rb.trajectories))
         out["timing/tool_s"] = float(rb.timing.get("tool_s", 0.0))
+        out["timing/tool_wait_s"] = float(rb.timing.get("tool_wait_s", 0.0))
     out["advantages/mean"] = float(adv.mean())
     out["advantages/abs_mean"] = float(adv.abs().mean())
     out["advantages/zero_variance_groups"] = float(flat)
