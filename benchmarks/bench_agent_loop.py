@@ -7,7 +7,8 @@ policy turns of 24 tokens each (``ignore_eos``), the first two of which call ``i
 every turn; what it generated in a calling turn is replaced by the call, so every trajectory calls the tool twice
 whatever the random policy writes), the tool sleeping a latency drawn from a heavy tail first (log-normal, median
 0.1 s, sigma 1, capped at 2 s; drawn per trajectory and turn from the seed, so both schedules wait the same
-latencies). For each size and seed both schedules run (alternating which goes first); the rollout's wall time, the
+latencies). For each size, after a warm-up rollout of each schedule, both schedules run on each seed (alternating
+which goes first); the rollout's wall time, the
 time some call ran (``tool_s``) and the time the engine sat idle waiting on tools (``tool_wait_s``).
 
 Holds the shared CPU lock. Writes ``benchmarks/results/agent_loop.json`` and the ``## Multi-turn agent loop``
@@ -142,46 +143,49 @@ def run_size(model: Path, seeds: int, tool_workers: int, work: Path) -> dict[str
     spec = SamplingSpec(n=N, max_tokens=512, ignore_eos=True)
     runs: list[dict[str, Any]] = []
     try:
+        plan = [(-1, "turn"), (-1, "trajectory")]  # a warm-up rollout of each, not recorded
         for seed in range(seeds):
-            order = ["turn", "trajectory"] if seed % 2 == 0 else ["trajectory", "turn"]
-            for schedule in order:
-                cfg = MultiTurnConfig(
-                    enable=True,
-                    tool_config_path="tools.yaml",
-                    tool_workers=tool_workers,
-                    max_assistant_turns=CALLS + 1,
-                    max_tokens_per_turn=TURN_TOKENS,
-                    max_tool_images=CALLS,
-                    schedule=schedule,
-                )
-                agent = MultiTurnAgent(
-                    CallingPolicy(engine, processor.tokenizer, seed),
-                    tools,
-                    cfg,
-                    processor.tokenizer,
-                    (factor, lo, hi),
-                    512,
-                    max_images=1 + CALLS,
-                )
-                torch.manual_seed(seed)
-                t0 = time.perf_counter()
-                rb = agent.generate(prompts, spec)
-                wall = time.perf_counter() - t0
-                calls = sum(len(t.calls) for t in rb.trajectories)
-                errors = sum(1 for t in rb.trajectories for c in t.calls if c.error)
-                if calls != PROMPTS * N * CALLS or errors:
-                    raise RuntimeError(f"{schedule}: {calls} calls, {errors} errors; expected {PROMPTS * N * CALLS}")
-                runs.append(
-                    {
-                        "seed": seed,
-                        "schedule": schedule,
-                        "wall_s": round(wall, 3),
-                        "tool_s": round(rb.timing["tool_s"], 3),
-                        "tool_wait_s": round(rb.timing["tool_wait_s"], 3),
-                        "policy_tokens": sum(sum(t.response_mask) for t in rb.trajectories),
-                    }
-                )
-                print(f"[bench_agent_loop]   seed {seed} {schedule}: {wall:.2f} s", flush=True)
+            plan += [(seed, s) for s in (("turn", "trajectory") if seed % 2 == 0 else ("trajectory", "turn"))]
+        for seed, schedule in plan:
+            cfg = MultiTurnConfig(
+                enable=True,
+                tool_config_path="tools.yaml",
+                tool_workers=tool_workers,
+                max_assistant_turns=CALLS + 1,
+                max_tokens_per_turn=TURN_TOKENS,
+                max_tool_images=CALLS,
+                schedule=schedule,
+            )
+            agent = MultiTurnAgent(
+                CallingPolicy(engine, processor.tokenizer, max(seed, 0)),
+                tools,
+                cfg,
+                processor.tokenizer,
+                (factor, lo, hi),
+                512,
+                max_images=1 + CALLS,
+            )
+            torch.manual_seed(max(seed, 0))
+            t0 = time.perf_counter()
+            rb = agent.generate(prompts, spec)
+            wall = time.perf_counter() - t0
+            calls = sum(len(t.calls) for t in rb.trajectories)
+            errors = sum(1 for t in rb.trajectories for c in t.calls if c.error)
+            if calls != PROMPTS * N * CALLS or errors:
+                raise RuntimeError(f"{schedule}: {calls} calls, {errors} errors; expected {PROMPTS * N * CALLS}")
+            if seed < 0:
+                continue
+            runs.append(
+                {
+                    "seed": seed,
+                    "schedule": schedule,
+                    "wall_s": round(wall, 3),
+                    "tool_s": round(rb.timing["tool_s"], 3),
+                    "tool_wait_s": round(rb.timing["tool_wait_s"], 3),
+                    "policy_tokens": sum(sum(t.response_mask) for t in rb.trajectories),
+                }
+            )
+            print(f"[bench_agent_loop]   seed {seed} {schedule}: {wall:.2f} s", flush=True)
     finally:
         tools.close()
         engine.close()

@@ -190,7 +190,8 @@ def test_on_vllm_the_trajectories_do_not_depend_on_the_tools_timing(
 ) -> None:
     """Two rollouts from one torch seed whose tool calls return in other orders (random latencies) sample the same
     tokens after the tool turn (each turn's own seed), and the trainer's log-probs equal the engine's on them (padded
-    and packed)."""
+    and packed). On CPU that takes chunked prefill off (``seeded_turns``: vLLM's rewind of a seeded request's
+    generator after a partial prefill is CUDA-only)."""
     import torch
     from test_multi_turn import _trainer_gap
     from transformers import AutoModelForImageTextToText
@@ -198,7 +199,9 @@ def test_on_vllm_the_trajectories_do_not_depend_on_the_tools_timing(
     from vlmrl.models.packing import VARLEN
     from vlmrl.rollout.vllm import VLLMRollout
 
-    engine = VLLMRollout(str(tiny_model_dir), rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=4)
+    cfg = RolloutConfig(enable_chunked_prefill=False)
+    engine = VLLMRollout(str(tiny_model_dir), rollout_cfg=cfg, max_model_len=512, limit_images=4)
+    assert engine.seeded_turns
     prompts = [
         make_prompt(tiny_processor, "What is here?", [noise(1, (112, 84))], index=0),
         make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),

@@ -268,6 +268,11 @@ class VLLMRollout:
         self.asleep = False
         # the weight push: on CPU straight into the layers and repacked (cpu_reload), else vLLM's in-place reload
         self.direct_push_unsupported = "not a CPU engine" if device != "cpu" else unsupported_reason(self.llm)
+        chunked = bool(self.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill)
+        self.seeded_turns = device != "cpu" or not chunked
+        """Streamed turns sample from their own seeds (:meth:`start_turns`). vLLM rewinds a seeded request's generator
+        after a partial (chunked) prefill with ``Generator.set_offset``, which CPU generators lack (the engine step
+        fails), so a CPU engine with chunked prefill on (vLLM's default) samples them from its shared generator."""
         if device == "cpu" and self.direct_push_unsupported:
             print(f"[vlmrl] weight push through vLLM's reload_weights: {self.direct_push_unsupported}", flush=True)
 
@@ -361,8 +366,9 @@ class VLLMRollout:
     def start_turns(self, requests: list[TurnRequest], spec: SamplingSpec, seeds: list[int]) -> list[str]:
         """Queue multi-turn requests in the running engine without waiting for them (the per-trajectory agent loop:
         ``rollout.multi_turn``); their ids, which :meth:`step_turns` reports them under. ``seeds``: each request's
-        own sampling seed, so what it samples does not depend on what else the engine runs beside it."""
-        engine_requests, params = self._turn_requests(requests, spec, seeds)
+        own sampling seed, so what it samples does not depend on what else the engine runs beside it (where
+        :attr:`seeded_turns`; else the engine's shared generator)."""
+        engine_requests, params = self._turn_requests(requests, spec, seeds if self.seeded_turns else None)
         added = self.llm.enqueue(engine_requests, params, use_tqdm=False)
         # vLLM names a request ``<its id>-<random suffix>`` inside the engine and reports and aborts it by its id
         return [str(i).rsplit("-", 1)[0] for i in added]
