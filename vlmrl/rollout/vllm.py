@@ -375,7 +375,10 @@ class VLLMRollout:
 
     def step_turns(self) -> list[tuple[str, TurnOutput]]:
         """One engine step over every queued request (vLLM's scheduler batches them: at most ``max_num_seqs`` run
-        at once); the requests that finished in it, by id."""
+        at once); the requests that finished in it, by id. Called while turns are queued: an engine with none left
+        unfinished lost them (an error, not a wait that never ends)."""
+        if not self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError("vLLM holds no unfinished request while the agent loop waits on queued turns")
         return [(o.request_id, self._turn_output(o)) for o in self.llm.llm_engine.step() if o.finished]
 
     def abort_turns(self, request_ids: list[str]) -> None:
