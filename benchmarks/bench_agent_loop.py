@@ -8,7 +8,8 @@ every turn; what it generated in a calling turn is replaced by the call, so ever
 whatever the random policy writes), the tool sleeping a latency drawn from a heavy tail first (log-normal, median
 0.1 s, sigma 1, capped at 2 s; drawn per trajectory and turn from the seed, so both schedules wait the same
 latencies). For each size, after a warm-up rollout of each schedule, both schedules run on each seed (alternating
-which goes first); the rollout's wall time, the
+which goes first), each from an empty prefix cache (as after a training step's weight push: the runs of one seed
+share prompts and tool turns); the rollout's wall time, the
 time some call ran (``tool_s``) and the time the engine sat idle waiting on tools (``tool_wait_s``).
 
 Holds the shared CPU lock. Writes ``benchmarks/results/agent_loop.json`` and the ``## Multi-turn agent loop``
@@ -166,6 +167,7 @@ def run_size(model: Path, seeds: int, tool_workers: int, work: Path) -> dict[str
                 max_images=1 + CALLS,
             )
             torch.manual_seed(max(seed, 0))
+            engine.reset_caches()  # as after a training step's weight push: no prefix cached from the last rollout
             t0 = time.perf_counter()
             rb = agent.generate(prompts, spec)
             wall = time.perf_counter() - t0
