@@ -1,6 +1,6 @@
 """Multi-turn tool rollouts per trajectory against turn by turn (``multi_turn.schedule``), side by side.
 
-    python benchmarks/bench_agent_loop.py [--sizes tiny,20m] [--seeds 3] [--tool-workers 8]
+    python benchmarks/bench_agent_loop.py [--sizes tiny,20m] [--seeds 5] [--tool-workers 8]
 
 The workload: 8 prompts x 4 trajectories on the CPU vLLM engine (the random-weight model of each size), three
 policy turns of 24 tokens each (``ignore_eos``), the first two of which call ``image_zoom`` (the engine generates
@@ -246,7 +246,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="tiny,20m")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--tool-workers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
