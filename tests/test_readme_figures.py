@@ -577,6 +577,8 @@ ALLOWED: list[tuple[str, str]] = [
     ("validation at steps 0 / 35 / 70 |", "bench_families.py's validation steps, settings"),
     ("in 70 steps and the MoE", "the video run's length, a setting"),
     # speed at size (README, "Speed at size")
+    ("Its CPU default of 128-token blocks", "vLLM's CPU block size, a setting (bench_vllm_cpu.py measures it)"),
+    ("CPU engines use 32-token blocks", "vlmrl.rollout.vllm.CPU_BLOCK_SIZE, a setting (tests/test_rollout.py)"),
     ("TRL 1.16 in the same run", "the TRL version bench_trl.py installs, a setting"),
     ("(2 processes x 1 thread at once, as the 2 workers run)", "bench_limits.py's layout, a setting"),
     ("the update: 6 x parameters x tokens", "the FLOP count's definition (benchmarks/compute_efficiency.py)"),

@@ -96,6 +96,30 @@ def test_n_samples_with_one_and_two_images_match_hf_forward(engine, hf, tiny_pro
     assert gap <= 1e-4
 
 
+def test_a_groups_samples_share_their_prompts_kv_on_cpu(engine, tiny_processor):
+    """The CPU engine's KV blocks are 32 tokens (``CPU_BLOCK_SIZE``; vLLM's CPU default 128 would hold no whole
+    block of a short prompt): a prompt's n samples, which start together, prefill it once between them, each
+    recomputing less than one block; ``engine_kwargs.vllm.block_size`` overrides the size."""
+    from vllm import SamplingParams
+
+    from vlmrl.rollout.vllm import CPU_BLOCK_SIZE, engine_args
+
+    assert engine.llm.llm_engine.vllm_config.cache_config.block_size == CPU_BLOCK_SIZE == 32
+    prompt = make_prompt(tiny_processor, "What colour is this picture, in one word?", [noise(3, (112, 84))], 0)
+    assert len(prompt.prompt_ids) > CPU_BLOCK_SIZE
+    engine.reset_caches()
+    params = SamplingParams(n=6, max_tokens=2, logprobs=0)
+    req = {"prompt_token_ids": list(prompt.prompt_ids), "multi_modal_data": {"image": prompt.images[0]}}
+    out = engine.llm.generate([req], params, use_tqdm=False)[0]
+    full = len(out.prompt_token_ids)
+    assert out.num_cached_tokens == full // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE > 0, (out.num_cached_tokens, full)
+    args = dict(max_model_len=512, limit_images=1, limit_videos=0, seed=0, distributed=False)
+    more = dict(tensor_parallel_size=1, trust_remote_code=False, pixel_bounds=None, video_pixel_bounds=None)
+    cfg = RolloutConfig(engine_kwargs={"vllm": {"block_size": 64}})
+    assert engine_args("m", cfg, device="cpu", **args, **more)["block_size"] == 64
+    assert "block_size" not in engine_args("m", RolloutConfig(), device="cuda", **args, **more)
+
+
 def test_greedy_hf_and_vllm_agree(engine, hf, tiny_processor):
     prompts = [make_prompt(tiny_processor, "Name the colour.", [solid((200, 30, 30))], i) for i in range(2)]
     prompts.append(make_prompt(tiny_processor, "Text only prompt.", [], 2))

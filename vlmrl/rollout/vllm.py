@@ -161,6 +161,13 @@ def _pixel_frames(model_path: str, trust_remote_code: bool) -> int:
     return family_of(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)).pixel_frames
 
 
+CPU_BLOCK_SIZE = 32
+"""The CPU engine's KV block size (vLLM's CPU default is 128; its CPU attention takes multiples of 32). A GRPO group's
+``n`` samples of a prompt start together, and vLLM shares their prompt's KV through its prefix cache in whole blocks
+only: with 128-token blocks a prompt under 128 tokens is prefilled once per sample. With 32 each sample recomputes
+less than one block (benchmarks/README.md, "vLLM CPU settings"); ``engine_kwargs.vllm.block_size`` overrides it."""
+
+
 def engine_args(
     model_path: str,
     rollout_cfg: Any,
@@ -199,6 +206,8 @@ def engine_args(
     if device == "cuda":
         kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = bool(rollout_cfg.free_cache_engine)
+    else:
+        kwargs["block_size"] = CPU_BLOCK_SIZE
     if rollout_cfg.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = rollout_cfg.max_num_batched_tokens
     if rollout_cfg.enable_chunked_prefill is not None:
