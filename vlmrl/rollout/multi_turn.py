@@ -7,7 +7,8 @@ Two schedules (``multi_turn.schedule``):
   soon as its tool calls return while the others generate or wait on theirs, so neither the slowest generation nor
   the slowest tool call of a turn holds the batch. Needs an engine that streams turns (vLLM's ``start_turns`` /
   ``step_turns``), tool worker processes (``tool_workers`` >= 1) and a one-rank engine; each turn samples from its
-  own seed, so the trajectories do not depend on when their turns reach the engine.
+  own seed where the engine can keep one per request (``VLLMRollout.seeded_turns``: CUDA, or chunked prefill off on
+  CPU), so the trajectories do not depend on when their turns reach the engine.
 - ``turn``: every trajectory's turn k together, then every call of turn k, then turn k + 1 (any engine with
   ``generate_turns``: the HF rollout, a tensor-parallel vLLM engine, whose ranks must take the same steps, and
   ``tool_workers=0``, where calls run one after another in this thread).
@@ -159,10 +160,11 @@ class MultiTurnAgent:
     ) -> None:
         """Each trajectory on its own schedule: its next turn goes into the engine as soon as its tool calls return,
         while the others generate or wait on theirs (the engine's scheduler runs up to ``max_num_seqs`` at once, the
-        tool workers ``tool_workers`` calls). Each turn samples from its own seed (drawn from torch's generator once
-        per rollout, then fixed by the trajectory and the turn), so the trajectories do not depend on the order the
-        turns reach the engine in. ``timer`` gets ``tool`` (seconds during which some call ran) and ``tool_wait`` (of
-        those, the seconds the engine sat idle, every trajectory waiting on its tools)."""
+        tool workers ``tool_workers`` calls). Each turn gets its own seed (drawn from torch's generator once per
+        rollout, then fixed by the trajectory and the turn; the engine samples from it where it can), so the
+        trajectories do not depend on the order the turns reach the engine in. ``timer`` gets ``tool`` (seconds
+        during which some call ran) and ``tool_wait`` (of those, the seconds the engine sat idle, every trajectory
+        waiting on its tools)."""
         base = int(torch.randint(0, 2**31 - 1, (1,)))
         index = {id(s): k for k, s in enumerate(states)}
         in_engine: dict[str, tuple[int, _State]] = {}
@@ -182,7 +184,7 @@ class MultiTurnAgent:
                     for rid, out in self.engine.step_turns():
                         if rid not in in_engine:
                             raise RuntimeError(f"the engine finished a request it was not given here ({rid!r})")
-                        k, s = in_engine.pop(rid)
+                        _, s = in_engine.pop(rid)
                         calls = self._after_turn(s, out)
                         if calls:
                             if not running:
