@@ -552,10 +552,10 @@ FIGURES += [
     F(LI, _li("100m", "over_bound", "sharded", "rollout"), "its bound and the rollout {v}x;", ".1f"),
     F(LI, _li("100m", "over_bound", "sharded", "push"), "the push took {v}x (the", ".1f"),
     F(LI, _li("100m", "over_bound", "fsdp_size=1", "push"), "reload), and {v}x with", ".1f"),
-    F(LI, _li("100m", "step_s", "fsdp_size=1"), "consistent change (at `100m` {v} against", ".1f", " s"),
+    F(LI, _li("100m", "step_s", "fsdp_size=1"), "both sizes (at `100m` {v} against", ".1f", " s"),
     F(LI, _li("100m", "step_s", "sharded"), "`100m` {*} against {v} sharded", ".1f", " s"),
     F(LI, _li("20m", "step_s", "fsdp_size=1"), "at `20m` {v} against", ".1f", " s"),
-    F(LI, _li("20m", "step_s", "sharded"), "`20m` {*} against {v}: one run of", ".1f", " s"),
+    F(LI, _li("20m", "step_s", "sharded"), "`20m` {*} against {v}; one run of", ".1f", " s"),
 ]
 FIGURES += _family_figures()
 FIGURES += [
