@@ -46,13 +46,19 @@ def call(nap: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def nap_runner(tmp_path_factory: pytest.TempPathFactory):
-    """``nap_zoom`` and ``sleeper`` in 2 worker processes, 1 s timeout."""
+def nap_tools(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tool file with ``nap_zoom`` and ``sleeper``."""
     d = tmp_path_factory.mktemp("nap_tools")
     (d / "nap_tools.py").write_text(NAP_TOOLS)
     cfg = d / "tools.yaml"
     cfg.write_text(f"tools:\n  - class_name: {d}/nap_tools.py:NapZoom\n  - class_name: {d}/nap_tools.py:Sleeper\n")
-    tools = ToolRunner(str(cfg), 2, 1.5)
+    return str(cfg)
+
+
+@pytest.fixture(scope="module")
+def nap_runner(nap_tools: str):
+    """The tools in 2 worker processes, 10 s timeout (no nap comes near it)."""
+    tools = ToolRunner(nap_tools, 2, 10.0)
     yield tools
     tools.close()
 
@@ -61,8 +67,9 @@ class Streamed:
     """A scripted policy that streams turns: trajectory k's turn t is ``script(k, t)`` (+ <|im_end|>), every queued
     request finishes at the next step; it records when each trajectory's turns were queued (``started``)."""
 
-    def __init__(self, tokenizer, script) -> None:
-        self.tok, self.script = tokenizer, script
+    def __init__(self, tokenizer, script, step_s: float = 0.0) -> None:
+        """``step_s``: seconds each engine step takes."""
+        self.tok, self.script, self.step_s = tokenizer, script, step_s
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.ids = itertools.count()
         self.queued: list[tuple[str, int, int]] = []
@@ -91,6 +98,7 @@ class Streamed:
         return out
 
     def step_turns(self):
+        time.sleep(self.step_s)
         done, self.queued = self.queued, []
         return [(rid, self._answer(k, t)) for rid, k, t in done]
 
@@ -103,7 +111,7 @@ class Streamed:
 
 def _rollout(processor, runner, naps: list[float], schedule: str):
     prompts = [make_prompt(processor, f"Colour {i}?", [noise(i, (56, 56))], index=i) for i in range(len(naps))]
-    engine = Streamed(processor.tokenizer, lambda k, t: call(naps[k]) if t == 0 else "red")
+    engine = Streamed(processor.tokenizer, lambda k, t: call(naps[k]) if t == 0 else "red", step_s=0.3)
     agent = make_agent(processor, engine, runner, max_assistant_turns=2, schedule=schedule)
     assert agent.per_trajectory() == (schedule == "trajectory")
     rb = agent.generate(prompts, SamplingSpec(n=1, max_tokens=400))
@@ -111,13 +119,13 @@ def _rollout(processor, runner, naps: list[float], schedule: str):
 
 
 def test_a_trajectory_goes_on_while_another_waits_on_its_tool(tiny_processor, nap_runner) -> None:
-    naps = [1.0, 0.0, 0.0, 0.0]
+    naps = [2.0, 0.0, 0.0, 0.0]
     rb, started = _rollout(tiny_processor, nap_runner, naps, "trajectory")
-    assert all(started[(k, 1)] < 0.7 for k in (1, 2, 3)), started  # they did not wait for trajectory 0's nap
-    assert started[(0, 1)] >= 1.0, started
+    # the others' second turns started before trajectory 0's nap was over
+    assert max(started[(k, 1)] for k in (1, 2, 3)) < started[(0, 1)] and started[(0, 1)] >= 2.0, started
     assert all(t.assistant_turns == 2 and t.calls[0].error is None for t in rb.trajectories)
     turn_rb, turn_started = _rollout(tiny_processor, nap_runner, naps, "turn")
-    assert all(turn_started[(k, 1)] >= 1.0 for k in range(4)), turn_started  # turn 2 waits for the slowest call
+    assert min(turn_started[(k, 1)] for k in range(4)) >= 2.0, turn_started  # turn 2 waits for the slowest call
     # the same trajectories either way: tokens, masks, log-probs, tool records and images
     assert rb.prompt_ids == turn_rb.prompt_ids and rb.response_ids == turn_rb.response_ids
     assert rb.logprobs == turn_rb.logprobs
@@ -125,24 +133,36 @@ def test_a_trajectory_goes_on_while_another_waits_on_its_tool(tiny_processor, na
         assert a.response_mask == b.response_mask and a.turn_texts == b.turn_texts
         assert [c.text for c in a.calls] == [c.text for c in b.calls]
         assert [im.tobytes() for im in a.images] == [im.tobytes() for im in b.images]
-    # tool_s: while some call ran; tool_wait_s: of that, while the engine idled (every trajectory waiting on tools)
-    assert rb.timing["tool_s"] >= 1.0 and rb.timing["tool_wait_s"] <= rb.timing["tool_s"]
-    assert turn_rb.timing["tool_wait_s"] == turn_rb.timing["tool_s"] >= 1.0
+    # tool_s: while some call ran; tool_wait_s: of that, while the engine idled (every trajectory waiting on tools):
+    # per trajectory the others' second turns (0.3 s steps) ran during trajectory 0's nap, turn by turn nothing did
+    assert rb.timing["tool_s"] >= 2.0 and rb.timing["tool_wait_s"] <= rb.timing["tool_s"] - 0.25, rb.timing
+    assert turn_rb.timing["tool_s"] >= 2.0 and turn_rb.timing["generate_s"] >= turn_rb.timing["tool_s"] + 0.9
 
 
-def test_a_hanging_tool_stops_a_per_trajectory_rollout(tiny_processor, nap_runner) -> None:
-    prompts = [make_prompt(tiny_processor, "Colour?", [solid((0, 0, 200))], index=i) for i in range(4)]
+def test_a_hanging_tool_stops_a_per_trajectory_rollout_at_once(tiny_processor, nap_tools) -> None:
+    """12 trajectories call a tool that hangs (2 workers, 1 s timeout): the rollout stops once the first 4 calls
+    timed out (the hang rule), the other trajectories' queued calls with it, not 12 / 2 x 1 s later."""
+    prompts = [make_prompt(tiny_processor, "Colour?", [solid((0, 0, 200))], index=i) for i in range(12)]
     sleeper = '<tool_call>\n{"name": "sleeper", "arguments": {}}\n</tool_call>'
     engine = Streamed(tiny_processor.tokenizer, lambda k, t: sleeper)
-    agent = make_agent(tiny_processor, engine, nap_runner, max_assistant_turns=3)
-    assert agent.per_trajectory()
-    with pytest.raises(HangError, match="tool_timeout_s"):
-        agent.generate(prompts, SamplingSpec(n=1, max_tokens=400))
+    runner = ToolRunner(nap_tools, 2, 1.0)
+    try:
+        agent = make_agent(tiny_processor, engine, runner, max_assistant_turns=3)
+        assert agent.per_trajectory()
+        t0 = time.perf_counter()
+        with pytest.raises(HangError, match="tool_timeout_s"):
+            agent.generate(prompts, SamplingSpec(n=1, max_tokens=400))
+        elapsed = time.perf_counter() - t0
+    finally:
+        runner.close()
+    assert elapsed < 5.0, elapsed
     assert not engine.queued  # nothing left in the engine
 
 
 def test_the_plan_names_the_schedule() -> None:
     ro = VLMRLConfig().actor_rollout_ref.rollout
+    assert "no tool_config_path" in multi_turn_schedule(ro)
+    ro.multi_turn.tool_config_path = "tools.yaml"
     assert multi_turn_schedule(ro).startswith("per trajectory")
     for change, why in [
         ({"name": "hf"}, "HF rollout"),

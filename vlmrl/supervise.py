@@ -60,6 +60,16 @@ class HangError(RuntimeError):
     timeout, how many calls timed out and the setting to change."""
 
 
+STOP_POLL_S = 0.1
+"""How often a running batch looks whether another part of it stopped (:meth:`HangWatch.stop`)."""
+
+
+class BatchStopped(RuntimeError):
+    """A batch of calls ended early because another part of it stopped (:meth:`HangWatch.stop`: the per-trajectory
+    agent loop runs a rollout's calls from several threads under one watch; the error that stopped it is raised
+    there, not this)."""
+
+
 @dataclass
 class CallResult:
     """What one supervised call gave: its return value, or why it has none."""
@@ -90,6 +100,13 @@ class HangWatch:
         self.returned = 0
         self.timed_out_names: dict[str, int] = {}
         self._lock = threading.Lock()  # batches of calls may run from several threads (the per-trajectory agent loop)
+        self.stopped: str | None = None
+        """Why the batch stopped (:meth:`stop`, or a hang found): every ``map`` under this watch ends at once."""
+
+    def stop(self, reason: str) -> None:
+        """End every call of the batch: each ``map`` under this watch cancels its calls (ending the workers that run
+        them) and raises :class:`BatchStopped` within a poll (0.1 s)."""
+        self.stopped = self.stopped or reason
 
     def timeout(self) -> float:
         """The timeout of the next call to start."""
@@ -115,6 +132,7 @@ class HangWatch:
         limit = HANG_CALLS_PER_SLOT * self.slots
         if self.finished == self.timeouts >= limit:
             names = ", ".join(f"{k} ({v})" for k, v in self.timed_out_names.items())
+            self.stop(f"{self.what} hangs")
             raise HangError(
                 f"{self.what}: the first {self.timeouts} calls of this batch all ran past their timeout "
                 f"({self.setting}={self.timeout_s:g} s, {self.slots} at a time; timed out: {names}): it hangs. "
@@ -244,7 +262,9 @@ class SupervisedPool:
                     timeout = None if math.isinf(limit) else limit
                     future = self.pool.schedule(_timed, args=(fn, *items[i]), timeout=timeout)
                     running[future] = (i, time.perf_counter(), limit)
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                if watch.stopped is not None:
+                    raise BatchStopped(watch.stopped)
+                done, _ = wait(list(running), timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     i, started, limit = running.pop(future)
                     seconds = time.perf_counter() - started

@@ -112,6 +112,7 @@ def multi_turn_schedule(rollout: RolloutConfig) -> str:
     why = [
         "the HF rollout generates batch by batch" if rollout.name != "vllm" else "",
         "tool_workers=0 runs calls one after another" if mt.tool_workers == 0 else "",
+        "no tool_config_path: every call is answered as an unknown tool" if not mt.tool_config_path else "",
         "a tensor-parallel engine's ranks take the same steps" if rollout.tensor_model_parallel_size > 1 else "",
     ]
     why = [w for w in why if w]

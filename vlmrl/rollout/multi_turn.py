@@ -42,7 +42,7 @@ from PIL import Image
 from vlmrl.batch import PromptSample, RolloutBatch, ToolCallRecord, Trajectory
 from vlmrl.models import qwen_vl
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
-from vlmrl.supervise import HangWatch
+from vlmrl.supervise import BatchStopped, HangWatch
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
 from vlmrl.tools.runner import AGENT_KWARGS, ToolOutcome, ToolRequest, ToolRunner
@@ -195,15 +195,18 @@ class MultiTurnAgent:
                         wait(list(running), return_when=FIRST_COMPLETED)
                 ready: list[tuple[int, _State]] = []
                 for future in [f for f in running if f.done()]:
+                    if future.exception() is not None:  # a tool that hangs stops the rollout (HangError)
+                        raise _first_error(running, watch)
                     calls = running.pop(future)
-                    future.result()  # a tool that hangs stops the rollout (HangError)
                     ready += [(index[id(s)], s) for s in self._append_tool_turns(calls)]
                 if busy_since and not running:
                     timer.add("tool", time.perf_counter() - busy_since)
                     busy_since = 0.0
                 if ready:
                     start(ready)
-        except BaseException:
+        except BaseException as e:
+            if watch is not None:  # the other trajectories' calls end now, not at their timeouts
+                watch.stop(f"the rollout stopped ({type(e).__name__})")
             self.engine.abort_turns(list(in_engine))
             for future in running:
                 future.cancel()
@@ -342,6 +345,17 @@ class MultiTurnAgent:
         return ToolCallRecord(
             c.call.name, c.call.arguments, text, images=len(images), reward=out.reward, seconds=out.seconds, turn=c.turn
         ), images
+
+
+def _first_error(running: dict[Future, list[_Call]], watch: HangWatch | None) -> BaseException:
+    """The error that stops a per-trajectory rollout: the other trajectories' calls are stopped (their batches end
+    within a poll) and waited for; the first real error wins over the :class:`BatchStopped` it caused."""
+    if watch is not None:
+        watch.stop("another trajectory's tool calls stopped the rollout")
+    wait(list(running))
+    errors = [e for f in running if (e := f.exception()) is not None]
+    real = [e for e in errors if not isinstance(e, BatchStopped)]
+    return (real or errors)[0]
 
 
 def multi_turn_metrics(trajectories: list[Trajectory], tool_names: list[str] | None = None) -> dict[str, float]:
