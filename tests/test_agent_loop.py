@@ -106,6 +106,7 @@ class Streamed:
         self.queued = [q for q in self.queued if q[0] not in ids]
 
     def generate_turns(self, requests, spec):
+        time.sleep(self.step_s)
         return [self._answer(*self._trajectory(r)) for r in requests]
 
 
@@ -136,7 +137,7 @@ def test_a_trajectory_goes_on_while_another_waits_on_its_tool(tiny_processor, na
     # tool_s: while some call ran; tool_wait_s: of that, while the engine idled (every trajectory waiting on tools):
     # per trajectory the others' second turns (0.3 s steps) ran during trajectory 0's nap, turn by turn nothing did
     assert rb.timing["tool_s"] >= 2.0 and rb.timing["tool_wait_s"] <= rb.timing["tool_s"] - 0.25, rb.timing
-    assert turn_rb.timing["tool_s"] >= 2.0 and turn_rb.timing["generate_s"] >= turn_rb.timing["tool_s"] + 0.9
+    assert turn_rb.timing["tool_s"] >= 2.0 and turn_rb.timing["generate_s"] >= turn_rb.timing["tool_s"] + 0.55
 
 
 def test_a_hanging_tool_stops_a_per_trajectory_rollout_at_once(tiny_processor, nap_tools) -> None:
