@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from test_micro_batches import varied_batch  # noqa: F401 - the fixture
 
@@ -254,6 +255,7 @@ def _hsdp_worker(rank: int, model_dir: str, vision_ids, x, advantages, rendezvou
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 17.7 s measured on a clean clone (tests/durations.json): 2 spawned workers, 2 trainings
 def test_fsdp_size_1_holds_the_whole_model_per_worker_and_trains_as_sharding_does(
     tiny_model_dir,
     tiny_processor,
