@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -154,14 +155,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "params": params,
         "results": results,
     }
-    path = common.write_result("vllm_cpu", res)
-    common.write_readme_section(SECTION, markdown(res))
-    print(f"[bench_vllm_cpu] wrote {path}", flush=True)
+    common.publish("vllm_cpu", SECTION, res, markdown(res))
     return res
 
 
 if __name__ == "__main__":
-    import os
-
     os.environ.setdefault("VLMRL_CACHE", str(common.ROOT / ".cache" / "vlmrl"))
     main()

@@ -125,7 +125,8 @@ class MultiTurnAgent:
         timer = Timer()
         states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
         watch = self.tools.new_watch()  # the rollout's timeouts, counted across its turns
-        if self.per_trajectory():
+        per_trajectory = self.per_trajectory()
+        if per_trajectory:
             self._run_per_trajectory(states, spec, timer, watch)
         else:
             self._run_turn_by_turn(states, spec, timer, watch)
@@ -140,7 +141,7 @@ class MultiTurnAgent:
             batch.trajectories.append(s.traj)
         batch.timing["generate_s"] = timer.elapsed
         batch.timing["tool_s"] = timer["tool"]
-        batch.timing["tool_wait_s"] = timer["tool_wait"] if self.per_trajectory() else timer["tool"]
+        batch.timing["tool_wait_s"] = timer["tool_wait"] if per_trajectory else timer["tool"]
         return batch
 
     def _run_turn_by_turn(
