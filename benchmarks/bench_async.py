@@ -39,11 +39,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 SECTION = "One-step off-policy vs the hybrid engine"
+POOLS = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=1", "rollout.cpu_workers=1")
 MODES = {
     "hybrid": ("trainer.cpu_workers=2",),
-    "async": ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=1", "rollout.cpu_workers=1"),
+    "async": POOLS,
+    "fully_async": (
+        *POOLS,
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=1.0",
+        "async_training.trigger_parameter_sync_step=1",
+    ),
 }
-"""The two ways to use 2 CPU cores."""
+"""The three ways to use 2 CPU cores (the fully asynchronous trainer: a step of train_batch_size=16 groups, a sync
+after each, at most 32 groups started between two syncs, as many as the one-step trainer has in flight; partial
+rollouts)."""
 WORKLOADS = {
     "quickstart": (),
     "long_tail": (
@@ -148,6 +157,16 @@ def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path
         "attempts": res.get("attempts", 1),
         "foreign_cpu_frac": res["foreign_cpu_frac"],
     }
+    if mode == "fully_async":
+        out |= {
+            "wait_prev_gen_s_median": med("timing/wait_rollout_s"),
+            "param_sync_s_median": med("timing/param_sync_s"),
+            "staleness_mean": sum(r["async/staleness_mean"] for r in rows) / len(rows),
+            "staleness_max": max(r["async/staleness_max"] for r in rows),
+            "staleness_hist": _histogram([r["async/staleness_max"] for r in rows]),
+            "partial_groups": sum(r["async/partial_groups"] for r in rows),
+            "queue_depth_median": med("async/queue_depth"),
+        }
     if mode == "async":
         out |= {
             "wait_prev_gen_s_median": med("timing/wait_prev_gen_s"),
@@ -158,6 +177,14 @@ def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path
             "staleness": [r["async/staleness"] for r in rows],
         }
     return out
+
+
+def _histogram(values: list[float]) -> dict[str, int]:
+    """How many steps had each value."""
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(int(v))] = out.get(str(int(v)), 0) + 1
+    return dict(sorted(out.items()))
 
 
 def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
@@ -181,13 +208,27 @@ def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
                 "param_sync_mb",
                 "param_sync_ms_per_mb_median",
                 "broadcast_mb_per_s_median",
+                "staleness_mean",
+                "staleness_max",
+                "partial_groups",
+                "queue_depth_median",
             )
             if any(r.get(k) is not None for r in mine)
         }
         for k in ("reward_last10", "val_end"):
             out[mode][f"{k}_range"] = [round(min(r[k] for r in mine), 4), round(max(r[k] for r in mine), 4)]
     out["speedup"] = round(out["async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
+    out["fully_async_speedup"] = round(out["fully_async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
+    out["fully_async_over_one_step"] = round(out["fully_async"]["steps_per_s"] / out["async"]["steps_per_s"], 3)
     return out
+
+
+LABELS = {
+    "hybrid": "hybrid (2 workers)",
+    "async": "one-step off-policy (1 + 1)",
+    "fully_async": "fully async (1 + 1)",
+}
+SPEEDUPS = {"async": "speedup", "fully_async": "fully_async_speedup"}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -212,9 +253,9 @@ def markdown(res: dict[str, Any]) -> str:
             rows.append(
                 [
                     w.replace("_", "-"),
-                    "hybrid (2 workers)" if mode == "hybrid" else "one-step off-policy (1 + 1)",
+                    LABELS[mode],
                     f"{m['steps_per_s']:.2f}",
-                    f"{s['speedup']:.2f}x" if mode == "async" else "1.00x",
+                    f"{s[SPEEDUPS[mode]]:.2f}x" if mode in SPEEDUPS else "1.00x",
                     m.get("generate_s_median"),
                     m.get("update_s_median"),
                     m.get("wait_prev_gen_s_median", "-"),
@@ -225,6 +266,22 @@ def markdown(res: dict[str, Any]) -> str:
                 ]
             )
     sync = res["sync"]
+    streamed = []
+    for w in WORKLOADS:
+        s, f = res["summary"][w], res["summary"][w]["fully_async"]
+        hist: dict[str, int] = {}
+        for r in res["runs"]:
+            if r["mode"] == "fully_async" and r["workload"] == w:
+                for k, v in r["staleness_hist"].items():
+                    hist[k] = hist.get(k, 0) + v
+        shown = ", ".join(f"{v} at {k}" for k, v in sorted(hist.items()))
+        streamed.append(
+            f"{w.replace('_', '-')}: fully async makes {s['fully_async_over_one_step']:.2f}x the one-step "
+            f"off-policy trainer's steps/s; its groups train {f['staleness_mean']:.2f} updates stale on average "
+            f"(steps of all seeds by their stalest group: {shown}), {f['partial_groups']:.0f} groups a run (median) "
+            "were continued across a "
+            f"sync, and {f['queue_depth_median']:.0f} groups (median) were queued when a step took its own"
+        )
     return (
         "Command: `python benchmarks/bench_async.py` (seeds "
         + ",".join(map(str, res["seeds"]))
@@ -233,8 +290,13 @@ def markdown(res: dict[str, Any]) -> str:
         "the same model warm-started to answer and then write a filler word a log-normal number of times (median 6, "
         "at most 16x), lengths sampled by the model up to 128 tokens; lr 2e-4, no entropy bonus. Steps/s over the "
         "steps after the first; generation, update, the off-policy step's wait for its batch and the weight sync: "
-        "medians per step; reward and validation: median [min-max] over the seeds.\n\n"
+        "medians per step; reward and validation: median [min-max] over the seeds. Fully async: "
+        "async_training.mode=fully_async, staleness_threshold 1, a sync after every step, partial rollouts (its "
+        "'waited' is the step's wait for its groups).\n\n"
         + common.table(head, rows)
+        + "\n\n"
+        + "; ".join(streamed)
+        + "."
         + f"\n\nWeight sync (gloo, this machine): {sync['mb']:.2f} MB a sync in {sync['s']:.3f} s "
         f"({sync['ms_per_mb']:.1f} ms per MB, the trainer's gather, the broadcast and the engine's reload together; "
         f"the broadcast alone at {sync['broadcast_mb_per_s']:.0f} MB/s). Qwen2.5-VL-7B "

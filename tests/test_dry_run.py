@@ -133,3 +133,39 @@ def test_dry_run_through_the_cli_lists_key_and_value_problems_together(tiny_mode
     code, out, err = cli_here(base)
     assert code == 0 and "OK: the run would start" in out, out[-3000:] + err[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_plan_of_a_fully_async_run_names_its_window_sync_and_partial_rollouts(
+    tiny_model_dir, data, tmp_path, capsys
+) -> None:
+    """``async_training.mode=fully_async``: the pool's line says how groups stream, when the weights sync, the window
+    staleness_threshold allows and what a sync does to the generations in flight; rollout.total_rollout_steps caps
+    the steps (verl's rule)."""
+    pools = ("actor_rollout_ref.hybrid_engine=False", "trainer.cpu_workers=1", "rollout.cpu_workers=1")
+    fully = (
+        *pools,
+        "async_training.mode=fully_async",
+        "data.train_batch_size=0",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
+    cfg = cfg_of(tiny_model_dir, data, tmp_path, *fully, "async_training.trigger_parameter_sync_step=2")
+    assert dry_run.run(cfg, [], []) == 0
+    out = capsys.readouterr().out
+    assert "fully asynchronous): 1 node(s) x 1 CPU rollout worker(s) = 1; prompt groups streamed" in out, out
+    assert "a step trains on the first 4 that finish; weights synced by a collective every 2 step(s)" in out
+    assert "at most 8 groups started between two syncs (staleness_threshold=0.1)" in out
+    assert "interrupted and continued with the new weights (partial rollouts)" in out
+    cfg = cfg_of(
+        tiny_model_dir,
+        data,
+        tmp_path,
+        *fully,
+        "async_training.partial_rollout=False",
+        "trainer.total_training_steps=null",
+        "trainer.total_epochs=2",
+        "rollout.total_rollout_steps=20",
+    )
+    assert dry_run.run(cfg, [], []) == 0
+    out = capsys.readouterr().out
+    assert "generations in flight at a sync finish first (partial_rollout=False)" in out
+    assert "steps: 5 (rollout.total_rollout_steps=20 prompts)" in out, out

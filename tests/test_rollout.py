@@ -245,3 +245,65 @@ def test_direct_cpu_push_equals_vllms_reload_bit_for_bit(engine, tiny_model_dir,
     finally:
         _push(engine, original)
     assert outputs() == base
+
+
+def _per_token_logprobs(model, processor, prompts, rb) -> list[torch.Tensor]:
+    """The trainer's log-prob of every response token (one row per sample)."""
+    ids = qwen_vl.vision_token_ids(processor.tokenizer)
+    x = build_inputs(prompts, rb, process_images(processor, prompts), processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp, _, _ = response_logprobs(model, x, ids)
+    return [lp[i, : len(r)] for i, r in enumerate(rb.response_ids)]
+
+
+def test_a_streamed_group_continues_across_a_weight_push_with_each_tokens_own_logprob(
+    engine, tiny_model_dir, tiny_processor
+):
+    """Partial rollouts (``async_training.partial_rollout``): groups streamed into the running engine are interrupted
+    after a few engine steps, the engine takes new weights, and every sample continues from where it stopped. Each
+    token's log-prob is the one of the weights that generated it (the old weights' before the push, the new ones'
+    after: both equal the trainer's forward on those weights), the tokens carry their version, the groups come back
+    whole, and nothing stays in the engine."""
+    from vlmrl.rollout.stream import PromptStream, StreamItem
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    original = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts = [
+        make_prompt(tiny_processor, "What colour is the shape?", [noise(3)], 0),
+        make_prompt(tiny_processor, "Two of them?", [noise(4, (56, 84)), solid((200, 0, 0))], 1),
+        make_prompt(tiny_processor, "No image at all", [], 2),
+    ]
+    stream = PromptStream(engine, SamplingSpec(n=2, max_tokens=24, ignore_eos=True))
+    stream.add([StreamItem(g, p, seed=10 + g) for g, p in enumerate(prompts)], version=0)
+    early = stream.step(3)  # the prefill and two decode steps: nothing is done yet
+    assert early == [] and stream.unfinished == 6
+    assert stream.interrupt() == 6 and not engine.llm.llm_engine.has_unfinished_requests()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "visual" not in n:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3 * (p.std() if p.numel() > 1 else 1.0))
+    try:
+        _push(engine, model)
+        assert stream.resume(version=1) == 6
+        done = []
+        while stream.unfinished:
+            done += stream.step(4)
+    finally:
+        _push(engine, original)
+    assert sorted(d.gid for d in done) == [0, 1, 2] and stream.pending() == []
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    for d in done:
+        p = prompts[d.gid]
+        rb = d.rollout
+        assert rb.n == 2 and len(rb) == 2 and d.interrupted == 2
+        assert d.min_version == 0 and d.max_version == 1
+        old = _per_token_logprobs(original, tiny_processor, [p], rb)
+        new = _per_token_logprobs(model, tiny_processor, [p], rb)
+        for k in range(2):
+            v = torch.tensor(d.versions[k])
+            assert len(rb.response_ids[k]) == 24 == len(v) and 0 < int((v == 0).sum()) < 24
+            want = torch.where(v == 0, old[k], new[k])
+            assert float((want - torch.tensor(rb.logprobs[k])).abs().max()) <= 1e-4
+            # the other weights' log-probs differ: each token's own version is what matched
+            assert float((torch.where(v == 0, new[k], old[k]) - want).abs().max()) > 1e-3

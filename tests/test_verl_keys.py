@@ -77,7 +77,8 @@ def test_verls_default_values_are_accepted_except_for_features_vlmrl_lacks() -> 
 
 
 def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
-    """No dead rules: each pattern covers a key of verl 0.9.1, or one that verl's scripts of 2025-26 still pass."""
+    """No dead rules: each pattern covers a key of verl 0.9.1 (its fully-async trainer's config too), or one that
+    verl's scripts of 2025-26 still pass."""
     older = {
         "trainer.use_legacy_worker_impl",
         "trainer.max_ckpt_to_keep",
@@ -112,6 +113,12 @@ def test_every_rule_matches_some_verl_key_or_is_an_old_verl_key() -> None:
         "reward_model.micro_batch_size",
         "reward_model.model.use_remove_padding",
         "reward_model.model.use_fused_kernels",
+        # verl's fully-async trainer's own config (verl/experimental/fully_async_policy/config/)
+        "async_training.use_rollout_log_probs",
+        "async_training.compute_prox_log_prob",
+        "async_training.checkpoint_engine.enable",
+        "async_training.use_trainer_do_validate",
+        "rollout.total_epochs",
     }
     import fnmatch
 

@@ -143,24 +143,29 @@ def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None 
     return subprocess.CompletedProcess(["script_here", script], rc, rec.stdout + out, rec.stderr + err)
 
 
-def fsdp_version(script: str, folder: Path) -> Path:
+def fsdp_version(script: str, folder: Path, pass_args: bool = False) -> Path:
     """verl's Megatron ``script`` as a verl user runs it on FSDP: the same lines with verl's FSDP config
-    (``ppo_trainer.yaml``), ``strategy=fsdp2`` for actor and reference, and the Megatron-only lines (``*.megatron.*``,
-    the Megatron optimizer's offload overrides) left out; written into ``folder``."""
+    (``ppo_trainer.yaml``, ``fully_async_ppo_trainer.yaml``), ``strategy=fsdp2`` for actor and reference, and the
+    Megatron-only lines (``*.megatron.*``, the Megatron optimizer's offload overrides and ``lr_decay_steps``) left out;
+    written into ``folder``. ``pass_args``: the command also ends with ``"$@"`` (a script that passes nothing on, as
+    verl's fully-async ones, takes no scale-down otherwise)."""
     lines = (VERL / script).read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("python3 -m"))
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(("python3 -m", "python -m")))
     # verl's 30B script has a comment line inside its command (verl #4103), which ends the command there: the lines
     # after it, $@ included, never reach the trainer; its FSDP version leaves the comment out
     keep = [ln for i, ln in enumerate(lines) if not (i > start and ln.lstrip().startswith("#"))]
-    keep = [ln for ln in keep if ".megatron." not in ln and "override_optimizer_config" not in ln]
-    text = "\n".join(keep).replace("'ppo_megatron_trainer.yaml'", "'ppo_trainer.yaml'")
+    megatron = (".megatron.", "override_optimizer_config", "optim.lr_decay_steps")  # (the last: Megatron's optimizer)
+    keep = [ln for ln in keep if not any(m in ln for m in megatron)]
+    text = "\n".join(keep).replace("ppo_megatron_trainer.yaml'", "ppo_trainer.yaml'")
     text = text.replace(
         "algorithm.adv_estimator=grpo \\",
         "algorithm.adv_estimator=grpo \\\n    actor_rollout_ref.actor.strategy=fsdp2 \\\n"
         "    actor_rollout_ref.ref.strategy=fsdp2 \\",
     )
     assert "strategy=fsdp2" in text and ".megatron." not in text and "ppo_megatron_trainer" not in text
-    out = folder / script.replace("-megatron", "-fsdp2")
+    if pass_args:
+        text = text.rstrip() + ' \\\n    "$@"'
+    out = folder / Path(script).name.replace("megatron", "fsdp2")
     out.write_text(text + "\n")
     return out
 
@@ -519,3 +524,66 @@ def test_run_verl_print_shows_the_trainer_command_a_script_would_run(
     assert args == utils.verl_script_overrides("run_qwen2_5_vl-7b.sh", verl_home, "vllm", "trainer.total_epochs=1")
     assert f"data.train_files={verl_home}/data/geo3k/train.parquet" in args and args[-1] == "trainer.total_epochs=1"
     assert main(["--print", str(verl_home / "missing.sh")]) == 2
+
+
+# ------------------------------------------------------------------------------- verl's fully-async scripts
+
+FULLY_ASYNC_VL = "fully_async_policy/geo3k_qwen25vl_7b_megatron_4_4.sh"
+"""verl's fully-async Qwen2.5-VL script (``python -m verl.experimental.fully_async_policy.fully_async_main``,
+Megatron, geo3k, 4 training + 4 rollout GPUs, staleness 0.1, a sync every 4 steps, partial rollouts)."""
+FULLY_ASYNC_DAPO = "fully_async_policy/dapo_7b_math_fsdp2_4_4.sh"
+"""verl's fully-async DAPO script on FSDP2 (Qwen2.5-Math-7B)."""
+
+
+def test_verls_fully_async_scripts_are_refused_by_name_or_pass_the_dry_run_on_fsdp(
+    verl_home: Path, tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """As shipped the Qwen2.5-VL script is refused for its Megatron config and the DAPO one for DAPO's reward manager
+    (nothing starts). The Qwen2.5-VL script's lines on FSDP pass the dry run: verl's fully-async keys become the
+    plan's two pools, its window ((1 + 0.1) x 4 x 2 x 128 groups) and partial rollouts; total_rollout_steps caps the
+    steps (51200 prompts / 256 a step)."""
+    env = {"HF_MODEL_PATH": tiny_model_dir}
+    proc = script_here(FULLY_ASYNC_VL, verl_home, env=env)
+    assert proc.returncode == 2 and "the Megatron-LM backend" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    dapo = {"MODEL_PATH": tiny_model_dir, **one_step_env(verl_home)}
+    proc = script_here(FULLY_ASYNC_DAPO, verl_home, env=dapo)
+    assert proc.returncode == 2 and "other reward managers" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    fsdp = fsdp_version(FULLY_ASYNC_VL, tmp_path, pass_args=True)
+    proc = script_here(str(fsdp), verl_home, "trainer.dry_run=True", "trainer.device=cuda", env=env)
+    out = proc.stdout
+    assert proc.returncode == 0 and "OK: the run would start" in out, (proc.stdout + proc.stderr)[-4000:]
+    assert "workers: 1 node(s) x 4 GPU(s) = 4 training worker(s)" in out, out
+    assert "fully asynchronous): 1 node(s) x 4 GPU rollout worker(s) = 4; prompt groups streamed" in out, out
+    assert "a step trains on the first 256 that finish; weights synced by a collective every 4 step(s)" in out
+    assert "at most 1126 groups started between two syncs (staleness_threshold=0.1)" in out
+    assert "steps: 200 (rollout.total_rollout_steps=51200 prompts)" in out, out
+
+
+@pytest.mark.slow
+def test_verls_fully_async_qwen2_5_vl_script_on_fsdp_trains_at_tiny_scale(
+    verl_home: Path, tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """The same lines on FSDP through ``python -m vlmrl.run_verl``, really training the tiny Qwen2.5-VL: 1 training
+    and 1 rollout worker on CPU, the smoke scale-down (steps of require_batches 2 x 2 prompts), the groups streamed,
+    the script's KL loss, the engine's log-probs as the old ones (its use_rollout_log_probs)."""
+    from vlmrl.testing.smoke import OVERRIDES
+
+    out = tmp_path / "run"
+    proc = run_script(
+        str(fsdp_version(FULLY_ASYNC_VL, tmp_path, pass_args=True)),
+        verl_home,
+        *OVERRIDES,
+        "trainer.cpu_workers=1",
+        "rollout.cpu_workers=1",
+        "actor_rollout_ref.rollout.max_model_len=1024",  # (the script's 32768 is over the tiny model's 4096)
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl]",
+        timeout=600,
+        env={"HF_MODEL_PATH": tiny_model_dir},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "fully-async: 1 training worker(s)" in proc.stdout, proc.stdout[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().split("\n") if line]
+    assert [r["step"] for r in rows] == [1, 2], rows
+    assert all("actor/kl_loss" in r and "async/staleness_max" in r for r in rows)
+    assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["rollout/logprob_diff"] <= 1e-5

@@ -24,6 +24,7 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
+from vlmrl.config.fully_async import is_fully_async, total_steps, window
 from vlmrl.config.plan import RunPlan, multi_turn_schedule, run_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
@@ -280,17 +281,8 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
     if run.separate_pools:
         pool, unit = run.rollout_world, "GPU" if dev == "cuda" else "CPU"
         rep.plan[-1] = rep.plan[-1].replace("hybrid worker", "training worker")
-        rep.plan.append(
-            f"rollout pool (actor_rollout_ref.hybrid_engine=False, one-step off-policy): {cfg.rollout.nnodes} node(s) "
-            f"x {run.rollout_per_node} {unit} rollout worker(s) = {pool}; the batch of step t+1 generated "
-            "while step t trains (staleness 1), weights synced by a collective after each update"
-            + (
-                f"; a step whose behaviour KL exceeds {cfg.async_training.fallback_kl} makes the next one wait for a "
-                "fresh generation"
-                if cfg.async_training.fallback_kl
-                else ""
-            )
-        )
+        how = _pool_plan(cfg, run, pool, unit)
+        rep.plan.append(f"rollout pool (actor_rollout_ref.hybrid_engine=False, {how}")
 
     launcher = run.launcher
     if launcher == "ray":
@@ -311,6 +303,38 @@ def _resources(cfg: VLMRLConfig, rep: Report, sane: bool) -> None:
         )
     else:
         rep.problems += batch_problems(cfg, run)
+
+
+def _pool_plan(cfg: VLMRLConfig, run: RunPlan, pool: int, unit: str) -> str:
+    """The rollout pool's line of the plan after its "(actor_rollout_ref.hybrid_engine=False, ": the trainer (one-step
+    off-policy or fully asynchronous), the pool's size, how its batches come and when the weights reach it."""
+    at = cfg.async_training
+    if is_fully_async(cfg):
+        bs, trigger = cfg.data.train_batch_size, at.trigger_parameter_sync_step
+        budget = window(at.staleness_threshold, trigger, bs)
+        how = (
+            f"fully asynchronous): {cfg.rollout.nnodes} node(s) x {run.rollout_per_node} {unit} rollout worker(s) "
+            f"= {pool}; prompt groups streamed one at a time, a step trains on the first {bs} that finish; weights "
+            f"synced by a collective every {trigger} step(s) (async_training.trigger_parameter_sync_step), at most "
+            f"{budget} groups started between two syncs (staleness_threshold={at.staleness_threshold}); "
+            + (
+                "generations in flight at a sync are interrupted and continued with the new weights (partial rollouts)"
+                if at.partial_rollout
+                else "generations in flight at a sync finish first (partial_rollout=False)"
+            )
+        )
+    else:
+        how = (
+            f"one-step off-policy): {cfg.rollout.nnodes} node(s) x {run.rollout_per_node} {unit} rollout "
+            f"worker(s) = {pool}; the batch of step t+1 generated while step t trains (staleness 1), weights "
+            "synced by a collective after each update"
+            + (
+                f"; a step whose behaviour KL exceeds {at.fallback_kl} makes the next one wait for a fresh generation"
+                if at.fallback_kl
+                else ""
+            )
+        )
+    return how
 
 
 def _with_device(cfg: VLMRLConfig, device: str) -> VLMRLConfig:
@@ -337,6 +361,9 @@ def _steps(cfg: VLMRLConfig, kept: int | None, rep: Report) -> None:
     elif kept is not None:
         per_epoch = kept // bs
         steps = f"{per_epoch * tr.total_epochs} ({tr.total_epochs} epoch(s) x {per_epoch} steps of {bs} prompts)"
+        if total_steps(cfg, per_epoch) < per_epoch * tr.total_epochs:
+            capped = cfg.rollout.total_rollout_steps
+            steps = f"{total_steps(cfg, per_epoch)} (rollout.total_rollout_steps={capped} prompts)"
     else:
         steps = f"{tr.total_epochs} epoch(s) (steps counted once the data is checked)"
     mini = arr.actor.ppo_mini_batch_size

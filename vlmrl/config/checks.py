@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmrl.config import fully_async
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
 from vlmrl.config.plan import RunPlan, critic_plan, needs_of, run_plan, token_budgets
@@ -264,7 +265,8 @@ def token_budget_problems(cfg: VLMRLConfig) -> list[str]:
                 f"{key}={budget} with dynamic batch sizes: a sample can hold data.max_prompt_length + "
                 f"data.max_response_length = {longest} tokens; set the budget to at least that."
             )
-    if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
+    streamed = fully_async.is_fully_async(cfg) and data.gen_batch_size == 1  # (verl's: one prompt at a time)
+    if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size and not streamed:
         p.append(
             f"data.gen_batch_size={data.gen_batch_size}: vlmrl rolls out data.train_batch_size={data.train_batch_size}"
             f" prompts per batch (also with algorithm.filter_groups; max_num_gen_batches bounds the extra batches); "
@@ -523,6 +525,7 @@ def batch_problems(cfg: VLMRLConfig, plan: RunPlan | None = None) -> list[str]:
                 f"critic.ppo_mini_batch_size={cm} must divide data.train_batch_size={data.train_batch_size}, and "
                 f"mini-batch samples (x n={arr.rollout.n}) must split over {world} workers."
             )
+    p += fully_async.problems(cfg, plan.separate_pools, arr.rollout.tensor_model_parallel_size)
     if plan.separate_pools:
         return p + pool_problems(cfg, plan)
     tp = arr.rollout.tensor_model_parallel_size

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from vlmrl import configs_dir
+from vlmrl.config import fully_async
 from vlmrl.config.checks import check_values, machine_problems, unused_settings
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.files import hydra_config_problems
@@ -28,7 +29,7 @@ from vlmrl.config.keys import translate
 from vlmrl.config.plan import RunPlan, run_plan
 from vlmrl.config.schema import CHOICES, LOGGERS, NULLABLE_CHOICES, AlgorithmConfig, VLMRLConfig
 from vlmrl.config.verl import VALUE_REASONS, parse_value, render
-from vlmrl.config.verl.files import VERL_CONFIGS, bare_engine_args, read_config_file, verl_parents
+from vlmrl.config.verl.files import VERL_CONFIGS, VERL_TRAINER_CONFIGS, bare_engine_args, read_config_file, verl_parents
 
 USAGE = """usage: python -m vlmrl.train [--config-name NAME] [--config-path DIR] [--config-dir DIR] [--cfg job]
                           key=value ...
@@ -134,11 +135,11 @@ def _config_files(cmd: Command) -> tuple[list[str], list[str]]:
     folders = [_folder(cmd.config_path)] if cmd.config_path else []
     folders += [_folder(d) for d in cmd.config_dirs]
     name, stem = cmd.config_name, cmd.config_name.removesuffix(".yaml")
-    if stem in VERL_CONFIGS:  # verl's own config (its --config-path=config is verl's package folder, not ours)
-        cmd.config_name, cmd.config_path = "grpo", None
+    if stem in VERL_CONFIGS or stem in VERL_TRAINER_CONFIGS:  # verl's own (its --config-path is verl's folder)
+        cmd.config_name, cmd.config_path = VERL_TRAINER_CONFIGS.get(stem, "grpo"), None
         return [], (
             [f"--config-name={name}: verl's {stem} config; not implemented in vlmrl: {VERL_CONFIGS[stem]}."]
-            if VERL_CONFIGS[stem]
+            if VERL_CONFIGS.get(stem)
             else []
         )
     if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
@@ -304,7 +305,9 @@ def build(cfg: DictConfig) -> tuple[VLMRLConfig | None, list[str]]:
         return None, [f"Required setting(s) not given:{what}"]
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, VLMRLConfig)
-    return obj, _choice_problems(obj) + _normalize_logger(obj) + check_values(obj)
+    choices = _choice_problems(obj)
+    resolved = fully_async.resolve(obj) if not choices else []
+    return obj, choices + resolved + _normalize_logger(obj) + check_values(obj)
 
 
 def load(overrides: list[str] | None = None, config_name: str = "grpo") -> VLMRLConfig:

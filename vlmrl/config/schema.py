@@ -558,6 +558,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward_model.model.fsdp_config.dtype": ("auto", "bfloat16", "float16", "float32"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.launcher": ("auto", "local", "ray", "inline"),
+    "async_training.mode": ("one_step_off_policy", "fully_async"),
 }
 """Every string option with a closed set of values (a bad value fails when the config is composed). Options that
 also take a file (``adv_estimator``, ``policy_loss``, reward names) are checked by their loaders at the same time."""

@@ -65,12 +65,40 @@ class RolloutPoolConfig:
     """GPUs per machine of the rollout pool (one rollout worker each)."""
     cpu_workers: int = 1
     """Rollout workers per machine when the run is on CPU."""
+    total_rollout_steps: int | None = None
+    """``async_training.mode=fully_async``: prompts to generate in all (verl's; the run trains ``total_rollout_steps //
+    data.train_batch_size`` steps, fewer when ``trainer.total_epochs`` of the data are fewer). None: the epochs'."""
+    test_freq: int | None = None
+    """``async_training.mode=fully_async``: validate every ``test_freq`` weight syncs (verl's; sets
+    ``trainer.test_freq`` to ``test_freq * async_training.trigger_parameter_sync_step`` steps). None:
+    ``trainer.test_freq``."""
 
 
 @dataclass
 class AsyncTrainingConfig:
-    """``async_training`` (``async.*`` too): the one-step off-policy trainer of ``actor_rollout_ref.hybrid_engine=
-    False``. The batch of step t+1 is generated while step t trains, with the weights of step t-1."""
+    """``async_training`` (``async.*`` too): the trainers of ``actor_rollout_ref.hybrid_engine=False``. ``mode``
+    ``one_step_off_policy`` (verl's ``one_step_off_policy``): the batch of step t+1 is generated while step t trains,
+    with the weights of step t-1. ``fully_async`` (verl's ``fully_async_policy``): the rollout pool streams prompt
+    groups without batches; a step trains on the first ``require_batches * ppo_mini_batch_size`` groups that finish;
+    the weights are synced every ``trigger_parameter_sync_step`` steps (``vlmrl.trainer.fully_async``)."""
+
+    mode: str = "one_step_off_policy"
+    """``one_step_off_policy`` | ``fully_async`` (``--config-name fully_async_ppo_trainer`` sets it, as verl's
+    ``fully_async_main`` does)."""
+    staleness_threshold: float | None = None
+    """fully_async: between two syncs the rollout pool starts at most ``(1 + staleness_threshold) *
+    trigger_parameter_sync_step * require_batches * ppo_mini_batch_size`` groups, counting the groups still queued or
+    generating from older weights (verl's rule; 0: every group trained between two syncs was started after the
+    earlier one). Beyond it the pool waits for the next sync: nothing generated is dropped. None: verl's 0.1."""
+    trigger_parameter_sync_step: int | None = None
+    """fully_async: the trainer's steps between two weight syncs. None: verl's 4."""
+    require_batches: int | None = None
+    """fully_async: a step trains on this many ``ppo_mini_batch_size`` groups (so ``data.train_batch_size`` is
+    ``require_batches * ppo_mini_batch_size``). None: verl's 1."""
+    partial_rollout: bool | None = None
+    """fully_async: at a sync the generations in flight are interrupted and continued with the new weights (each
+    token keeping the log-prob of the weights that produced it); False: the pool stops starting groups and finishes
+    the ones in flight first. None: verl's True."""
 
     fallback_kl: float | None = None
     """When a step's measured KL between the behaviour policy (the engine's log-probs) and the trainer's old

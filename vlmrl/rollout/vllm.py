@@ -309,21 +309,7 @@ class VLLMRollout:
         """``spec.n`` samples per prompt. Prompts go in as ids with ONE image pad per image and ONE video pad per
         video (the engine expands them)."""
         sw = Timer.start()
-        requests = []
-        for p in prompts:
-            req: dict[str, Any] = {"prompt_token_ids": list(p.prompt_ids)}
-            mm: dict[str, Any] = {}
-            if p.images:
-                mm["image"] = p.images if len(p.images) > 1 else p.images[0]
-            if p.videos:
-                items = [
-                    (np.stack([np.asarray(f) for f in v.frames]), video_metadata(len(v.frames), v.sample_fps))
-                    for v in p.videos
-                ]
-                mm["video"] = items if len(items) > 1 else items[0]
-            if mm:
-                req["multi_modal_data"] = mm
-            requests.append(req)
+        requests = [engine_prompt(p) for p in prompts]
         outs = self.llm.generate(requests, self.sampling_params(spec), use_tqdm=False)
         batch = RolloutBatch([], [], [], [], n=spec.n)
         for out in outs:
@@ -437,6 +423,23 @@ class VLLMRollout:
             self.llm.wake_up(tags=tags)
             if tags is None or "kv_cache" in tags:
                 self.asleep = False
+
+
+def engine_prompt(p: PromptSample, generated: list[int] | None = None) -> dict[str, Any]:
+    """A prompt as the engine takes it: its ids (one pad per image and per video: the engine expands them), then
+    ``generated`` (a continued response's tokens so far), and its images and videos."""
+    req: dict[str, Any] = {"prompt_token_ids": list(p.prompt_ids) + list(generated or [])}
+    mm: dict[str, Any] = {}
+    if p.images:
+        mm["image"] = p.images if len(p.images) > 1 else p.images[0]
+    if p.videos:
+        items = [
+            (np.stack([np.asarray(f) for f in v.frames]), video_metadata(len(v.frames), v.sample_fps)) for v in p.videos
+        ]
+        mm["video"] = items if len(items) > 1 else items[0]
+    if mm:
+        req["multi_modal_data"] = mm
+    return req
 
 
 def _eos_ids(model_path: str, tokenizer: Any) -> list[int]:

@@ -43,6 +43,7 @@ from vlmrl.algorithms.ppo import make_kl_controller
 from vlmrl.batch import PromptSample, RewardSample, RolloutBatch, TrainShard
 from vlmrl.config import ConfigError, VLMRLConfig
 from vlmrl.config.checks import DataFacts, check_config, data_problems
+from vlmrl.config.fully_async import is_fully_async, total_steps
 from vlmrl.config.plan import RunPlan, rollout_plan, run_plan, worker_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data import BatchSampler, RLDataset
@@ -55,6 +56,7 @@ from vlmrl.supervise import HangError
 from vlmrl.timing import StartupClock, Timer
 from vlmrl.tools.config import config_tool_schemas
 from vlmrl.trainer import checkpoint as ckpt
+from vlmrl.trainer.fully_async import PromptSource, StreamingRollout
 from vlmrl.trainer.offpolicy import OffPolicyRollout
 from vlmrl.trainer.rollouts import Draw, HybridRollouts, Rollouts
 from vlmrl.trainer.step import (
@@ -146,7 +148,7 @@ class Trainer:
 
     def _start_data(self) -> None:
         """The processor, the tools' schemas, the datasets (checked against the config) and the sampler."""
-        cfg, arr, tr = self.cfg, self.cfg.actor_rollout_ref, self.cfg.trainer
+        cfg, arr = self.cfg, self.cfg.actor_rollout_ref
         path, tools_file = arr.model.path, arr.rollout.multi_turn.tool_config_path
         with stage(f"could not load the model's processor from {path}", "check actor_rollout_ref.model.path"):
             self.processor = AutoProcessor.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
@@ -174,7 +176,7 @@ class Trainer:
         self.sampler = BatchSampler(
             len(self.train_ds), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed, drop_last=True
         )
-        self.total_steps = tr.total_training_steps or len(self.sampler) * tr.total_epochs
+        self.total_steps = total_steps(cfg, len(self.sampler))
 
     def _start_algorithm(self) -> None:
         """The algorithm class, the critic's plan, the in-reward KL, the estimator's needs and the reward."""
@@ -259,7 +261,15 @@ class Trainer:
                 self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan, run=self.plan), first_gpu=self.world)
             tp = self.plan.tp
             with stage("the weight-sync group of the two pools did not form"):
-                self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
+                if is_fully_async(cfg):
+                    streamed = self._batches()
+                    source = PromptSource(lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict)
+                    bs = cfg.data.train_batch_size
+                    self.rollouts = offpolicy = StreamingRollout(
+                        self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source
+                    )
+                else:
+                    self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
             where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
             engines = (
                 f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
@@ -267,7 +277,8 @@ class Trainer:
                 else f"{pool.world} HF rollout model(s)"
             )
             print(
-                f"[vlmrl] one-step off-policy: {self.world} training worker(s) (rank@node: {nodes}) and "
+                f"[vlmrl] {cfg.async_training.mode.replace('_', '-')}: {self.world} training worker(s) "
+                f"(rank@node: {nodes}) and "
                 f"{pool.world} rollout worker(s) (rank@node: {where}) on {self.group.device} ready in "
                 f"{sw.elapsed:.1f} s; {engines}; weights synced by a collective ({offpolicy.mb:.1f} MB); "
                 f"{len(self.train_ds)} training prompts, {self.total_steps} steps",
@@ -310,6 +321,7 @@ class Trainer:
         self.group.load_checkpoint(str(path))
         self.step = self.updates = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
+        self.rollouts.restore_extra(state, self.total_steps - self.step)
         rng.restore(state["rng"])
         self._restore_owned_state(state, path)
         print(
@@ -357,6 +369,7 @@ class Trainer:
                 "sampler": self.rollouts.checkpoint_sampler(sampler),
                 "rng": rng.state(),
                 "world": self.world,
+                **self.rollouts.checkpoint_extra(),
             }
             if self.kl_ctrl is not None:
                 kl = self.cfg.algorithm.kl_ctrl
@@ -557,7 +570,7 @@ class Trainer:
         self.rollouts.after_step(metrics, self.cfg.async_training.fallback_kl)
         self._warn_if_flat(metrics)
         if tr.rollout_data_dir:
-            self._dump_samples(tr.rollout_data_dir, step.samples, step.scores, adv)
+            self._dump_samples(tr.rollout_data_dir, step.prompts, step.samples, step.scores, adv)
         if self.val_ds is not None and (self._due(tr.test_freq) or self.step == self.total_steps):
             metrics.update(self.validate())
         if self._due(tr.save_freq) or (tr.save_freq > 0 and self.step == self.total_steps):
@@ -648,7 +661,8 @@ class Trainer:
             rb = self.rollouts.generate(prompts, self.step, self.updates, validate=True)
             samples, scored = self.score(prompts, rb, None, rm_metrics)
             if self.cfg.trainer.validation_data_dir:
-                self._dump_samples(self.cfg.trainer.validation_data_dir, samples, scored, None, append=start > 0)
+                folder = self.cfg.trainer.validation_data_dir
+                self._dump_samples(folder, prompts, samples, scored, None, append=start > 0)
             take = max(0, min(limit - len(shown), len(samples)))
             for k, v in scored.components.items():
                 shown_components.setdefault(k, [float("nan")] * len(shown)).extend(v[:take])
@@ -682,16 +696,25 @@ class Trainer:
         return out
 
     def _dump_samples(
-        self, folder: str, samples: list[RewardSample], scored: Any, adv: torch.Tensor | None, append: bool = False
+        self,
+        folder: str,
+        prompts: list[PromptSample],
+        samples: list[RewardSample],
+        scored: Any,
+        adv: torch.Tensor | None,
+        append: bool = False,
     ) -> None:
-        """One JSON line per sample (prompt, response, answer, score and components, advantage when training) into
-        ``folder/step_N.jsonl`` (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``)."""
+        """One JSON line per sample (its record's ``uid`` <file>:<row>, prompt, response, answer, score and components,
+        advantage when training) into ``folder/step_N.jsonl`` (``trainer.rollout_data_dir`` /
+        ``trainer.validation_data_dir``)."""
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
+        per = len(samples) // max(1, len(prompts))
         with open(d / f"step_{self.step:06d}.jsonl", "a" if append else "w", encoding="utf-8") as f:
             for i, s in enumerate(samples):
                 row = {
                     "step": self.step,
+                    "uid": prompts[i // per].uid if per else None,
                     "data_source": s.data_source,
                     "prompt": s.prompt,
                     "response": s.response,
@@ -708,6 +731,8 @@ class Trainer:
         curve. ``quiet``: after a failed start (only what started is ended; nothing is drawn)."""
         names = ("tracker", "rewards", "group", "pool", "reward_model")
         tracker, rewards, group, pool, rm = (getattr(self, k, None) for k in names)
+        if getattr(self, "rollouts", None) is not None:
+            self.rollouts.close()  # (the streaming pool's Rollouter thread, before the pool ends)
         for part in (tracker, rewards, rm):
             if part is not None:
                 part.close()

@@ -81,6 +81,18 @@ class Rollouts(ABC):
         """Read the step's metrics (the pool: whether the behaviour policy drifted past ``fallback_kl``)."""
         return None
 
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this side beyond the sampler (the streaming pool's pending prompts)."""
+        return {}
+
+    def restore_extra(self, state: dict[str, Any], steps_left: int) -> None:
+        """Take back :meth:`checkpoint_extra` from a checkpoint's state (``steps_left``: the run's remaining steps)."""
+        return None
+
+    def close(self) -> None:
+        """Stop what this side runs in the driver (before the workers are shut down)."""
+        return None
+
 
 class HybridRollouts(Rollouts):
     """The hybrid engine: every training worker's own engine generates its share of the prompts."""

@@ -120,6 +120,23 @@ class WorkerGroup(ABC):
         batches come back to the driver (``result()``)."""
         return self.submit("rollout", "generate", [(c, False, seed) for c in chunks])
 
+    def stream_add(self, items: list[list[Any]], version: int) -> Pending:
+        """The rollout pool (``async_training.mode=fully_async``): rank i starts generating ``items[i]`` (prompt
+        groups, ``vlmrl.rollout.stream.StreamItem``) with its weights (``version`` updates)."""
+        return self.submit("rollout", "stream_add", [(it, version) for it in items])
+
+    def stream_step(self, steps: int) -> Pending:
+        """The rollout pool: every rank runs up to ``steps`` engine steps; per rank (finished groups, samples left)."""
+        return self.submit("rollout", "stream_step", [(steps,)] * self.world)
+
+    def stream_interrupt(self) -> list[int]:
+        """The rollout pool: every rank stops its streamed samples where they are (samples stopped per rank)."""
+        return self.call("rollout interruption", "stream_interrupt", [()] * self.world)
+
+    def stream_resume(self, version: int) -> list[int]:
+        """The rollout pool: every rank continues its stopped samples with its weights now (``version``)."""
+        return self.call("rollout", "stream_resume", [(version,)] * self.world)
+
     def weight_meta(self) -> list[Any]:
         """The training pool: the tensors a weight sync sends (rank 0's list; every rank gathers)."""
         return self.call("weight sync set-up", "weight_meta", [()] * self.world)[0]

@@ -37,6 +37,7 @@ from vlmrl.models import qwen_vl
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
 from vlmrl.rollout.multi_turn import MultiTurnAgent
+from vlmrl.rollout.stream import PromptStream, StreamGroup, StreamItem
 from vlmrl.startup import stage
 from vlmrl.timing import Timer
 from vlmrl.tools.runner import ToolGroup, ToolRunner
@@ -91,6 +92,7 @@ class HybridWorker:
         process group) before it propagates, so a driver that goes on (the inline launcher) holds nothing of it."""
         self.engine: Any = None
         self.agent: Any = None
+        self.stream: PromptStream | None = None
         self.sync: Any = None
         self._rendezvous: Any = None
         try:
@@ -291,6 +293,8 @@ class HybridWorker:
         spec: SamplingSpec = self.val_spec if validate else self.train_spec
         if not prompts:
             return RolloutBatch([], [], [], [], n=spec.n)
+        if self.stream is not None and self.stream.running:
+            raise RuntimeError(f"{len(self.stream.running)} streamed samples are generating: interrupt them first")
         if getattr(self.engine, "asleep", False):  # asleep for the reward model (GPU): its weights kept in host memory
             self.engine.wake()
         if seed is not None:
@@ -304,6 +308,32 @@ class HybridWorker:
             rid = self.rollouts.put(prompts, rb)
             rb.origins = [(self.engine_group, rid, g) for g in range(len(prompts))]
         return rb
+
+    # -------------------------------------------------------------- streamed groups (async_training fully_async)
+    def _stream(self) -> PromptStream:
+        if self.stream is None:
+            self.stream = PromptStream(self.engine, self.train_spec)
+        return self.stream
+
+    def stream_add(self, items: list[StreamItem], version: int) -> int:
+        """Rollout pool: start generating ``items`` (one group each) with the engine's weights (``version``
+        updates); samples generating or interrupted."""
+        stream = self._stream()
+        stream.add(items, version)
+        return stream.unfinished
+
+    def stream_step(self, steps: int) -> tuple[list[StreamGroup], int]:
+        """Up to ``steps`` engine steps: the groups that finished and the samples still unfinished."""
+        stream = self._stream()
+        return stream.step(steps), stream.unfinished
+
+    def stream_interrupt(self) -> int:
+        """Stop every streamed sample where it is (a sync with partial rollouts); samples stopped."""
+        return self._stream().interrupt()
+
+    def stream_resume(self, version: int) -> int:
+        """Continue the stopped samples with the engine's weights now (``version``); samples continued."""
+        return self._stream().resume(version)
 
     def score_rewards(
         self, prompts: list[PromptSample], rollout: RolloutBatch, n_micro: int

@@ -23,8 +23,17 @@ VERL_CONFIGS = {
     "ppo_trainer": None,
     "ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)",
     "one_step_off_ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)",
+    "fully_async_ppo_megatron_trainer": "the Megatron-LM backend (vlmrl trains with FSDP2)",
 }
 """verl's own top-level config names: ppo_trainer is what vlmrl's grpo config stands for; the others are refused."""
+
+VERL_TRAINER_CONFIGS = {
+    "ppo_trainer": "grpo",
+    "one_step_off_ppo_trainer": "one_step_off_ppo_trainer",
+    "fully_async_ppo_trainer": "fully_async_ppo_trainer",
+}
+"""verl's configs that vlmrl has a counterpart of in its ``configs/``: a script's ``--config-path=config
+--config-name=<verl's>`` (verl's package folder, not the script's) composes vlmrl's."""
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 """A setting's name in a config file: letters, digits, ``_`` and ``-``, dotted parts allowed (``a.b: 1``)."""

@@ -284,6 +284,21 @@ RULES: tuple[Rule, ...] = (
     accept("algorithm.filter_groups.max_inflight_gen_batches", (1,), "overlapping generation batches"),
     alias("async.fallback_kl", "async_training.fallback_kl"),
     alias("async.tis_by_default", "async_training.tis_by_default"),
+    alias(
+        "async_training.use_rollout_log_probs",
+        "algorithm.rollout_correction.bypass_mode",
+        why="the engine's log-probs as the old ones",
+    ),
+    notice(
+        "async_training.compute_prox_log_prob",
+        "the trainer recomputes the old log-probs whenever algorithm.rollout_correction.bypass_mode=False",
+    ),
+    notice(
+        "async_training.checkpoint_engine.*",
+        "the weights go to the rollout pool as bucketed broadcasts of one dtype each (vlmrl.workers.sync)",
+    ),
+    accept("async_training.use_trainer_do_validate", (False,), "validation on the training pool"),
+    notice("rollout.total_epochs", "verl's rollouter and vlmrl read trainer.total_epochs"),
     accept("trainer.default_hdfs_dir", (None,), "copying checkpoints to HDFS"),
     accept("trainer.del_local_ckpt_after_load", (False,), "deleting checkpoints after loading"),
     accept("trainer.esi_redundant_time", (0, 0.0), "elastic (ESI) checkpoint timing"),

@@ -22,10 +22,12 @@ VERL_ENTRY_POINTS = {
     "verl.trainer.main_ppo": "",
     "verl.experimental.one_step_off_policy.main_ppo": "--config-name=one_step_off_ppo_trainer",
     "recipe.one_step_off_policy.async_main_ppo": "--config-name=one_step_off_ppo_trainer",
+    "verl.experimental.fully_async_policy.fully_async_main": "--config-name=fully_async_ppo_trainer",
+    "recipe.fully_async_policy.fully_async_main": "--config-name=fully_async_ppo_trainer",
 }
 """``-m`` modules of verl that the shim hands to ``vlmrl.train``, and the options they add first (verl's one-step
-off-policy trainer: its config, ``configs/one_step_off_ppo_trainer.yaml``; a ``--config-name`` of the script's own
-comes later and wins)."""
+off-policy and fully asynchronous trainers: their configs, ``configs/one_step_off_ppo_trainer.yaml`` and
+``configs/fully_async_ppo_trainer.yaml``; a ``--config-name`` of the script's own comes later and wins)."""
 
 _SHIM = """#!/bin/sh
 # vlmrl.run_verl: verl's trainer -> vlmrl's; anything else -> the real interpreter.
