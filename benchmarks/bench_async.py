@@ -256,7 +256,7 @@ def markdown(res: dict[str, Any]) -> str:
                     LABELS[mode],
                     f"{m['steps_per_s']:.2f}",
                     f"{s[SPEEDUPS[mode]]:.2f}x" if mode in SPEEDUPS else "1.00x",
-                    m.get("generate_s_median"),
+                    m.get("generate_s_median") or "-",
                     m.get("update_s_median"),
                     m.get("wait_prev_gen_s_median", "-"),
                     m.get("param_sync_s_median", "-"),
