@@ -364,9 +364,10 @@ def _uids(folder: Path, steps: range) -> list[str]:
 def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts(tiny_model_dir, tmp_path) -> None:
     """The quick start's task on 1 training + 1 rollout worker, streamed (staleness_threshold 0.5, a sync after every
     step, partial rollouts): it learns (validation >= 0.9 after 120 steps); the trained groups are 0 or 1 update stale
-    and never more than the window allows; every prompt is trained once. (Its 8-token groups are rarely in flight at
-    a sync: partial rollouts are proven on the engine in test_rollout.py and in the Rollouter's tests above.) Resumed from its step-60 checkpoint, the run generates the checkpoint's pending prompts (drawn
-    and not trained) before any new one and trains none of the prompts trained before the checkpoint."""
+    and never more than the window allows; every prompt is trained once; the report draws its panel. (Its 8-token
+    groups are rarely in flight at a sync: partial rollouts are proven on the engine in test_rollout.py and in the
+    Rollouter's tests above.) Resumed from its step-60 checkpoint, the run generates the checkpoint's pending prompts
+    (drawn and not trained) before any new one and trains none of the prompts trained before the checkpoint."""
     data = make_colour_data(tmp_path / "data")
     first, dumps = tmp_path / "first", tmp_path / "dumps"
     common = (
@@ -400,6 +401,10 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
     assert all(r["async/queue_depth"] <= 8 for r in rows)  # (1 + 0.5) x 16 started at most, 16 taken
     trained = _uids(dumps, range(1, 121))
     assert len(trained) == len(set(trained)) == 120 * 16
+    from vlmrl.report.__main__ import main as report
+
+    assert report([str(first), "--output", str(tmp_path / "report.html")]) == 0
+    assert "<section class='panel' id='panel-stream'>" in (tmp_path / "report.html").read_text()  # drawn, not empty
 
     state = json.loads((first / "global_step_60" / "trainer_state.json").read_text())
     pending = state["stream_pending"]
@@ -423,3 +428,21 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
     rows_of = {int(u.rsplit(":", 1)[1]) for u in again}
     assert set(pending) <= rows_of  # every pending prompt generated again (the run starts exactly steps x 16 groups)
     assert not set(again) & set(_uids(dumps, range(1, 61)))  # nothing trained before the checkpoint comes again
+
+
+def test_a_config_built_in_code_gets_verls_defaults_when_checked() -> None:
+    """``vlmrl.train.fit(cfg)`` on a config built in Python (no command line): the check fills verl's fully-async
+    defaults and the step's batch size as composing does, and reports the config's real problems only."""
+    from vlmrl.config import VLMRLConfig
+    from vlmrl.config.checks import check_config
+    from vlmrl.config.errors import ConfigError
+
+    cfg = VLMRLConfig()
+    cfg.async_training.mode = "fully_async"
+    cfg.data.train_batch_size = 0
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
+    with pytest.raises(ConfigError) as e:  # (no data and no model: those problems remain)
+        check_config(cfg)
+    assert "staleness_threshold" not in str(e.value) and "train_batch_size" not in str(e.value), str(e.value)
+    assert cfg.async_training.staleness_threshold == 0.1 and cfg.async_training.partial_rollout is True
+    assert cfg.data.train_batch_size == 4

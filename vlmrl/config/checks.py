@@ -803,7 +803,9 @@ def check_config(cfg: VLMRLConfig) -> RunPlan:
     """Raise ConfigError listing every problem of a typed config built or changed in code: its values, then (when
     they are sane) the machine's; else return the plan the checks derived (``run_plan``). ``command.compose`` runs the
     same checks on a command line."""
-    problems = check_values(cfg)
+    problems = fully_async.resolve(cfg) + check_values(
+        cfg
+    )  # (verl's fully-async defaults filled in, as composing does)
     plan = run_plan(cfg)
     problems += check_environment(cfg, plan) + (batch_problems(cfg, plan) if not problems else [])  # sane numbers
     if problems:

@@ -138,6 +138,18 @@ PANELS: tuple[Panel, ...] = (
         "ones it trains (1, or 0 on the first step, after a resume and after a fallback).",
     ),
     Panel(
+        "stream",
+        "Fully asynchronous: waiting, syncs, the queue and staleness",
+        ("timing/wait_rollout_s", "timing/train_s", "timing/sync_s", "async/rollouter_idle_s"),
+        "seconds",
+        ("async/staleness_mean", "async/staleness_max", "async/queue_depth", "async/partial_groups"),
+        "updates / groups",
+        about="async_training.mode=fully_async: per step, how long it waited for its groups, the update, the "
+        "pause and weight sync after it, and how long the Rollouter waited on the staleness bound; the trained "
+        "groups' staleness (updates between the oldest weights that generated a token of a group and the ones it "
+        "trains), the groups queued when the step took its own, and the groups continued across a sync.",
+    ),
+    Panel(
         "reward_model",
         "Reward model: its score next to the reward",
         ("reward_model/score/mean", "reward/mean", r"reward/(?!rm/|source/)[^/]+/mean", "val/reward_model/score/mean"),

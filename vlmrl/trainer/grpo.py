@@ -277,8 +277,8 @@ class Trainer:
                 else f"{pool.world} HF rollout model(s)"
             )
             print(
-                f"[vlmrl] {cfg.async_training.mode.replace('_', '-')}: {self.world} training worker(s) "
-                f"(rank@node: {nodes}) and "
+                f"[vlmrl] {'fully-async' if is_fully_async(cfg) else 'one-step off-policy'}: {self.world} training "
+                f"worker(s) (rank@node: {nodes}) and "
                 f"{pool.world} rollout worker(s) (rank@node: {where}) on {self.group.device} ready in "
                 f"{sw.elapsed:.1f} s; {engines}; weights synced by a collective ({offpolicy.mb:.1f} MB); "
                 f"{len(self.train_ds)} training prompts, {self.total_steps} steps",

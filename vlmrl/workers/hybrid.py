@@ -85,6 +85,9 @@ class HybridWorker:
     """Policy, reference and engine of one rank. Driven by a worker group (a local process, a Ray actor, or the
     driver's own process) or directly in tests."""
 
+    stream: PromptStream | None = None
+    """The rollout pool's streamed groups (``async_training.mode=fully_async``; made at the first ``stream_*``)."""
+
     def __init__(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
         """``init_method``: the process group's rendezvous (``file://`` on one machine: nothing listens on the
         network; ``tcp://host:port`` across machines). Each start-up step is a ``vlmrl.startup.stage``: a failure
@@ -92,7 +95,6 @@ class HybridWorker:
         process group) before it propagates, so a driver that goes on (the inline launcher) holds nothing of it."""
         self.engine: Any = None
         self.agent: Any = None
-        self.stream: PromptStream | None = None
         self.sync: Any = None
         self._rendezvous: Any = None
         try:
