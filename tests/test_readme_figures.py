@@ -473,8 +473,9 @@ FIGURES: list[Figure] = [
     F(RMB, computed("seeds", lambda d: len(d["settings"]["seeds"])), "a learned reward\", {v} seeds", "d"),
     # ---- speed at size: benchmarks/bench_trl.py --model-size tiny,20m,100m
     F(TS, at("sizes", "tiny", "step_time", "ratio_vlmrl_over_trl"), "a vlmrl step took {v} TRL's", ".2f", "x"),
-    F(TS, at("sizes", "20m", "step_time", "ratio_vlmrl_over_trl"), "a lower ratio), {v} at", ".2f", "x"),
-    F(TS, at("sizes", "20m", "params", "total"), "a lower ratio), {*} at {v} parameters", ".1f", " M", scale=1e-6),
+    F(TS, at("sizes", "20m", "step_time", "ratio_vlmrl_over_trl"), "(speed.md#benchmarks)), {v} at", ".2f", "x"),
+    F(TS, at("sizes", "20m", "params", "total"), "(speed.md#benchmarks)), {*} at {v} parameters", ".1f", " M",
+      scale=1e-6),
     F(TS, at("sizes", "100m", "step_time", "ratio_vlmrl_over_trl"), "parameters and {v} at", ".2f", "x"),
     F(TS, at("sizes", "100m", "params", "total"), "parameters and {*} at {v} ({*} with", ".1f", " M", scale=1e-6),
     F(TS, at("sizes", "100m", "step_time", "ratio_vlmrl_packed_over_trl"), "M ({v} with packing;", ".2f", "x"),
