@@ -92,6 +92,8 @@ class PromptStream:
         self.groups: dict[int, list[_Sample]] = {}
         """Groups not yet handed back, by ``gid``."""
         self.started: dict[int, float] = {}
+        self.complete: list[int] = []
+        """Groups whose last samples finished in :meth:`resume` (out of budget), for the next :meth:`step`."""
         self.version = -1
 
     @property
@@ -131,7 +133,8 @@ class PromptStream:
         """Engine steps until a group finishes, at most ``steps`` (fewer when the engine runs dry); the groups that
         finished, in order."""
         llm = self.engine.llm.llm_engine
-        done = self.finished_now()
+        done = [self._finished(g) for g in self.complete]
+        self.complete = []
         for _ in range(steps):
             if not self.running or done:
                 break
@@ -153,12 +156,14 @@ class PromptStream:
                     s.versions += [self.version] * len(ids)
                     if c.finish_reason is not None:
                         s.finish = "length" if c.finish_reason == "length" else "stop"
-                        group = self.groups[s.item.gid]
-                        if all(x.finish is not None for x in group):
+                        if self._all_done(s.item.gid):
                             done.append(self._finished(s.item.gid))
                 if out.finished:
                     del self.running[out.request_id]
         return done
+
+    def _all_done(self, gid: int) -> bool:
+        return all(s.finish is not None for s in self.groups[gid])
 
     def _finished(self, gid: int) -> StreamGroup:
         group = self.groups.pop(gid)
@@ -194,26 +199,10 @@ class PromptStream:
         for s in stopped:
             if len(s.tokens) >= s.max_tokens:  # (vLLM reports it finished in the same step: not seen here)
                 s.finish = "length"
+                if self._all_done(s.item.gid):
+                    self.complete.append(s.item.gid)
                 continue
             seed = s.item.seed + 1_000_003 * (s.j + 1) + 7_919 * s.segments
             self._request(f"stream-{s.item.gid}.{s.j}.{s.segments}", [s], seed)
             go += 1
         return go
-
-    def finished_now(self) -> list[StreamGroup]:
-        """Groups completed without an engine step (samples that ran out of budget at an interruption)."""
-        ready = [g for g, ss in self.groups.items() if all(s.finish is not None for s in ss)]
-        return [self._finished(g) for g in ready]
-
-    def pending(self) -> list[int]:
-        """``gid`` of every group not handed back (generating or interrupted)."""
-        return sorted(self.groups)
-
-    def clear(self) -> None:
-        """Drop everything (the run stops): abort what runs."""
-        if self.running:
-            self.engine.llm.llm_engine.abort_request(list(self.running))
-        self.running.clear()
-        self.stopped.clear()
-        self.groups.clear()
-        self.started.clear()
