@@ -221,7 +221,7 @@ def _source(count: int = 10_000):
         state["next"] += 4
         return list(range(start, start + 4))
 
-    return PromptSource(next_indices, lambda i: SimpleNamespace(index=i), lambda: dict(state)), state
+    return PromptSource(next_indices, lambda i: SimpleNamespace(index=i), lambda: dict(state), count), state
 
 
 def _rollouter(pool, steps: int, G: int = 2, staleness: float = 0.0, trigger: int = 2, partial: bool = True):
@@ -334,6 +334,10 @@ def test_a_checkpoint_keeps_the_prompts_drawn_and_not_trained_and_a_resumed_run_
     again = [i for idx, _ in more for i in idx]
     assert set(pending) <= set(again) and not set(again) & trained
     assert pool2.indices[: len(pending)] == pending
+    # a checkpoint whose pending prompts are not in this run's data is refused, naming the key
+    r3, _ = _rollouter(FakePool(lambda i: 2), steps=1)
+    with pytest.raises(ValueError, match=r"stream_pending: \[10000, -1\] are not prompts of the 10000 training"):
+        r3.restore_extra({"stream_pending": [3, 10000, -1]}, steps_left=1)
     assert len(again) == 14 and len(set(again)) == 14
 
 

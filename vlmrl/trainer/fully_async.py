@@ -48,6 +48,8 @@ class PromptSource:
     """The sampler's next batch of dataset indices."""
     load: Callable[[int], PromptSample]
     sampler_state: Callable[[], dict[str, Any]]
+    size: int
+    """Prompts in the training data."""
 
 
 @dataclass
@@ -299,8 +301,15 @@ class StreamingRollout(OffPolicyRollout):
     def restore_extra(self, state: dict[str, Any], steps_left: int) -> None:
         """A resumed run: the checkpoint's pending prompts are generated first; the Rollouter starts the groups of
         ``steps_left`` steps in all."""
+        pending = state.get("stream_pending", [])
+        bad = [i for i in pending if not (isinstance(i, int) and 0 <= i < self.source.size)]
+        if bad:
+            raise ValueError(
+                f"trainer_state.json stream_pending: {bad[:5]} are not prompts of the {self.source.size} training "
+                "prompts (the data changed since the checkpoint?)"
+            )
         with self.cv:
-            self.todo = deque(int(i) for i in state.get("stream_pending", []))
+            self.todo = deque(pending)
             self.remaining = steps_left * self.G
 
     def close(self) -> None:

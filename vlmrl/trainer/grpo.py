@@ -263,7 +263,9 @@ class Trainer:
             with stage("the weight-sync group of the two pools did not form"):
                 if is_fully_async(cfg):
                     streamed = self._batches()
-                    source = PromptSource(lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict)
+                    source = PromptSource(
+                        lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict, len(self.train_ds)
+                    )
                     bs = cfg.data.train_batch_size
                     self.rollouts = offpolicy = StreamingRollout(
                         self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source
