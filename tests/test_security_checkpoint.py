@@ -293,3 +293,32 @@ def test_data_in_a_judge_prompt_stays_text() -> None:
     assert text.count(hostile) == 2 and template_problems(DEFAULT_JUDGE_TEMPLATE) == []
     with pytest.raises(ValueError, match="not one of"):
         render_template("{response:{question}}", {"question": "q", "response": "r", "ground_truth": "g"})
+
+
+def test_metadata_written_by_python_3_11_early_patches_loads_and_getattr_reaches_nothing_else() -> None:
+    """Python 3.11.0-3.11.4 pickle an enum member as ``getattr(EnumClass, name)`` (DCP's ``_MEM_FORMAT_ENCODING`` in
+    every ``.metadata``): the metadata unpickler accepts exactly that, an allowed enum's member by name, and refuses
+    getattr on anything else (a class's other attributes, a non-enum class)."""
+    import io
+    import pathlib
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from vlmrl.safe_load import MetadataUnpickler, UnsafeCheckpointError
+
+    class Via:
+        def __init__(self, target: object, name: str) -> None:
+            self.target, self.name = target, name
+
+        def __reduce__(self):
+            return getattr, (self.target, self.name)
+
+    def load(obj: object) -> object:
+        return MetadataUnpickler(io.BytesIO(pickle.dumps(obj))).load()
+
+    member = next(iter(_MEM_FORMAT_ENCODING))
+    assert load(Via(_MEM_FORMAT_ENCODING, member.name)) is member
+    for target, name in ((_MEM_FORMAT_ENCODING, "__class__"), (pathlib.Path, "home"), (_MEM_FORMAT_ENCODING, "nope")):
+        with pytest.raises(UnsafeCheckpointError, match="not an enum member"):
+            load(Via(target, name))

@@ -14,6 +14,7 @@ PyTorch's distributed checkpoint (DCP) unpickles its ``.metadata`` file and load
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from pathlib import Path
@@ -49,12 +50,26 @@ _ALLOWED: dict[str, set[str]] = {
 """module -> names a DCP ``.metadata`` pickle may refer to (torch dtypes are allowed on top)."""
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """``getattr`` as a pickle written by Python 3.11.0-3.11.4 uses it: an allowed enum's member by name (those
+    versions pickle an enum member as ``getattr(EnumClass, name)``), and nothing else."""
+    members = getattr(cls, "__members__", None) if isinstance(cls, type) and issubclass(cls, enum.Enum) else None
+    if not isinstance(name, str) or members is None or name not in members:
+        raise UnsafeCheckpointError(
+            f"the checkpoint's metadata calls getattr({cls!r}, {name!r}), which is not an enum member of a PyTorch "
+            "distributed checkpoint; refusing to load it (unpickling it could run code)"
+        )
+    return members[name]
+
+
 class MetadataUnpickler(pickle.Unpickler):
     """An unpickler that builds DCP metadata and nothing else."""
 
     def find_class(self, module: str, name: str) -> Any:
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):  # only an allowed enum's member (_enum_member)
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointError(
