@@ -118,7 +118,17 @@ def qwen25_vl_7b_params() -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path, data: Path) -> dict[str, Any]:
+def one(
+    mode: str,
+    workload: str,
+    seed: int,
+    steps: int,
+    work: Path,
+    model: Path,
+    data: Path,
+    workload_overrides: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """One training run of ``mode`` on ``workload`` (its overrides: ``WORKLOADS``' unless given) and its figures."""
     overrides = [
         f"trainer.seed={seed}",
         f"data.seed={seed}",
@@ -126,7 +136,7 @@ def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
         *MODES[mode],
-        *WORKLOADS[workload],
+        *(WORKLOADS[workload] if workload_overrides is None else workload_overrides),
     ]
     res = common.uncontended(
         lambda: common.vlmrl_train(work / f"{workload}_{mode}_{seed}", data, model, steps, overrides, timeout_s=1800),
@@ -157,6 +167,13 @@ def one(mode: str, workload: str, seed: int, steps: int, work: Path, model: Path
         "attempts": res.get("attempts", 1),
         "foreign_cpu_frac": res["foreign_cpu_frac"],
     }
+    if any("multi_turn/called_share" in r for r in rows):
+        out |= {
+            "called_share_mean": sum(r["multi_turn/called_share"] for r in rows) / len(rows),
+            "tool_calls_per_trajectory": sum(r["multi_turn/tool_calls/mean"] for r in rows) / len(rows),
+            "tool_s_median": med("timing/tool_s"),
+            "tool_wait_s_median": med("timing/tool_wait_s"),
+        }
     if mode == "fully_async":
         out |= {
             "wait_prev_gen_s_median": med("timing/wait_rollout_s"),
@@ -212,6 +229,10 @@ def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
                 "staleness_max",
                 "partial_groups",
                 "queue_depth_median",
+                "called_share_mean",
+                "tool_calls_per_trajectory",
+                "tool_s_median",
+                "tool_wait_s_median",
             )
             if any(r.get(k) is not None for r in mine)
         }

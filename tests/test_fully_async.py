@@ -68,8 +68,18 @@ def test_verls_config_of_the_trainer_gives_its_defaults_and_the_step_size() -> N
             [
                 "actor_rollout_ref.rollout.multi_turn.enable=True",
                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+                "actor_rollout_ref.rollout.multi_turn.schedule=turn",
             ],
-            "tool turns are not streamed yet",
+            "multi_turn.schedule=turn: the stream runs each trajectory's turns on its own schedule",
+        ),
+        (
+            [
+                "actor_rollout_ref.rollout.multi_turn.enable=True",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+                "actor_rollout_ref.rollout.multi_turn.tool_workers=0",
+                "actor_rollout_ref.rollout.multi_turn.tool_timeout_s=0",
+            ],
+            "tool_workers=0: streamed trajectories run their tool calls in worker processes",
         ),
         (["algorithm.filter_groups.enable=True"], "dynamic sampling draws whole batches"),
         (["async_training.fallback_kl=0.5"], "is the one-step off-policy trainer's"),
@@ -82,6 +92,15 @@ def test_what_the_mode_cannot_run_is_refused_by_name(overrides: list[str], messa
     cfg = load([*FULLY, "async_training.mode=fully_async", "data.train_batch_size=0", *overrides])
     problems = batch_problems(cfg)
     assert any(message in p for p in problems), problems
+
+
+def test_multi_turn_tools_stream_per_trajectory() -> None:
+    """Multi-turn tool rollouts stream (each trajectory's turns on its own schedule): the defaults pass the gate."""
+    tools = [
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+    ]
+    assert batch_problems(load([*FULLY, "async_training.mode=fully_async", "data.train_batch_size=0", *tools])) == []
 
 
 def test_the_modes_keys_without_the_mode_are_refused() -> None:

@@ -252,22 +252,128 @@ def hf_model(tiny_model_dir):
     ).eval()
 
 
-@pytest.mark.vllm
-def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_model_dir, tiny_processor, hf_model, runner):
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model_dir):
     from vlmrl.config import RolloutConfig
     from vlmrl.rollout.vllm import VLLMRollout
 
     engine = VLLMRollout(tiny_model_dir, rollout_cfg=RolloutConfig(), max_model_len=512, limit_images=4)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_multi_turn_logprobs_with_a_tool_image_match_vllm(tiny_processor, hf_model, runner, vllm_engine):
+    prompts = [
+        make_prompt(tiny_processor, "What is here?", [noise(1, (112, 84))], index=0),
+        make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),
+    ]
+    wrapped = FirstTurnScripted(vllm_engine, tiny_processor.tokenizer)
+    rb = make_agent(tiny_processor, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=400))
+    assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
+
+
+def _scripted_first_turn_stream(engine, agent, spec, tokenizer):
+    """A :class:`TrajectoryStream` whose trajectories' first turn is the zoom call (log-prob 0, as
+    :class:`FirstTurnScripted`'s); the later turns are the engine's."""
+    from vlmrl.rollout.stream_turns import TrajectoryStream
+
+    call = tokenizer(ZOOM, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    class Scripted(TrajectoryStream):
+        def _start_turn(self, t) -> None:
+            if t.state.traj.assistant_turns == 0:
+                t.turn_ids, t.turn_logprobs, t.turn_versions = list(call), [0.0] * len(call), [self.version] * len(call)
+                self._end_turn(t, "stop")
+            else:
+                super()._start_turn(t)
+
+    return Scripted(engine, agent, spec)
+
+
+@pytest.mark.vllm
+def test_streamed_trajectories_continue_across_weight_pushes_with_their_tool_images(
+    tiny_model_dir, tiny_processor, runner, vllm_engine
+):
+    """Multi-turn trajectories streamed into the running engine (the fully asynchronous trainer's rollout with tools):
+    each one's zoom call runs in the tool workers and its next turn starts when the call returns. A first sync comes
+    while the calls run: nothing is in the engine to interrupt, the calls go on, and the turns after them start from
+    the weights pushed then (version 1). A second comes with every second turn part-way through: the turns are
+    interrupted, the engine takes new weights (version 2), and each turn continues where it stopped. Every policy
+    token's log-prob is that of the weights that generated it (the trainer's forward on those weights with the
+    prompt's and the tool's images, <= 1e-4; the other weights' differ), the tool turns are masked out with their
+    images in the trajectory, and nothing stays in the engine."""
+    from vlmrl.rollout.stream import StreamItem
+
+    def load(seed: int | None):
+        m = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        g = torch.Generator().manual_seed(seed or 0)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if seed is not None and "visual" not in n:
+                    p.add_(torch.randn(p.shape, generator=g) * 0.3 * (p.std() if p.numel() > 1 else 1.0))
+        return m
+
+    original, first, second = load(None), load(5), load(6)
+    prompts = [
+        make_prompt(tiny_processor, "What is here?", [noise(1, (112, 84))], index=0),
+        make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),
+    ]
+    agent = make_agent(tiny_processor, vllm_engine, runner, max_tokens_per_turn=64, max_assistant_turns=2)
+    spec = SamplingSpec(n=2, max_tokens=400, ignore_eos=True)
+    stream = _scripted_first_turn_stream(vllm_engine, agent, spec, tiny_processor.tokenizer)
+    llm = vllm_engine.llm.llm_engine
     try:
-        prompts = [
-            make_prompt(tiny_processor, "What is here?", [noise(1, (112, 84))], index=0),
-            make_prompt(tiny_processor, "And here?", [noise(2, (56, 56)), solid((0, 200, 0))], index=1),
-        ]
-        wrapped = FirstTurnScripted(engine, tiny_processor.tokenizer)
-        rb = make_agent(tiny_processor, wrapped, runner).generate(prompts, SamplingSpec(n=2, max_tokens=400))
-        assert _trainer_gap(hf_model, tiny_processor, prompts, rb) <= 1e-4
+        stream.add([StreamItem(g, p, seed=10 + g) for g, p in enumerate(prompts)], version=0)
+        assert len(stream.calling) == 4 and not stream.running  # the four zoom calls run; the engine waits
+        assert stream.interrupt() == 0
+        _push(vllm_engine, first)
+        assert stream.resume(version=1) == 0 and len(stream.calling) == 4  # the calls went on through the sync
+        deadline = time.time() + 60
+        while not (len(stream.running) == 4 and all(len(t.turn_ids) >= 3 for t in stream.running.values())):
+            assert stream.step(1) == [] and time.time() < deadline
+        assert stream.interrupt() == 4 and not llm.has_unfinished_requests()
+        _push(vllm_engine, second)
+        assert stream.resume(version=2) == 4
+        done = []
+        while stream.unfinished:
+            done += stream.step(4)
     finally:
-        engine.close()
+        _push(vllm_engine, original)
+        stream.close()
+    assert sorted(d.gid for d in done) == [0, 1] and not stream.groups and not llm.has_unfinished_requests()
+    ids = qwen_vl.vision_token_ids(tiny_processor.tokenizer)
+    for d in done:
+        p, rb = prompts[d.gid], d.rollout
+        assert len(rb) == 2 and d.interrupted == 2 and (d.min_version, d.max_version) == (0, 2)
+        assert 0 < rb.timing["tool_s"] < rb.timing["generate_s"]
+        x = build_inputs(
+            [p],
+            rb,
+            process_images(tiny_processor, [p]),
+            tiny_processor.tokenizer.pad_token_id,
+            process_response_images(tiny_processor, rb),
+        )
+        assert x.has_response_images
+        with torch.no_grad():
+            by_first = response_logprobs(first, x, ids)[0]
+            by_second = response_logprobs(second, x, ids)[0]
+        for k, t in enumerate(rb.trajectories):
+            assert t.assistant_turns == 2 and t.user_turns == 1 and len(t.images) == 1 and t.calls[0].error is None
+            mask, v = t.response_mask, torch.tensor(d.versions[k])
+            tool = mask.index(0)
+            assert set(v[:tool].tolist()) == {0}  # the scripted first turn, before any push
+            later = torch.tensor([j for j, m in enumerate(mask) if m == 1 and j > tool])
+            assert len(later) == 64 and set(v[later].tolist()) == {1, 2}  # the second turn, across the second push
+            lps = torch.tensor(rb.logprobs[k])[later]
+            want = torch.where(v[later] == 1, by_first[k, later], by_second[k, later])
+            assert float((want - lps).abs().max()) <= 1e-4
+            other = torch.where(v[later] == 1, by_second[k, later], by_first[k, later])
+            assert float((other - want).abs().max()) > 1e-3
+
+
+def _push(engine, model) -> float:
+    return engine.update_weights((qwen_vl.engine_weight_name(n), p.detach()) for n, p in model.named_parameters())
 
 
 @pytest.mark.vllm

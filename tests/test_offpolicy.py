@@ -355,15 +355,25 @@ def test_token_tis_from_the_updates_own_forward_equals_a_separate_old_log_prob_p
 # --------------------------------------------------------------------------------- with the rest of the trainer
 
 
+FULLY_ASYNC = (
+    "async_training.mode=fully_async",
+    "async_training.staleness_threshold=1",
+    "async_training.trigger_parameter_sync_step=1",
+)
+
+
 @pytest.mark.slow
-def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["one_step_off_policy", "fully_async"])
+def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path, mode) -> None:
     """The zoom demo's config (``tool_zoom_cpu``) off-policy: the rollout worker runs the agent loop and the tool
     (a policy warm-started to always zoom), the trajectories (tool turns masked, the tool's images) travel to the
-    training worker, the second step's batch generated while the first trained."""
+    training worker; one-step: the second step's batch generated while the first trained; fully async: the groups
+    streamed, each trajectory's turns on its own schedule, partial rollouts across the syncs after every step."""
     from test_multi_turn import always_zoom_policy
 
     data, warm = always_zoom_policy()
     out = tmp_path / "run"
+    steps = 2 if mode == "one_step_off_policy" else 3
     run_to_end(
         [
             "--config-name",
@@ -373,15 +383,21 @@ def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path) -> None:
             f"actor_rollout_ref.model.path={warm}",
             f"trainer.default_local_dir={out}",
             "trainer.logger=[jsonl]",
-            "trainer.total_training_steps=2",
+            f"trainer.total_training_steps={steps}",
             "data.train_batch_size=8",
             *POOLS,
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.rollout.n=4",
+            *(FULLY_ASYNC if mode == "fully_async" else ()),
         ]
     )
     rows = metrics(out)
-    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert len(rows) == steps
+    if mode == "one_step_off_policy":
+        assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    else:
+        assert rows[0]["async/staleness_max"] == 0.0 and all(r["async/staleness_max"] <= 2 for r in rows)
+        assert all(r["async/syncs"] >= 1 for r in rows[1:])
     for r in rows:
         assert r["multi_turn/called_share"] > 0.5 and r["multi_turn/calls/image_zoom"] >= 16 and r["timing/tool_s"] > 0
         assert r["actor/grad_norm"] > 0

@@ -95,10 +95,16 @@ def problems(cfg: Any, separate_pools: bool, tp: int) -> list[str]:
             f"{mode} with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the streamed engines are not "
             "tensor-parallel in vlmrl yet; use 1 (each rollout worker its own engine)."
         )
-    if arr.rollout.multi_turn.enable:
+    mt = arr.rollout.multi_turn
+    if mt.enable and mt.schedule != "trajectory":
         p.append(
-            f"{mode} with actor_rollout_ref.rollout.multi_turn.enable=True: tool turns are not streamed yet; use the "
-            "one-step off-policy trainer (async_training.mode=one_step_off_policy), which runs them per trajectory."
+            f"{mode} with actor_rollout_ref.rollout.multi_turn.schedule={mt.schedule}: the stream runs each "
+            "trajectory's turns on its own schedule; set it to trajectory (or use the one-step off-policy trainer)."
+        )
+    if mt.enable and mt.tool_workers < 1:
+        p.append(
+            f"{mode} with actor_rollout_ref.rollout.multi_turn.tool_workers={mt.tool_workers}: streamed trajectories "
+            "run their tool calls in worker processes beside the engine; set tool_workers >= 1."
         )
     if cfg.algorithm.filter_groups.enable:
         p.append(

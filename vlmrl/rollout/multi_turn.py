@@ -49,7 +49,9 @@ from vlmrl.tools.runner import AGENT_KWARGS, ToolOutcome, ToolRequest, ToolRunne
 
 
 @dataclass
-class _State:
+class TrajectoryState:
+    """One trajectory while it runs (the agent's steps update it in place)."""
+
     prompt: PromptSample
     context: list[int]
     """Prompt + response so far, one image pad per image (what the engine takes)."""
@@ -64,8 +66,10 @@ class _State:
 
 
 @dataclass
-class _Call:
-    state: _State
+class ToolCallTask:
+    """One tool call a turn made, and (after :meth:`MultiTurnAgent.run_calls`) what it gave."""
+
+    state: TrajectoryState
     call: hermes.ToolCall
     turn: int
     record: ToolCallRecord | None = None
@@ -123,14 +127,27 @@ class MultiTurnAgent:
     def generate(self, prompts: list[PromptSample], spec: SamplingSpec) -> RolloutBatch:
         """``spec.n`` trajectories per prompt, grouped by prompt."""
         timer = Timer()
-        states = [_State(p, list(p.prompt_ids), list(p.images)) for p in prompts for _ in range(spec.n)]
+        states = [s for p in prompts for s in self.new_states(p, spec.n)]
         watch = self.tools.new_watch()  # the rollout's timeouts, counted across its turns
         per_trajectory = self.per_trajectory()
         if per_trajectory:
             self._run_per_trajectory(states, spec, timer, watch)
         else:
             self._run_turn_by_turn(states, spec, timer, watch)
-        batch = RolloutBatch([], [], [], [], n=spec.n)
+        batch = self.rollout_of(states, spec.n)
+        batch.timing["generate_s"] = timer.elapsed
+        batch.timing["tool_s"] = timer["tool"]
+        batch.timing["tool_wait_s"] = timer["tool_wait"] if per_trajectory else timer["tool"]
+        return batch
+
+    def new_states(self, prompt: PromptSample, n: int) -> list[TrajectoryState]:
+        """``n`` trajectories of a prompt, before their first turn."""
+        return [TrajectoryState(prompt, list(prompt.prompt_ids), list(prompt.images)) for _ in range(n)]
+
+    def rollout_of(self, states: list[TrajectoryState], n: int) -> RolloutBatch:
+        """Ended trajectories as a rollout of ``n`` samples per prompt (grouped by prompt): each prompt's image pads
+        expanded, the responses with their masks and log-probs."""
+        batch = RolloutBatch([], [], [], [], n=n)
         for s in states:
             counts = [self._image_tokens(im) for im in s.prompt.images]
             batch.prompt_ids.append(qwen_vl.expand_image_pads(s.prompt.prompt_ids, self.vision.image_pad, counts))
@@ -139,25 +156,22 @@ class MultiTurnAgent:
             batch.finish_reasons.append(s.finish)
             s.traj.response_mask = s.mask
             batch.trajectories.append(s.traj)
-        batch.timing["generate_s"] = timer.elapsed
-        batch.timing["tool_s"] = timer["tool"]
-        batch.timing["tool_wait_s"] = timer["tool_wait"] if per_trajectory else timer["tool"]
         return batch
 
     def _run_turn_by_turn(
-        self, states: list[_State], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
+        self, states: list[TrajectoryState], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
     ) -> None:
         """Every trajectory's turn k generates together, then every call of turn k runs, then turn k + 1."""
         active = list(states)
         while active:
-            outs = self.engine.generate_turns([self._turn_request(s) for s in active], spec)
-            calls = [c for s, o in zip(active, outs) for c in self._after_turn(s, o)]
+            outs = self.engine.generate_turns([self.turn_request(s) for s in active], spec)
+            calls = [c for s, o in zip(active, outs) for c in self.after_turn(s, o)]
             with timer("tool"):
-                self._run_calls(calls, watch)
-            active = self._append_tool_turns(calls)
+                self.run_calls(calls, watch)
+            active = self.append_tool_turns(calls)
 
     def _run_per_trajectory(
-        self, states: list[_State], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
+        self, states: list[TrajectoryState], spec: SamplingSpec, timer: Timer, watch: HangWatch | None
     ) -> None:
         """Each trajectory on its own schedule: its next turn goes into the engine as soon as its tool calls return,
         while the others generate or wait on theirs (the engine's scheduler runs up to ``max_num_seqs`` at once, the
@@ -168,12 +182,12 @@ class MultiTurnAgent:
         waiting on its tools)."""
         base = int(torch.randint(0, 2**31 - 1, (1,)))
         index = {id(s): k for k, s in enumerate(states)}
-        in_engine: dict[str, tuple[int, _State]] = {}
-        running: dict[Future, list[_Call]] = {}
+        in_engine: dict[str, tuple[int, TrajectoryState]] = {}
+        running: dict[Future, list[ToolCallTask]] = {}
 
-        def start(batch: list[tuple[int, _State]]) -> None:
+        def start(batch: list[tuple[int, TrajectoryState]]) -> None:
             seeds = [(base + 1_000_003 * k + 7919 * s.traj.assistant_turns) % 2**31 for k, s in batch]
-            ids = self.engine.start_turns([self._turn_request(s) for _, s in batch], spec, seeds)
+            ids = self.engine.start_turns([self.turn_request(s) for _, s in batch], spec, seeds)
             in_engine.update(zip(ids, batch))
 
         pool = ThreadPoolExecutor(max_workers=max(1, min(len(states), 64)), thread_name_prefix="vlmrl-tool-calls")
@@ -186,20 +200,20 @@ class MultiTurnAgent:
                         if rid not in in_engine:
                             raise RuntimeError(f"the engine finished a request it was not given here ({rid!r})")
                         _, s = in_engine.pop(rid)
-                        calls = self._after_turn(s, out)
+                        calls = self.after_turn(s, out)
                         if calls:
                             if not running:
                                 busy_since = time.perf_counter()
-                            running[pool.submit(self._run_calls, calls, watch)] = calls
+                            running[pool.submit(self.run_calls, calls, watch)] = calls
                 else:
                     with timer("tool_wait"):
                         wait(list(running), return_when=FIRST_COMPLETED)
-                ready: list[tuple[int, _State]] = []
+                ready: list[tuple[int, TrajectoryState]] = []
                 for future in [f for f in running if f.done()]:
                     if future.exception() is not None:  # a tool that hangs stops the rollout (HangError)
                         raise _first_error(running, watch)
                     calls = running.pop(future)
-                    ready += [(index[id(s)], s) for s in self._append_tool_turns(calls)]
+                    ready += [(index[id(s)], s) for s in self.append_tool_turns(calls)]
                 if busy_since and not running:
                     timer.add("tool", time.perf_counter() - busy_since)
                     busy_since = 0.0
@@ -215,13 +229,13 @@ class MultiTurnAgent:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _turn_request(self, s: _State) -> TurnRequest:
+    def turn_request(self, s: TrajectoryState) -> TurnRequest:
         """A trajectory's next turn: its whole context, and what is left of its token budget (or one turn's)."""
         left = self.budget - len(s.response)
         per_turn = self.cfg.max_tokens_per_turn
         return TurnRequest(s.context, s.images, min(left, per_turn) if per_turn else left, s.prompt)
 
-    def _after_turn(self, s: _State, o: TurnOutput) -> list[_Call]:
+    def after_turn(self, s: TrajectoryState, o: TurnOutput) -> list[ToolCallTask]:
         """Append a generated turn to its trajectory; the tool calls it makes (none: the trajectory has ended)."""
         s.context += o.ids
         s.response += o.ids
@@ -238,15 +252,15 @@ class MultiTurnAgent:
             return []
         if self.cfg.max_user_turns and s.traj.user_turns >= self.cfg.max_user_turns:
             return []
-        return [_Call(s, c, turn) for k, c in enumerate(hermes.parse(text)) if k < self.cfg.max_parallel_calls]
+        return [ToolCallTask(s, c, turn) for k, c in enumerate(hermes.parse(text)) if k < self.cfg.max_parallel_calls]
 
     def _image_tokens(self, image: Image.Image) -> int:
         factor, lo, hi = self.bounds
         return qwen_vl.num_image_tokens(image.width, image.height, factor, lo, hi)
 
-    def _append_tool_turns(self, calls: list[_Call]) -> list[_State]:
+    def append_tool_turns(self, calls: list[ToolCallTask]) -> list[TrajectoryState]:
         """Append each trajectory's tool turn (its calls' results in order); the trajectories that go on."""
-        by_state: dict[int, list[_Call]] = {}
+        by_state: dict[int, list[ToolCallTask]] = {}
         for c in calls:
             by_state.setdefault(id(c.state), []).append(c)
         going = []
@@ -279,10 +293,10 @@ class MultiTurnAgent:
         return going
 
     # ------------------------------------------------------------------------------------------------ tools
-    def _run_calls(self, calls: list[_Call], watch: HangWatch | None) -> None:
+    def run_calls(self, calls: list[ToolCallTask], watch: HangWatch | None) -> None:
         """Run a turn's calls (``vlmrl.tools.runner``: in worker processes, ``tool_timeout_s`` each) and record what
         each gave, in order; the images of a trajectory's calls count together against its limits."""
-        run: list[_Call] = []
+        run: list[ToolCallTask] = []
         for c in calls:
             if c.call.error is not None:
                 c.record = self._error(c, "parse", c.call.error)
@@ -297,7 +311,7 @@ class MultiTurnAgent:
             c.record, c.images = self._record(c, out, added.get(id(c.state), 0))
             added[id(c.state)] = added.get(id(c.state), 0) + len(c.images)
 
-    def _request(self, c: _Call) -> ToolRequest:
+    def _request(self, c: ToolCallTask) -> ToolRequest:
         """What the tool gets: the policy's arguments, the record's ``create_kwargs`` (data: never the image, the
         source image or the pixel bounds, which are the agent's), the record's first image and answer."""
         p = c.state.prompt
@@ -314,13 +328,13 @@ class MultiTurnAgent:
             ground_truth=p.ground_truth,
         )
 
-    def _error(self, c: _Call, kind: str, msg: str, seconds: float = 0.0) -> ToolCallRecord:
+    def _error(self, c: ToolCallTask, kind: str, msg: str, seconds: float = 0.0) -> ToolCallRecord:
         """A failed call: the policy reads ``Error: ...`` (cut to ``max_tool_response_length``), the record keeps
         the kind and the message."""
         text = truncate(f"Error: {msg}", int(self.cfg.max_tool_response_length), self.cfg.tool_response_truncate_side)
         return ToolCallRecord(c.call.name, c.call.arguments, text, error=f"{kind}: {msg}", seconds=seconds, turn=c.turn)
 
-    def _record(self, c: _Call, out: ToolOutcome, added: int) -> tuple[ToolCallRecord, list[Image.Image]]:
+    def _record(self, c: ToolCallTask, out: ToolOutcome, added: int) -> tuple[ToolCallRecord, list[Image.Image]]:
         """The record and resized images of a call's outcome; ``added``: tool images this trajectory already took in
         this turn. Images over ``max_tool_images`` (tool images per trajectory) or over what the engine takes per
         request make the call an error."""
@@ -348,7 +362,7 @@ class MultiTurnAgent:
         ), images
 
 
-def _first_error(running: dict[Future, list[_Call]], watch: HangWatch | None) -> BaseException:
+def _first_error(running: dict[Future, list[ToolCallTask]], watch: HangWatch | None) -> BaseException:
     """The error that stops a per-trajectory rollout: the other trajectories' calls are stopped (their batches end
     within a poll) and waited for; the first real error wins over the :class:`BatchStopped` it caused."""
     if watch is not None:

@@ -324,7 +324,7 @@ class VLLMRollout:
         batch.timing["generate_s"] = sw.elapsed
         return batch
 
-    def _turn_requests(
+    def turn_requests(
         self, requests: list[TurnRequest], spec: SamplingSpec, seeds: list[int] | None = None
     ) -> tuple[list[dict[str, Any]], list[Any]]:
         """The engine's prompts and sampling parameters of multi-turn requests (one sample each, its own token
@@ -353,7 +353,7 @@ class VLLMRollout:
     def generate_turns(self, requests: list[TurnRequest], spec: SamplingSpec) -> list[TurnOutput]:
         """One sample per request with its own token limit (a multi-turn step; prefix caching reuses each
         trajectory's earlier turns)."""
-        engine_requests, params = self._turn_requests(requests, spec)
+        engine_requests, params = self.turn_requests(requests, spec)
         outs = self.llm.generate(engine_requests, params, use_tqdm=False)
         return [self._turn_output(out) for out in outs]
 
@@ -363,7 +363,7 @@ class VLLMRollout:
         ``rollout.multi_turn``); their ids, which :meth:`step_turns` reports them under. ``seeds``: each request's
         own sampling seed, so what it samples does not depend on what else the engine runs beside it (where
         :attr:`seeded_turns`; else the engine's shared generator)."""
-        engine_requests, params = self._turn_requests(requests, spec, seeds if self.seeded_turns else None)
+        engine_requests, params = self.turn_requests(requests, spec, seeds if self.seeded_turns else None)
         added = self.llm.enqueue(engine_requests, params, use_tqdm=False)
         # vLLM names a request ``<its id>-<random suffix>`` inside the engine and reports and aborts it by its id
         return [str(i).rsplit("-", 1)[0] for i in added]

@@ -38,6 +38,7 @@ from vlmrl.models.inputs import build_inputs, process_images, process_response_i
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
 from vlmrl.rollout.multi_turn import MultiTurnAgent
 from vlmrl.rollout.stream import PromptStream, StreamGroup, StreamItem
+from vlmrl.rollout.stream_turns import TrajectoryStream
 from vlmrl.startup import stage
 from vlmrl.timing import Timer
 from vlmrl.tools.runner import ToolGroup, ToolRunner
@@ -85,7 +86,7 @@ class HybridWorker:
     """Policy, reference and engine of one rank. Driven by a worker group (a local process, a Ray actor, or the
     driver's own process) or directly in tests."""
 
-    stream: PromptStream | None = None
+    stream: PromptStream | TrajectoryStream | None = None
     """The rollout pool's streamed groups (``async_training.mode=fully_async``; made at the first ``stream_*``)."""
 
     def __init__(self, plan: WorkerPlan, rank: int, init_method: str) -> None:
@@ -312,9 +313,12 @@ class HybridWorker:
         return rb
 
     # -------------------------------------------------------------- streamed groups (async_training fully_async)
-    def _stream(self) -> PromptStream:
+    def _stream(self) -> PromptStream | TrajectoryStream:
         if self.stream is None:
-            self.stream = PromptStream(self.engine, self.train_spec)
+            if self.agent is not None:  # multi-turn: each trajectory's turns on its own schedule
+                self.stream = TrajectoryStream(self.engine, self.agent, self.train_spec)
+            else:
+                self.stream = PromptStream(self.engine, self.train_spec)
         return self.stream
 
     def stream_add(self, items: list[StreamItem], version: int) -> int:
@@ -562,6 +566,8 @@ class HybridWorker:
         torn down already)."""
         if self.sync is not None:
             self.sync.close()
+        if isinstance(self.stream, TrajectoryStream):
+            self.stream.close()
         if self.agent is not None:
             self.agent.tools.close()
         close = getattr(self.engine, "close", None)
