@@ -127,15 +127,17 @@ def one(
     model: Path,
     data: Path,
     workload_overrides: tuple[str, ...] | None = None,
+    mode_overrides: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """One training run of ``mode`` on ``workload`` (its overrides: ``WORKLOADS``' unless given) and its figures."""
+    """One training run of ``mode`` on ``workload`` (their overrides: ``MODES``' and ``WORKLOADS``' unless given)
+    and its figures."""
     overrides = [
         f"trainer.seed={seed}",
         f"data.seed={seed}",
         f"data.val_files={data / 'test.parquet'}",
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
-        *MODES[mode],
+        *(MODES[mode] if mode_overrides is None else mode_overrides),
         *(WORKLOADS[workload] if workload_overrides is None else workload_overrides),
     ]
     res = common.uncontended(
@@ -174,7 +176,7 @@ def one(
             "tool_s_median": med("timing/tool_s"),
             "tool_wait_s_median": med("timing/tool_wait_s"),
         }
-    if mode == "fully_async":
+    if mode.startswith("fully_async"):
         out |= {
             "wait_prev_gen_s_median": med("timing/wait_rollout_s"),
             "param_sync_s_median": med("timing/param_sync_s"),
@@ -204,10 +206,10 @@ def _histogram(values: list[float]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def summarise(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
-    """Medians over the seeds per mode, and the speed-up."""
+def summarise(runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
+    """Medians over the seeds per mode, and the speed-ups."""
     out: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in modes:
         mine = [r for r in runs if r["mode"] == mode and r["workload"] == workload]
         out[mode] = {
             k: round(common.median([r[k] for r in mine if r.get(k) is not None]), 4)

@@ -12,8 +12,8 @@ random, and an ``image_zoom`` that first sleeps a latency drawn from a heavy tai
 at most 2 s, as ``bench_agent_loop.py``; drawn anew for every call), as a tool that waits on a service does, in 8 tool
 worker processes per rollout worker. The modes are ``bench_async.py``'s: the hybrid engine on 2 workers, and 1
 training + 1 rollout worker for the one-step trainer and the fully asynchronous one (staleness_threshold 1, a sync
-after every step, partial rollouts); every mode runs its trajectories per trajectory (``multi_turn.schedule=
-trajectory``).
+after every step, partial rollouts), and a fourth: fully async with staleness_threshold 2. Every mode runs its
+trajectories per trajectory (``multi_turn.schedule=trajectory``).
 
 Per run, besides ``bench_async.py``'s figures: the share of trajectories that called the tool, the calls per
 trajectory and the median ``timing/tool_s``. Each run holds the CPU lock and is repeated once when other processes
@@ -36,6 +36,16 @@ import bench_async  # noqa: E402
 import common  # noqa: E402
 
 SECTION = "Fully async with multi-turn tools"
+MODES = {
+    **bench_async.MODES,
+    "fully_async_s2": tuple(
+        "async_training.staleness_threshold=2.0" if m.startswith("async_training.staleness_threshold") else m
+        for m in bench_async.MODES["fully_async"]
+    ),
+}
+"""``bench_async.py``'s modes, and fully async with a wider window (staleness_threshold 2: at most 48 groups
+started between two syncs)."""
+LABELS = {**bench_async.LABELS, "fully_async_s2": "fully async, staleness 2 (1 + 1)"}
 TOOL_WORKERS = 8
 """Tool worker processes per rollout worker (the calls mostly sleep: 8 wait at once, as in bench_agent_loop.py)."""
 
@@ -104,12 +114,12 @@ def markdown(res: dict[str, Any]) -> str:
     head = ["mode", "steps/s", "speed-up", "reward, last 10 steps", "called the tool", "calls / trajectory"]
     head += ["tool time a step (s)", "response length mean"]
     rows = []
-    for mode in bench_async.MODES:
+    for mode in MODES:
         m = s[mode]
-        speed = s[bench_async.SPEEDUPS[mode]] if mode in bench_async.SPEEDUPS else 1.0
+        speed = m["steps_per_s"] / s["hybrid"]["steps_per_s"]
         rows.append(
             [
-                bench_async.LABELS[mode],
+                LABELS[mode],
                 f"{m['steps_per_s']:.3f}",
                 f"{speed:.2f}x",
                 f"{m['reward_last10']:.3f} [{m['reward_last10_range'][0]:.3f}-{m['reward_last10_range'][1]:.3f}]",
@@ -133,11 +143,13 @@ def markdown(res: dict[str, Any]) -> str:
         "to always zoom first and then answer at random, and an image_zoom that sleeps a log-normal latency first "
         "(median 0.1 s, sigma 1, at most 2 s), 8 tool workers per rollout worker. Equal cores: the hybrid engine on 2 "
         "workers against 1 training + 1 "
-        "rollout worker; fully async with staleness_threshold 1, a sync after every step and partial rollouts. "
+        "rollout worker; fully async with staleness_threshold 1 (and 2), a sync after every step and partial rollouts. "
         "Steps/s over the steps after the first; reward: median [min-max] over the seeds; tool time: the median "
         "step's timing/tool_s (fully async: the longest one group's calls ran).\n\n"
         + common.table(head, rows)
-        + f"\n\nFully async / one-step: {s['fully_async_over_one_step']:.2f}x; its groups trained "
+        + f"\n\nFully async / one-step: {s['fully_async_over_one_step']:.2f}x (staleness 2: "
+        f"{s['fully_async_s2_over_one_step']:.2f}x, {s['fully_async_s2']['staleness_mean']:.2f} updates stale on "
+        "average); at staleness 1 its groups trained "
         f"{f['staleness_mean']:.2f} updates stale on average (steps of all seeds by their stalest group: {shown}), "
         f"{f['partial_groups']:.0f} groups a run (median) were continued across a sync.\n\n" + common.machine_line(res)
     )
@@ -155,16 +167,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data, model, overrides = tool_workload(work)
     runs = []
     for seed in seeds:
-        for mode in bench_async.MODES:
-            runs.append(bench_async.one(mode, "tools", seed, steps, work, model, data, overrides))
+        for mode, mode_overrides in MODES.items():
+            runs.append(bench_async.one(mode, "tools", seed, steps, work, model, data, overrides, mode_overrides))
             print(f"[bench_async_tools] {runs[-1]}", flush=True)
     res = {
         **common.result_head("async_tools"),
         "seeds": seeds,
         "steps": steps,
         "runs": runs,
-        "summary": bench_async.summarise(runs, "tools"),
+        "summary": bench_async.summarise(runs, "tools", tuple(MODES)),
     }
+    s = res["summary"]
+    s["fully_async_s2_over_one_step"] = round(s["fully_async_s2"]["steps_per_s"] / s["async"]["steps_per_s"], 3)
     default = args.seeds == "1,2,3" and args.steps == 20 and not args.quick
     common.publish("async_tools", SECTION, res, markdown(res), check_dir=None if default else work)
     return res

@@ -35,6 +35,7 @@ COMMANDS = {
     "dynamic_bsz.json": "python benchmarks/bench_dynamic_bsz.py",
     "ppo.json": "python benchmarks/bench_ppo.py",
     "async.json": "python benchmarks/bench_async.py",
+    "async_tools.json": "python benchmarks/bench_async_tools.py",
     "gpu.json": "bash benchmarks/gpu_check.sh",
     "trl_sizes.json": "python benchmarks/bench_trl.py --model-size tiny,20m,100m",
     "packing.json": "python benchmarks/bench_packing.py",

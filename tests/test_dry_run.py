@@ -155,6 +155,15 @@ def test_the_plan_of_a_fully_async_run_names_its_window_sync_and_partial_rollout
     assert "a step trains on the first 4 that finish; weights synced by a collective every 2 step(s)" in out
     assert "at most 8 groups started between two syncs (staleness_threshold=0.1)" in out
     assert "interrupted and continued with the new weights (partial rollouts)" in out
+    tools = Path(__file__).resolve().parents[1] / "examples" / "tool_config" / "zoom.yaml"
+    multi = (
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        "data.max_prompt_length=1024",
+        "actor_rollout_ref.rollout.max_model_len=1200",
+    )
+    assert dry_run.run(cfg_of(tiny_model_dir, data, tmp_path, *fully, *multi), [], []) == 0
+    assert "per trajectory, streamed group by group" in capsys.readouterr().out
     cfg = cfg_of(
         tiny_model_dir,
         data,

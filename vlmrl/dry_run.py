@@ -255,7 +255,7 @@ def _multi_turn(cfg: VLMRLConfig, rep: Report) -> None:
     rep.plan.append(
         f"multi-turn: tools {names} ({mt.format}), {turns}, {mt.max_parallel_calls} call(s) per turn, "
         f"tool timeout {mt.tool_timeout_s:g} s, the whole trajectory within data.max_response_length="
-        f"{cfg.data.max_response_length}; {multi_turn_schedule(cfg.actor_rollout_ref.rollout)}"
+        f"{cfg.data.max_response_length}; {multi_turn_schedule(cfg.actor_rollout_ref.rollout, is_fully_async(cfg))}"
     )
 
 

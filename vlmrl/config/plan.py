@@ -103,10 +103,14 @@ def tp_size(cfg: VLMRLConfig) -> int:
     return ro.tensor_model_parallel_size if ro.name == "vllm" else 1
 
 
-def multi_turn_schedule(rollout: RolloutConfig) -> str:
+def multi_turn_schedule(rollout: RolloutConfig, streamed: bool = False) -> str:
     """How multi-turn rollouts of ``actor_rollout_ref.rollout`` will be scheduled, in words (the dry run's plan;
-    ``rollout.multi_turn.MultiTurnAgent.per_trajectory`` decides at run time from the same facts)."""
+    ``rollout.multi_turn.MultiTurnAgent.per_trajectory`` decides at run time from the same facts). ``streamed``: the
+    fully asynchronous trainer's rollout (``rollout.stream_turns``; its gate refuses what would not run per
+    trajectory)."""
     mt = rollout.multi_turn
+    if streamed:
+        return "per trajectory, streamed group by group (each one's next turn starts when its tool calls return)"
     if mt.schedule == "turn":
         return "turn by turn (multi_turn.schedule=turn)"
     why = [
