@@ -219,6 +219,16 @@ def _per(algo: str, key: str) -> Field:
 
 TOOLS, NOTOOLS = ("summary", "tools"), ("summary", "no_tools")
 AS = "async.json"
+AT = "async_tools.json"
+
+
+def _tools(mode: str, key: str) -> Field:
+    """``key`` of each run of ``mode`` in bench_async_tools' results (one per seed)."""
+    return computed(
+        f"{key} of the tool workload's {mode} runs", lambda d: [r[key] for r in d["runs"] if r["mode"] == mode]
+    )
+
+
 RMB = "reward_model.json"
 TS = "trl_sizes.json"
 PK = "packing.json"
@@ -354,6 +364,14 @@ FIGURES: list[Figure] = [
       ".0f"),
     F(AS, at("summary", "long_tail", "fully_async", "staleness_max"), "quick start's shape and {v} on the long",
       ".0f"),
+    F(AT, _tools("fully_async", "steps_per_s"), "the streaming\ntrainer reaches {v} steps/s", ".3f", kind="spread"),
+    F(AT, _tools("async", "steps_per_s"), "steps/s, the one-step trainer {v} (", ".3f", kind="spread"),
+    F(AT, at("summary", "fully_async_over_one_step"), "the one-step trainer {*} ({v}). Its steps alternate", ".2f",
+      "x"),
+    F(AT, _tools("fully_async_s2", "steps_per_s"), "At staleness_threshold 2 it reaches\n{v} steps/s", ".3f",
+      kind="spread"),
+    F(AT, at("summary", "fully_async_s2_over_one_step"), "steps/s ({v} the one-step trainer)", ".2f", "x"),
+    F(AT, at("summary", "fully_async_s2", "staleness_mean"), "its groups {v} updates stale on average", ".2f"),
     F(AS, at("sync", "mb"), "A weight sync of the tiny model ({v}) takes", ".2f", " MB"),
     F(AS, at("sync", "s"), "of the tiny model ({*}) takes {v} (", ".3f", " s"),
     F(AS, at("sync", "ms_per_mb"), "takes {*} ({v} per MB: the trainer's gather", ".0f", " ms"),
