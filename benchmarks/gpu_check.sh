@@ -2,6 +2,8 @@
 # The GPU checks of one lent device session, as one command:
 #   bash benchmarks/gpu_check.sh            # logs and results under $OUT (default /tmp/vlmrl-gpu-out)
 #   ALGOS=ppo STEPS=4 BUDGET=500 bash benchmarks/gpu_check.sh
+# The tree travels to the device machine without its .git: the caller names the commit it copied, clean, with
+#   VLMRL_BENCH_COMMIT=$(git rev-parse HEAD) VLMRL_BENCH_DIRTY=0 (benchmarks/common.py's provenance reads them).
 # On one H100 (2026-11-26): install and model build 35 s, `pytest -m gpu` 125 s (beside the build), GRPO's 6 steps
 # 108 s; PPO at the 3B shape (critic offloaded to the CPU) did not finish 4 steps in 250 s, so a session of 15 device
 # minutes fits GRPO or PPO after the tests, not both.
