@@ -241,7 +241,8 @@ def report(result: dict) -> None:
         f"{c['prompts_per_step']} prompts x {c['n']} samples x {c['response_tokens']} generated tokens per step "
         f"(`ignore_eos`), one {c['image_size']}x{c['image_size']} image per prompt; rollout: {c['rollout']}; update: "
         f"{c['update']}. PPO: a critic of the same shape with its parameters and optimizer state offloaded to the "
-        "CPU. Median over the steps after the first two.",
+        "CPU. "
+        + ("Median over the steps after the first two." if c["steps"] > 3 else f"Median over the {c['steps']} steps."),
         "",
         table(
             [

@@ -573,9 +573,10 @@ def _count_lines(path: Path) -> int:
 
 def provenance(root: Path = ROOT, argv: Sequence[str] | None = None) -> dict[str, Any]:
     """What a measurement ran: the checkout's commit, whether its tracked files had uncommitted changes (``dirty``),
-    and the command (``python benchmarks/<bench>.py <arguments>``). Outside a git checkout they come from
-    ``VLMRL_BENCH_COMMIT`` and ``VLMRL_BENCH_DIRTY`` (``0``: clean) where set, as ``gpu_check.sh``'s caller sets them
-    for a copy of the tree without its ``.git``, else they are None."""
+    and the command (``python benchmarks/<bench>.py <arguments>``); commit and dirty are None outside a git
+    checkout. ``VLMRL_BENCH_COMMIT`` and ``VLMRL_BENCH_DIRTY`` (``0``: clean), where set, say them instead: the
+    caller of ``gpu_check.sh`` sets them, since the device machine's copy of the tree carries no ``.git`` or the
+    session's first one."""
     git = ["git", "-C", str(root)]
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
     status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
@@ -587,7 +588,7 @@ def provenance(root: Path = ROOT, argv: Sequence[str] | None = None) -> dict[str
         pass
     commit = head.stdout.strip() or None if head.returncode == 0 else None
     dirty = bool(status.stdout.strip()) if status.returncode == 0 and head.returncode == 0 else None
-    if commit is None and os.environ.get("VLMRL_BENCH_COMMIT"):  # a copy without .git (the device machine's)
+    if os.environ.get("VLMRL_BENCH_COMMIT"):  # a copy whose .git is absent or stale (the device machine's)
         commit = os.environ["VLMRL_BENCH_COMMIT"]
         dirty = os.environ.get("VLMRL_BENCH_DIRTY", "1") != "0"
     return {"commit": commit, "dirty": dirty, "command": " ".join(["python", script, *args[1:]])}

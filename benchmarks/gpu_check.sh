@@ -2,11 +2,12 @@
 # The GPU checks of one lent device session, as one command:
 #   bash benchmarks/gpu_check.sh            # logs and results under $OUT (default /tmp/vlmrl-gpu-out)
 #   ALGOS=ppo STEPS=4 BUDGET=500 bash benchmarks/gpu_check.sh
-# The tree travels to the device machine without its .git: the caller names the commit it copied, clean, with
-#   VLMRL_BENCH_COMMIT=$(git rev-parse HEAD) VLMRL_BENCH_DIRTY=0 (benchmarks/common.py's provenance reads them).
+# The device machine's copy of the tree carries the session's first .git, not the commit sent: the caller names it,
+#   VLMRL_BENCH_COMMIT=<git rev-parse HEAD here> VLMRL_BENCH_DIRTY=0 (benchmarks/common.py's provenance reads them).
 # On one H100 (2026-11-26): install and model build 35 s, `pytest -m gpu` 125 s (beside the build), GRPO's 6 steps
-# 108 s; PPO at the 3B shape (critic offloaded to the CPU) did not finish 4 steps in 250 s, so a session of 15 device
-# minutes fits GRPO or PPO after the tests, not both.
+# 108 s; PPO at the 3B shape (critic offloaded to the CPU) did not finish 4 steps in 250 s. On one H200 (2026-11-28,
+# ALGOS=grpo,ppo STEPS=3 BUDGET=560): tests 169 s, GRPO 80 s, PPO's 3 steps done at 551 s and the run killed in its
+# shutdown: a session of 15 device minutes fits the tests and both at STEPS=3 with BUDGET=590 and timeout_s=600.
 # The machine has torch but not vlmrl's other dependencies and no package index: wheels carried in .whl/ are
 # installed first (pure-Python ones: hydra-core, omegaconf, antlr4, qwen-vl-utils, pebble, datasets, dill,
 # multiprocess, and this checkout's transformers). vlmrl runs from the checkout (vlmrl.preprocess/rewards/configs

@@ -796,9 +796,9 @@ def _default(where: str, name: str) -> Any:
 
 CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
-        "H200, 27 Nov 2026",
+        "H200, 28 Nov 2026",
         "benchmarks/results/gpu.json: machine.gpu and date (the README's status table names that session)",
-        lambda: _load(GP)["machine"]["gpu"] == "NVIDIA H200" and _load(GP)["date"].startswith("2026-11-27"),
+        lambda: _load(GP)["machine"]["gpu"] == "NVIDIA H200" and _load(GP)["date"].startswith("2026-11-28"),
     ),
     (
         "the test sets 15 and requires the report between 15 and 60 s after the freeze",
