@@ -26,7 +26,7 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v"]
+FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl"]
 """The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family, checked all the same."""
 
 
@@ -117,11 +117,27 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "m")
     proc = AutoProcessor.from_pretrained(tmp_path / "m")
     assert qwen_vl.check_model_type(model.config, "test") is tiny.family
-    assert proc.image_processor.patch_size == tiny.family.patch_size
-    assert qwen_vl.patch_factor(proc.image_processor) == 2 * tiny.family.patch_size
     vision = model.config.vision_config
-    assert bool(getattr(vision, "deepstack_visual_indexes", None)) is tiny.family.deepstack
-    assert qwen_vl.vision_levels(model) == 1 + len(getattr(vision, "deepstack_visual_indexes", None) or ())
+    if tiny.family.tiles:  # InternVL: 56-px tiles of 14-px patches, 4 tokens each; a Qwen2 decoder, 1-D RoPE
+        assert type(model).__name__ == "InternVLForConditionalGeneration" and type(proc).__name__ == "InternVLProcessor"
+        assert list(vision.patch_size) == [tiny.family.patch_size] * 2 and list(vision.image_size) == [56, 56]
+        assert proc.image_seq_length == model.config.image_seq_length == 4
+        assert model.config.text_config.model_type == "qwen2" and not tiny.family.mrope
+        text = proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        assert text == "<|im_start|>user\n<IMG_CONTEXT>\nhi<|im_end|>\n<|im_start|>assistant\n"
+        ids = qwen_vl.vision_token_ids(proc.tokenizer)  # its own tokens, not the Qwen ones it also holds
+        assert proc.tokenizer.convert_ids_to_tokens([ids.image_pad, ids.vision_start]) == ["<IMG_CONTEXT>", "<img>"]
+        sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
+        assert sizes == [2, FAMILY_SPECS["internvl"].vision_depth]
+    else:
+        assert proc.image_processor.patch_size == tiny.family.patch_size
+        assert qwen_vl.patch_factor(proc.image_processor) == 2 * tiny.family.patch_size
+        assert bool(getattr(vision, "deepstack_visual_indexes", None)) is tiny.family.deepstack
+        assert qwen_vl.vision_levels(model) == 1 + len(getattr(vision, "deepstack_visual_indexes", None) or ())
     assert model.config.model_type == tiny.name
     if tiny.name == "qwen2_vl":
         assert type(model).__name__ == "Qwen2VLForConditionalGeneration" and type(proc).__name__ == "Qwen2VLProcessor"
@@ -158,6 +174,8 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         qwen_vl.check_model_type(type("C", (), {"model_type": "llava"})(), "actor_rollout_ref.model.path=x")
     with pytest.raises(ValueError, match=r"'glm4v_moe' is not supported \(the closest: GLM-4.1V, 'glm4v', a diff"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "glm4v_moe"})(), "actor_rollout_ref.model.path=x")
+    with pytest.raises(ValueError, match=r"'internvl_chat' is not supported \(the closest: InternVL, 'internvl', a di"):
+        qwen_vl.check_model_type(type("C", (), {"model_type": "internvl_chat"})(), "actor_rollout_ref.model.path=x")
 
 
 def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:
@@ -190,8 +208,8 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
         max_model_len=512,
         limit_images=2,
         limit_videos=int(tiny.family.videos),
-        pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
-        video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
+        pixel_bounds=None if tiny.family.tiles else qwen_vl.pixel_bounds(proc.image_processor),
+        video_pixel_bounds=None if tiny.family.tiles else qwen_vl.pixel_bounds(proc.video_processor),
     )
     try:
         prompts = prompts_of(proc)
@@ -215,7 +233,8 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
         pushed = []
         g = torch.Generator().manual_seed(7)
         try:
-            for part, scale in ((lambda n: "visual" not in n, 0.5), (lambda n: "visual" in n, 2.0)):
+            tower = tuple(f"model.{m}." for m in tiny.family.vision_modules)
+            for part, scale in ((lambda n: not n.startswith(tower), 0.5), (lambda n: n.startswith(tower), 2.0)):
                 with torch.no_grad():
                     for n, p in model.named_parameters():
                         if part(n):
@@ -353,6 +372,48 @@ def test_the_dataset_counts_a_video_prompt_as_the_engine_expands_it(name: str, t
         assert p.videos and ds.prompt_lengths[i] == len(expanded(proc, p)), (i, name)
 
 
+def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_their_tiles(tmp_path) -> None:
+    """InternVL (``Family.tiles``): the dataset does not resize its images (the processor tiles them: 1 to 4 tiles
+    by the aspect ratio, plus a thumbnail), and a prompt's length as it counts it (``max_prompt_length``, the
+    overlong filter) is the length of the ids the trainer and the engine run: the vision start, 4 tokens a tile, the
+    vision end. Records too long for the limit are filtered and counted, not cut."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from utils import synthetic_data
+
+    from vlmrl.config import DataConfig
+    from vlmrl.data import RLDataset
+
+    path = str(ensure_tiny_model(0, FAMILY_SPECS["internvl"]))
+    proc = AutoProcessor.from_pretrained(path)
+    data = synthetic_data(tmp_path, "colour", train=4, test=2, size=112)
+    files = str(data / "train.parquet")
+    table = pq.read_table(files)
+    sizes = [(112, 56), (40, 200), (300, 90), (56, 56)]  # wide, tall, very wide, one tile
+    images = []
+    for k, size in enumerate(sizes):
+        buf = io.BytesIO()
+        noise(k, size).save(buf, format="PNG")
+        images.append([{"bytes": buf.getvalue(), "path": None}])
+    column = table.schema.get_field_index("images")
+    pq.write_table(table.set_column(column, "images", pa.array(images, type=table.schema.field("images").type)), files)
+    ds = RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=512), verbose=False)
+    lengths = []
+    for i in range(len(ds)):
+        p = ds[i]
+        assert p.images[0].size == sizes[i]  # as it was
+        ids = expanded(proc, p)
+        assert ds.prompt_lengths[i] == len(ids) == len(processor_ids(proc, p)), i
+        lengths.append(len(ids))
+    ids = qwen_vl.vision_token_ids(proc.tokenizer)
+    tiles = [sum(1 for t in expanded(proc, ds[i]) if t == ids.image_pad) // 4 for i in range(len(ds))]
+    assert tiles == [3, 5, 4, 1], tiles  # 2 + thumbnail, 4 (at most) + thumbnail, 3 + thumbnail, 1 (no thumbnail)
+    short = RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=max(lengths) - 1), verbose=False)
+    assert len(short) == sum(n <= max(lengths) - 1 for n in lengths) and short.report["filtered"] > 0
+
+
 def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
     """verl's ``data.image_patch_size`` (14 for Qwen2.5-VL, 16 for Qwen3-VL) is accepted with either (vlmrl reads the
     patch size from the model's processor); another value is refused naming the key."""
@@ -367,8 +428,9 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
 
 
 def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path) -> None:
-    """GLM-4.1V (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video limits are refused at
-    the config gate naming the family; a record with a video is refused by the dataset naming the file and row; a
+    """GLM-4.1V and InternVL (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video limits are
+    refused at the config gate naming the family; a record with a video is refused by the dataset naming the file and
+    row; a
     GLM-4.1V config without ``text_config.attention_bias`` (vLLM would build the decoder without the q/k/v biases
     transformers has, and drop them from every push) is refused at the gate and at load. The Qwen model passes."""
     import json
@@ -388,15 +450,27 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path) -> None:
     mt = "actor_rollout_ref.rollout.multi_turn"
     zoom = Path(__file__).resolve().parents[1] / "examples" / "tool_config" / "zoom.yaml"
     turns = [f"{mt}.enable=True", f"{mt}.tool_config_path={zoom}"]
-    for path, refused in ((glm, True), (ensure_tiny_model(0), False)):
+    internvl = ensure_tiny_model(0, FAMILY_SPECS["internvl"])
+    qwen = ensure_tiny_model(0)
+    for path, name, refused in (
+        (glm, "GLM-4.1V (glm4v)", True),
+        (internvl, "InternVL (internvl)", True),
+        (qwen, "", 0),
+    ):
         cfg = load([*base, f"actor_rollout_ref.model.path={path}", *turns, "actor_rollout_ref.rollout.limit_videos=1"])
-        problems = [p for p in check_environment(cfg) if "GLM-4.1V (glm4v)" in p]
+        problems = [p for p in check_environment(cfg) if name and name in p]
         assert len(problems) == 2 * refused, problems
         assert not refused or "multi_turn.enable=True: vlmrl writes tool turns in Qwen's hermes format" in problems[0]
-        assert not refused or "limit_videos=1: vlmrl trains GLM-4.1V (glm4v) on images and text" in problems[1]
-    proc = AutoProcessor.from_pretrained(glm)
-    with pytest.raises(DataError, match=r"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains GLM-4.1V on images"):
-        RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=512), verbose=False)
+        assert not refused or f"limit_videos=1: vlmrl trains {name} on images and text" in problems[1]
+    cfg = load([*base, f"actor_rollout_ref.model.path={internvl}", "data.max_pixels=50176"])  # tiles: no pixel bounds
+    [problem] = [p for p in check_environment(cfg) if "InternVL (internvl)" in p]
+    assert problem.startswith("data.max_pixels=50176: InternVL (internvl)'s processor cuts each image into tiles")
+    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL")):
+        proc = AutoProcessor.from_pretrained(path)
+        with pytest.raises(
+            DataError, match=rf"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains {label} on images"
+        ):
+            RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=512), verbose=False)
 
     plain = tmp_path / "no-bias"
     shutil.copytree(glm, plain)

@@ -8,6 +8,7 @@ from PIL import Image
 
 from vlmrl.batch import PromptSample, Video
 from vlmrl.models import qwen_vl
+from vlmrl.models.families import family_of_processor
 from vlmrl.rollout.base import TurnOutput
 
 
@@ -24,12 +25,17 @@ def noise(seed: int, size: tuple[int, int] = (84, 56)) -> Image.Image:
     return Image.fromarray(arr)
 
 
+def dataset_image(processor, image: Image.Image) -> Image.Image:
+    """An image as the dataset hands it on: resized to the pixel bounds (a tiled family's: as it is)."""
+    if family_of_processor(processor).tiles:
+        return image
+    ip = processor.image_processor
+    return qwen_vl.resize_image(image, qwen_vl.patch_factor(ip), *qwen_vl.pixel_bounds(ip))
+
+
 def make_prompt(processor, text: str, images: list[Image.Image], index: int = 0, answer: str = "") -> PromptSample:
     """A PromptSample the way the dataset builds one: chat with image parts, resized images, one pad per image."""
-    ip = processor.image_processor
-    factor = qwen_vl.patch_factor(ip)
-    lo, hi = qwen_vl.pixel_bounds(ip)
-    resized = [qwen_vl.resize_image(im, factor, lo, hi) for im in images]
+    resized = [dataset_image(processor, im) for im in images]
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
     messages = [{"role": "user", "content": content}]
     prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -135,7 +141,7 @@ def verl_geo3k_launch_line(home: Path) -> list[str]:
 def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: float, images=(), index: int = 0):
     """A PromptSample the way the dataset builds one: frames resized with the video rules (odd counts padded),
     images with the image rules, one pad per image and per video."""
-    vp, ip = processor.video_processor, processor.image_processor
+    vp = processor.video_processor
     vids = []
     for frames in videos:
         size = qwen_vl.video_frame_size(
@@ -144,7 +150,7 @@ def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: flo
         resized = qwen_vl.resize_frames(frames, size)
         stamps = [k / fps for k in range(len(frames))]
         vids.append(Video(resized, stamps + stamps[-1:] * (len(resized) - len(frames)), fps, frames[0].size))
-    ims = [qwen_vl.resize_image(im, qwen_vl.patch_factor(ip), *qwen_vl.pixel_bounds(ip)) for im in images]
+    ims = [dataset_image(processor, im) for im in images]
     content = [{"type": "image"} for _ in images] + [{"type": "video"} for _ in videos]
     messages = [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
     prompt_text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -162,11 +168,6 @@ def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: flo
         {},
         videos=vids,
     )
-
-
-def family_of_processor(processor) -> qwen_vl.Family:
-    """The model family a tiny model's processor belongs to (Qwen3-VL's processor class, else Qwen2.5-VL)."""
-    return qwen_vl.family_of("qwen3_vl" if type(processor).__name__.startswith("Qwen3VL") else "qwen2_5_vl")
 
 
 def expanded(processor, p: PromptSample) -> list[int]:

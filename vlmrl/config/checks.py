@@ -683,7 +683,8 @@ def _model_folder_problems(cfg: VLMRLConfig, cfg_file: Path, supported: tuple[st
 
 def family_problems(cfg: VLMRLConfig, model_type: str) -> list[str]:
     """What the model's family is not trained on in vlmrl (``Family.videos``, ``Family.tool_turns``) that the config
-    asks for, by name (a data file's videos are refused by the dataset, naming the file and row)."""
+    asks for, by name (a data file's videos are refused by the dataset, naming the file and row); and pixel bounds
+    for a tiled family (``Family.tiles``), whose processor bounds its own tiles."""
     from vlmrl.models.families import family_of
 
     fam = family_of(model_type)
@@ -699,6 +700,14 @@ def family_problems(cfg: VLMRLConfig, model_type: str) -> list[str]:
             f"actor_rollout_ref.rollout.limit_videos={ro.limit_videos}: vlmrl trains {fam.label} ({model_type}) on "
             "images and text, not videos; set it to 0 or null."
         )
+    if fam.tiles:
+        for key in ("min_pixels", "max_pixels"):
+            if getattr(cfg.data, key) is not None:
+                p.append(
+                    f"data.{key}={getattr(cfg.data, key)}: {fam.label} ({model_type})'s processor cuts each image "
+                    "into tiles of its own size, which bound its tokens (the checkpoint's preprocessor_config.json: "
+                    "max_patches); pixel bounds do not apply to it. Drop the key."
+                )
     return p
 
 

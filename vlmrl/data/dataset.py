@@ -36,7 +36,7 @@ from vlmrl.data.records import (
 )
 from vlmrl.data.template import ChatRenderer
 from vlmrl.data.video import VideoEntry, VideoRules, build_video, timestamp_tokens, video_tokens
-from vlmrl.models import qwen_vl
+from vlmrl.models import qwen_vl, tiles
 from vlmrl.models.families import family_of_processor
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
@@ -93,14 +93,19 @@ class RLDataset:
         max_samples = data_cfg.train_max_samples if split == "train" else data_cfg.val_max_samples
         self.max_samples = int(max_samples if max_samples is not None else -1)
         self.renderer = ChatRenderer(processor, data_cfg.custom_chat_template)
-        ip = processor.image_processor
+        ip = self.image_processor = processor.image_processor
+        self.family = family_of_processor(processor)
         self.patch_factor = qwen_vl.patch_factor(ip)
-        self.pixel_bounds = qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
+        # a tiled family's images go to its processor as they are (its tiles bound them): no pixel bounds
+        self.pixel_bounds = (
+            None if self.family.tiles else qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
+        )
+        self.image_seq_length = tiles.image_seq_length(processor) if self.family.tiles else 0
         vision = qwen_vl.vision_token_ids(self.tokenizer)
         self.image_pad_id, self.video_pad_id = vision.image_pad, vision.video_pad
         self.video_key = data_cfg.video_key
-        self.family = family_of_processor(processor)
-        self.video_rules = self._video_rules(processor, data_cfg)
+        # (a family vlmrl trains without videos refuses a record that holds one before measuring it)
+        self.video_rules = self._video_rules(processor, data_cfg) if self.family.videos else None
 
         self._pool: Any = None
         self._first_filtered: dict[str, str] = {}
@@ -188,6 +193,11 @@ class RLDataset:
                     f"{where(src.path, r)}: {problem}; a record without an answer cannot be scored (drop or "
                     "fix it: the preprocess scripts reject such rows into rejects.jsonl)"
                 )
+            if vents and not self.family.videos:
+                raise DataError(
+                    f"{where(src.path, r)}: the record holds {len(vents)} video(s); vlmrl trains {self.family.label} "
+                    f"on images and text, not videos (the column data.video_key={self.video_key!r})"
+                )
             text, n = self._render_checked(src, r, prompt, ents, vents)
             texts.append(text)
             counts.append(n)
@@ -215,11 +225,6 @@ class RLDataset:
     def _fit(self, src: ParquetSource, r: int, tid: list[int], n: int, nv: int, itok: int) -> tuple[int, str]:
         """Record ``r``'s prompt length and what becomes of it: kept, truncated (text only, to the limit) or the
         reason it is filtered; raises for a prompt the settings cannot take (naming the file and row)."""
-        if nv and not self.family.videos:
-            raise DataError(
-                f"{where(src.path, r)}: the record holds {nv} video(s); vlmrl trains {self.family.label} on images "
-                f"and text, not videos (the column data.video_key={self.video_key!r})"
-            )
         for pad_id, what, want in ((self.image_pad_id, "image", n), (self.video_pad_id, "video", nv)):
             pads = sum(1 for t in tid if t == pad_id)
             if pads != want:
@@ -267,7 +272,7 @@ class RLDataset:
             "max_images_per_prompt": self.max_images_per_prompt,
             "max_videos_per_prompt": self.max_videos_per_prompt,
             "text_only_prompts": int(((self.num_images + self.num_videos) == 0).sum()),
-            "pixel_bounds": list(self.pixel_bounds),
+            "pixel_bounds": None if self.pixel_bounds is None else list(self.pixel_bounds),
             "max_samples": self.max_samples,
             "seconds": round(sw.elapsed, 3),
         }
@@ -304,6 +309,8 @@ class RLDataset:
             w, h = image_size(entry, src.base_dir)
         except DataError as e:
             raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
+        if self.pixel_bounds is None:  # a tiled family: the tiles its processor cuts
+            return tiles.image_tokens(self.image_processor, self.image_seq_length, w, h)
         try:
             return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
         except ValueError as e:  # aspect ratio over 200, or a side below one patch after resizing
@@ -447,20 +454,22 @@ class RLDataset:
         )
 
     def _images(self, src: ParquetSource, entries: list[Any]) -> tuple[list[Any], list[tuple[int, int]], list[Any]]:
-        """A record's images decoded and resized to the pixel bounds; their original sizes; and, for the tools, the
-        images as they were (RGB) when resizing changed them."""
+        """A record's images decoded and resized to the pixel bounds (a tiled family's: as decoded); their original
+        sizes; and, for the tools, the images as they were (RGB) when resizing changed them."""
         images, sizes, sources = [], [], []
         for j, entry in enumerate(entries):
             try:
                 raw = decode_image(entry, src.base_dir)
                 sizes.append(raw.size)
-                resized = qwen_vl.resize_image(raw, self.patch_factor, *self.pixel_bounds)
+                bounds = self.pixel_bounds
+                resized = raw if bounds is None else qwen_vl.resize_image(raw, self.patch_factor, *bounds)
                 images.append(resized)
                 if self.keep_source_images and resized.size != raw.size:
                     sources.append(raw)  # RGB (decode_image), kept for the tools
                 else:
                     sources += [resized] if self.keep_source_images else []
-                    raw.close()
+                    if resized is not raw:  # (a tiled family's image goes on as decoded)
+                        raw.close()
             except DataError as e:
                 raise DataError(f"image {j}: {e}") from None
             except ValueError as e:

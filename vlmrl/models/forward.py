@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vlmrl.models import packing, qwen_vl
+from vlmrl.models import packing, qwen_vl, tiles
 from vlmrl.models.inputs import ModelInputs
 from vlmrl.models.qwen_vl import VisionTokenIds
 
@@ -42,7 +42,20 @@ class Vision:
         """The features as ``model``'s forward takes them (None without any; DeepStack levels split out)."""
         if self.image_embeds is None and self.video_embeds is None:
             return None
+        if family(model).tiles:
+            return tiles.encoder_outputs(self.image_embeds)  # type: ignore[arg-type]
         return qwen_vl.encoder_outputs(self.image_embeds, self.video_embeds, qwen_vl.vision_levels(model))
+
+
+def family(model: torch.nn.Module) -> qwen_vl.Family:
+    """The model's family (``models.families``)."""
+    return qwen_vl.family_of(qwen_vl.inner_model(model).config)
+
+
+def model_positions(model: torch.nn.Module, positions: torch.Tensor) -> torch.Tensor:
+    """Positions [3, ...] as the model takes them: M-RoPE's three axes, or one (``Family.mrope`` false: the axes are
+    equal)."""
+    return positions if family(model).mrope else positions[0]
 
 
 def forward_logits(
@@ -70,7 +83,7 @@ def forward_logits(
     kwargs: dict[str, Any] = {
         "attention_mask": attention_mask,
         "use_cache": False,
-        "position_ids": rope_position_ids(model, input_ids, attention_mask, vision_ids, vision),
+        "position_ids": model_positions(model, rope_position_ids(model, input_ids, attention_mask, vision_ids, vision)),
     }
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
@@ -89,12 +102,13 @@ def rope_position_ids(
     vision: Vision | torch.Tensor | None,
 ) -> torch.Tensor:
     """3-D M-RoPE position ids [3, B, T] of a padded batch (``qwen_vl.rope_index``: the engine's positions);
-    ``vision`` holds the batch's grids (a bare tensor: image grids only)."""
+    ``vision`` holds the batch's grids (a bare tensor: image grids only). A family without M-RoPE gets one position
+    per real token on all three axes (:func:`model_positions` takes one)."""
     if not isinstance(vision, Vision):
         vision = Vision(image_grid_thw=vision)
     has = any(g is not None and g.numel() > 0 for g in (vision.image_grid_thw, vision.video_grid_thw))
-    if not has:
-        # text only: plain positions over the real tokens, the same on all three axes
+    if not has or not family(model).mrope:
+        # text only (or 1-D RoPE): plain positions over the real tokens, the same on all three axes
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return pos.unsqueeze(0).expand(3, -1, -1)
     return qwen_vl.rope_index(
@@ -136,6 +150,7 @@ def shared_prompt_logits(
     p_ids, p_mask = input_ids[rows, :P], attention_mask[rows, :P]
     inv = sample_prompt.to(input_ids.device)
     p_pos, r_pos = shared_prompt_positions(model, input_ids, attention_mask, P, rows, inv, vision_ids, vision)
+    p_pos, r_pos = model_positions(model, p_pos), model_positions(model, r_pos)
     kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
     if (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
@@ -219,22 +234,43 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     with_images = [p for p in prompts if mb.images[p].num_images > 0]
     with_videos = [p for p in prompts if mb.images[p].num_videos > 0]
     tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
-    parts = [(mb.images[p].pixel_values, mb.images[p].image_grid_thw) for p in with_images]
-    parts += [(mb.images[p].pixel_values_videos, mb.images[p].video_grid_thw) for p in with_videos]
-    parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].image_grid_thw) for r in tool_rows]  # type: ignore[index]
+    if family(model).tiles:
+        parts = [(mb.images[p].pixel_values, mb.images[p].tiles) for p in with_images]
+        parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].tiles) for r in tool_rows]  # type: ignore[index]
+    else:
+        parts = [(mb.images[p].pixel_values, mb.images[p].image_grid_thw) for p in with_images]
+        parts += [(mb.images[p].pixel_values_videos, mb.images[p].video_grid_thw) for p in with_videos]
+        parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].image_grid_thw) for r in tool_rows]  # type: ignore[index]
     if not parts:
-        dummy = qwen_vl.dummy_vision_features(model)
+        dummy = dummy_vision_features(model)
         return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     pv = torch.cat([pix for pix, _ in parts]).to(device)
-    g = torch.cat([grid for _, grid in parts]).to(device)
-    feats = qwen_vl.image_embeddings(model, pv, g)
-    merge = qwen_vl.vision_tower(model).spatial_merge_size
-    split = torch.split(feats, [sum(qwen_vl.tokens_per_image(grid, merge)) for _, grid in parts])
+    if family(model).tiles:
+        inner = qwen_vl.inner_model(model)
+        feats = tiles.image_features(inner, pv)
+        seq = tiles.image_seq_length(inner.config)
+        split = torch.split(feats, [sum(tiles.tokens_per_image(t, seq)) for _, t in parts])
+    else:
+        g = torch.cat([grid for _, grid in parts]).to(device)
+        feats = qwen_vl.image_embeddings(model, pv, g)
+        merge = qwen_vl.vision_tower(model).spatial_merge_size
+        split = torch.split(feats, [sum(qwen_vl.tokens_per_image(grid, merge)) for _, grid in parts])
     a, b = len(with_images), len(with_images) + len(with_videos)
     out = _Features(
         dict(zip(with_images, split[:a])), dict(zip(with_videos, split[a:b])), dict(zip(tool_rows, split[b:]))
     )
     return out, torch.zeros((), device=device)
+
+
+def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
+    """The vision tower's features of a dummy input (``qwen_vl.dummy_vision_features``; a tiled family's: one blank
+    tile)."""
+    if not family(model).tiles:
+        return qwen_vl.dummy_vision_features(model)
+    inner = qwen_vl.inner_model(model)
+    param = next(inner.vision_tower.parameters())
+    device = param.to_local().device if hasattr(param, "to_local") else param.device
+    return tiles.image_features(inner, tiles.dummy_pixels(inner, device, param.dtype))
 
 
 def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, int | None]]) -> Vision:
@@ -249,6 +285,7 @@ def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, i
         if row is not None and row in feats.tool:
             img.append(feats.tool[row])
             igrid.append(mb.sample_images[row].image_grid_thw)  # type: ignore[index]
+        igrid = [g for g in igrid if g is not None]  # a tiled family's images have no grid
         if p in feats.videos:
             vid.append(feats.videos[p])
             vgrid.append(mb.images[p].video_grid_thw)
@@ -339,7 +376,7 @@ def packed_logits(
     kwargs: dict[str, Any] = {
         "attention_mask": None,
         "use_cache": False,
-        "position_ids": positions.unsqueeze(1),
+        "position_ids": model_positions(model, positions.unsqueeze(1)),
         "logits_to_keep": layout.predict.to(mb.input_ids.device),
         "vlmrl_segments": layout.segments,  # (no cu_seq_lens: another attention would read them without the prefixes)
     }

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from vlmrl.batch import PromptSample, RolloutBatch, Video
-from vlmrl.models import qwen_vl
+from vlmrl.models import qwen_vl, tiles
+from vlmrl.models.families import family_of_processor
 
 
 @dataclass
@@ -30,10 +31,15 @@ class PromptImages:
     """Seconds per temporal patch of each video (float32, as the processor gives it)."""
     video_fps: list[float] | None = None
     """The rate each video's frames were sampled at (Qwen3-VL writes timestamps from it)."""
+    tiles: torch.Tensor | None = None
+    """Tiles of each image (a tiled family, ``Family.tiles``; ``image_grid_thw`` is then None and ``pixel_values``
+    holds the tiles)."""
 
     @property
     def num_images(self) -> int:
         """Images of the prompt."""
+        if self.tiles is not None:
+            return int(self.tiles.shape[0])
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
 
     @property
@@ -111,10 +117,13 @@ resizing again would shrink frames the rules sized one by one)."""
 def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
     """Run the image and video processors once per prompt (images and frames are already resized, so they only
     patchify)."""
+    tiled = family_of_processor(processor).tiles
     out = []
     for p in prompts:
         item = PromptImages(None, None)
-        if p.images:
+        if p.images and tiled:
+            item.pixel_values, item.tiles = tiles.process(processor.image_processor, p.images)
+        elif p.images:
             enc = processor.image_processor(images=p.images, return_tensors="pt")
             item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
         if p.videos:
@@ -130,7 +139,11 @@ def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl
     ``build_inputs`` and ``generate`` take."""
     merge = int(getattr(processor.image_processor, "merge_size", 2))
     pads = qwen_vl.vision_token_ids(processor.tokenizer)
-    if v.num_images:
+    if v.tiles is not None:
+        seq = tiles.image_seq_length(processor)
+        layouts = tiles.pad_layouts(v.tiles, seq, pads.image_pad, pads.vision_start, pads.vision_end)
+        ids = qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image")
+    elif v.num_images:
         ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))
     if v.num_videos:
         if v.video_fps is None:

@@ -83,16 +83,16 @@ def varlen_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature. A packed row ([1, H, T, D] query, [1, Hkv, T, D] key/value,
-    ``vlmrl_segments`` given): each segment attends to its prefix, then causally to itself; returns [1, T, H, D].
-    Any other call is transformers' ``sdpa``."""
+    ``vlmrl_segments`` given): each segment attends to its prefix, then causally to itself, whatever mask came with
+    it; returns [1, T, H, D]. Any other call is transformers' ``sdpa``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if vlmrl_segments is None or query.shape[0] != 1 or query.shape[2] != vlmrl_segments.bounds[-1]:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    if attention_mask is not None:
-        raise ValueError("a packed forward takes no attention mask (its segments delimit the sequences)")
+    # the segments delimit the sequences, prefixes included; a mask transformers built is not needed (with 1-D
+    # positions that restart in the packed row, a plain decoder infers "packed sequences" and masks each alone)
     seg = vlmrl_segments
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         return _flash(query, key, value, seg, dropout, scaling), None

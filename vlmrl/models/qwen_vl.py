@@ -69,7 +69,8 @@ def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
     has); a clear error when it has no family's."""
     from vlmrl.models.families import FAMILIES
 
-    for fam in FAMILIES.values():
+    # a tiled family first: InternVL's tokenizer (Qwen2.5's, its decoder's) holds Qwen's vision tokens too
+    for fam in sorted(FAMILIES.values(), key=lambda f: not f.tiles):
         ids = [_token_id(tokenizer, t) for t in fam.vision_tokens]
         extra = [_token_id(tokenizer, t) for t in fam.never_sample]
         if all(i is not None for i in ids + extra):
@@ -314,7 +315,7 @@ def engine_prompt_ids(tokenizer: Any, prompt_text: str, num_images: int, num_vid
     return list(ids)
 
 
-def _replace_pads(ids: list[int], pad_id: int, layouts: list[list[int]], what: str) -> list[int]:
+def replace_pads(ids: list[int], pad_id: int, layouts: list[list[int]], what: str) -> list[int]:
     """Replace the i-th ``pad_id`` in ``ids`` by ``layouts[i]``; a ValueError when pads and items (``what``: image or
     video) do not pair up."""
     out: list[int] = []
@@ -334,7 +335,7 @@ def _replace_pads(ids: list[int], pad_id: int, layouts: list[list[int]], what: s
 
 def expand_image_pads(ids: list[int], pad_id: int, tokens_per_image: list[int]) -> list[int]:
     """Replace the i-th single image pad by ``tokens_per_image[i]`` pads (the processor's layout)."""
-    return _replace_pads(ids, pad_id, [[pad_id] * n for n in tokens_per_image], "image")
+    return replace_pads(ids, pad_id, [[pad_id] * n for n in tokens_per_image], "image")
 
 
 def video_layout(tokenizer: Any, family: Family, grid: tuple[int, int, int], sample_fps: float) -> list[int]:
@@ -359,7 +360,7 @@ def expand_video_pads(
     timestamped frames); ``sample_fps[i]`` is the rate its frames were sampled at."""
     grids = [(int(t), int(h) // merge_size, int(w) // merge_size) for t, h, w in video_grid_thw.tolist()]
     layouts = [video_layout(tokenizer, family, g, fps) for g, fps in zip(grids, sample_fps, strict=True)]
-    return _replace_pads(ids, vision_token_ids(tokenizer).video_pad, layouts, "video")
+    return replace_pads(ids, vision_token_ids(tokenizer).video_pad, layouts, "video")
 
 
 def tokens_per_image(image_grid_thw: torch.Tensor, merge_size: int) -> list[int]:
@@ -396,6 +397,22 @@ def inner_model(model: torch.nn.Module) -> torch.nn.Module:
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     """The vision tower module."""
     return inner_model(model).visual
+
+
+def vision_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules image features run through outside the language model (``Family.vision_modules``: Qwen's
+    ``visual``, InternVL's ``vision_tower`` and ``multi_modal_projector``)."""
+    inner = inner_model(model)
+    return [getattr(inner, name) for name in family_of(inner.config).vision_modules]
+
+
+def vision_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The vision tower's blocks (``Family.vision_blocks``)."""
+    inner = inner_model(model)
+    m: Any = inner
+    for part in family_of(inner.config).vision_blocks.split("."):
+        m = getattr(m, part)
+    return list(m)
 
 
 def image_embeddings(model: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:

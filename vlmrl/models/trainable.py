@@ -50,12 +50,13 @@ def fsdp_wrap(
     if offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
     inner = qwen_vl.inner_model(model)
-    for layer in [*inner.language_model.layers, *inner.visual.blocks]:
+    for layer in [*inner.language_model.layers, *qwen_vl.vision_blocks(model)]:
         if sum(p.numel() for p in layer.parameters()) >= min_params:
             fully_shard(layer, **kw)
     # the tower as a unit too: image features are computed by calling it directly (once per prompt, outside the
-    # root forward), so its own hooks must gather patch_embed / merger
-    fully_shard(inner.visual, **kw)
+    # root forward), so its own hooks must gather patch_embed / merger (InternVL: the tower and the projector)
+    for module in qwen_vl.vision_modules(model):
+        fully_shard(module, **kw)
     fully_shard(model, **kw)
     # FSDP2 initialises lazily on the first ROOT forward; image features call the tower directly, so run one tiny
     # text-only forward through the root now (every rank does, so the collectives match)

@@ -118,8 +118,8 @@ def policy_head_problem(folder: str | Path, config: dict) -> str | None:
     export) or untied embeddings, and no language-model head, which transformers would initialise at random on each
     load (the engine and the trainer would hold different heads). None when it can."""
     tensors = checkpoint_tensors(folder)
-    if tensors is None or "lm_head.weight" in tensors:
-        return None
+    if tensors is None or any(k == "lm_head.weight" or k.endswith(".lm_head.weight") for k in tensors):
+        return None  # (InternVL's checkpoints hold it as language_model.lm_head.weight)
     text = config.get("text_config") or {}
     tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
     score = next((w for w, _ in HEAD_NAMES if w in tensors), None)

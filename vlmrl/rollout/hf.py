@@ -65,10 +65,12 @@ class HFRollout:
             parts = [getattr(v, name) for v in vision if getattr(v, name) is not None]
             return torch.cat(parts) if parts else None
 
-        grids = {k: cat(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
-        positions = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
-        enc: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attn, "position_ids": positions}
-        enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
+        enc: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attn}
+        if family.mrope:
+            grids = {k: cat(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+            enc["position_ids"] = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
+            enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
+        # (1-D RoPE: generate counts positions over the attention mask, as the trainer does)
         for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
             value = cat(key)
             if value is not None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from vlmrl.testing import tiny_glm4v
+from vlmrl.testing import tiny_glm4v, tiny_internvl
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -124,7 +124,7 @@ class TinySpec:
     """Share the input embedding and the LM head (Qwen2.5-VL-3B does)."""
     family: str = "qwen2_5_vl"
     """Model family (``models.families.FAMILIES``): ``qwen2_5_vl``, ``qwen2_vl``, ``qwen3_vl``, ``qwen3_vl_moe`` or
-    ``glm4v``."""
+    ``glm4v`` or ``internvl``."""
     deepstack_layers: int = 2
     """Qwen3-VL: vision blocks whose features DeepStack adds to the first decoder layers (the first blocks)."""
     num_experts: int = 4
@@ -176,6 +176,10 @@ TINY_QWEN2_VL = TinySpec(family="qwen2_vl")
 """The tiny Qwen2-VL: the tiny shape, Qwen2-VL's vision tower (full attention in every block, no window) and
 ``Qwen2VLProcessor``; its videos' temporal positions are frame-pair indices (no ``tokens_per_second``)."""
 
+TINY_INTERNVL = TinySpec(family="internvl")
+"""The tiny InternVL: the tiny shape, InternVL's tokens and template on the same trained vocabulary, 56-px tiles of
+4 tokens (1 to 4 tiles and a thumbnail: 8 to 20 tokens per image)."""
+
 TINY_GLM4V = TinySpec(family="glm4v")
 """The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
 28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
@@ -186,6 +190,7 @@ FAMILY_SPECS: dict[str, TinySpec] = {
     "qwen3_vl": TINY_QWEN3_VL,
     "qwen3_vl_moe": TINY_QWEN3_VL_MOE,
     "glm4v": TINY_GLM4V,
+    "internvl": TINY_INTERNVL,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -248,6 +253,8 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     tok.add_special_tokens(specials)  # appended at the end of the vocabulary, like Qwen's
     if glm:
         return tiny_glm4v.tokenizer(tok)
+    if spec.family == "internvl":
+        return tiny_internvl.tokenizer(tok, SPECIAL_TOKENS)
     if spec.tool_tokens:
         from tokenizers import AddedToken
 
@@ -280,6 +287,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
     if spec.family == "glm4v":
         return tiny_glm4v.processor(tokenizer, spec.min_pixels, spec.max_pixels)
+    if spec.family == "internvl":
+        return tiny_internvl.processor(tokenizer)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -308,6 +317,8 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
     ``tokenizer``)."""
     if spec.family == "glm4v":
         return tiny_glm4v.config(tokenizer, spec, text_shape(tokenizer, spec), vision_shape(spec, 14))
+    if spec.family == "internvl":
+        return tiny_internvl.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
@@ -462,6 +473,7 @@ def _model_class(spec: TinySpec):
         "qwen3_vl": "Qwen3VL",
         "qwen3_vl_moe": "Qwen3VLMoe",
         "glm4v": "Glm4v",
+        "internvl": "InternVL",
     }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
@@ -515,7 +527,9 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
     with torch.device("meta"):
         model = _model_class(spec)(config)
     total = sum(p.numel() for p in model.parameters())  # tied weights are one parameter, counted once
-    vision = sum(p.numel() for p in model.model.visual.parameters())
+    from vlmrl.models.families import FAMILIES
+
+    vision = sum(p.numel() for m in FAMILIES[spec.family].vision_modules for p in getattr(model.model, m).parameters())
     embedding = model.model.language_model.embed_tokens.weight.numel()
     return {"total": total, "language_model": total - vision, "vision_tower": vision, "embedding": embedding}
 

@@ -34,6 +34,7 @@ from vlmrl.algorithms import load_plugins
 from vlmrl.batch import PreparedShard, PromptSample, RolloutBatch, TrainShard
 from vlmrl.config.plan import WorkerPlan
 from vlmrl.models import qwen_vl
+from vlmrl.models.families import family_of_processor
 from vlmrl.models.inputs import build_inputs, process_images, process_response_images
 from vlmrl.rollout.base import SamplingSpec, sampling_specs
 from vlmrl.rollout.multi_turn import MultiTurnAgent
@@ -236,11 +237,14 @@ class HybridWorker:
         model = plan.arr.model
         self.processor = AutoProcessor.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
-        self.image_bounds = qwen_vl.pixel_bounds(self.processor.image_processor, *plan.image_bounds)
-        qwen_vl.apply_pixel_bounds(self.processor.image_processor, *self.image_bounds)
-        vp = self.processor.video_processor
-        self.video_bounds = qwen_vl.pixel_bounds(vp, *plan.video_bounds)
-        qwen_vl.apply_pixel_bounds(vp, *self.video_bounds)  # the frames the dataset resized pass through unchanged
+        self.image_bounds: tuple[int, int] | None = None
+        self.video_bounds: tuple[int, int] | None = None
+        if not family_of_processor(self.processor).tiles:  # a tiled family's processor bounds its tiles itself
+            self.image_bounds = qwen_vl.pixel_bounds(self.processor.image_processor, *plan.image_bounds)
+            qwen_vl.apply_pixel_bounds(self.processor.image_processor, *self.image_bounds)
+            vp = self.processor.video_processor
+            self.video_bounds = qwen_vl.pixel_bounds(vp, *plan.video_bounds)
+            qwen_vl.apply_pixel_bounds(vp, *self.video_bounds)  # the frames the dataset resized pass through unchanged
         self.vision_ids = qwen_vl.vision_token_ids(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 

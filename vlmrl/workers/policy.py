@@ -167,7 +167,7 @@ class PolicyWorker:
         frozen reference when it is needed."""
         self.model = load_model(arr.model.path, device, arr.model.trust_remote_code)
         if arr.model.freeze_vision_tower:
-            for p in qwen_vl.vision_tower(self.model).parameters():
+            for p in (q for m in qwen_vl.vision_modules(self.model) for q in m.parameters()):
                 p.requires_grad_(False)
         if arr.model.lora_rank > 0:
             from vlmrl.workers.lora import apply_lora

@@ -1,5 +1,5 @@
-"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and GLM-4.1V, chosen
-from the checkpoint's ``model_type``.
+"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V and InternVL,
+chosen from the checkpoint's ``model_type``.
 
 The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
 (``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
@@ -13,6 +13,9 @@ The rest of vlmrl runs one code path for every family; where the families differ
 - ``vision_tokens``, ``never_sample``: the tokenizer's image / video pads and vision start / end (Qwen's
   ``<|image_pad|>``..., GLM-4.1V's ``<|image|>``...), and what else a rollout must never generate;
 - ``pixel_frames``: GLM-4.1V's image processor bounds an image's area counted as two frames;
+- ``mrope``, ``tiles``: InternVL's decoder takes one position per token, and its processor cuts images into tiles
+  whose pads sit between the vision start and end (``models.tiles``); ``vision_modules`` / ``vision_blocks`` name
+  its tower's modules (``vision_tower`` and ``multi_modal_projector``, not Qwen's ``visual``);
 - ``videos``, ``tool_turns``: what vlmrl trains the family on (the config gate refuses the rest by name);
 - ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
   for it, and the expert weights transformers holds transposed from the checkpoint's layout.
@@ -30,11 +33,12 @@ from typing import Any
 
 from vlmrl.models.families.base import Family
 from vlmrl.models.families.glm4v import GLM4V
+from vlmrl.models.families.internvl import INTERNVL
 from vlmrl.models.families.qwen2_vl import QWEN2_VL
 from vlmrl.models.families.qwen3_vl import QWEN3_VL
 from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL)}
 """Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES.values() for t in f.model_types)

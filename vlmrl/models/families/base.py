@@ -56,6 +56,20 @@ class Family:
     moe_not_implemented: tuple[str, ...] = ()
     """MoE training features vlmrl does not implement (the dry run's plan names them; verl's keys for them are
     refused by ``config.verl.rules``)."""
+    mrope: bool = True
+    """The decoder's positions are 3-D M-RoPE over the vision grid (``qwen_vl.rope_index``); else one position per
+    token, counted over the real tokens (InternVL's Qwen2 decoder)."""
+    tiles: bool = False
+    """The image processor cuts each image into tiles of its ``size`` (plus a thumbnail), each tile becomes
+    ``image_seq_length`` pads, and the prompt's one pad per image becomes the vision start, the tiles' pads and the
+    vision end (InternVL, ``models.tiles``); else Qwen's patch grid, the pad expanding to ``image_grid_thw``'s merged
+    tokens inside the template's start and end. The dataset hands a tiled family's images to the processor as they
+    are (the processor bounds the tiles)."""
+    vision_modules: tuple[str, ...] = ("visual",)
+    """The inner model's modules that image features run through outside the language model (FSDP shards each as a
+    unit, since features are computed by calling them directly; ``freeze_vision_tower`` freezes them)."""
+    vision_blocks: str = "visual.blocks"
+    """The vision tower's list of blocks under the inner model (FSDP shards each block)."""
     fused_experts: tuple[str, ...] = ()
     """Name endings of fused expert weights that transformers holds transposed from the checkpoint's layout (and
     vLLM's loader's): Qwen3-VL-MoE's ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I] in
