@@ -1,6 +1,6 @@
 """Each model family vlmrl trains, measured the same way: the engine against the trainer, and what it learns.
 
-    python benchmarks/bench_families.py [--families qwen2_5_vl,qwen3_vl,qwen3_vl_moe,glm4v] [--steps 80]
+    python benchmarks/bench_families.py [--families qwen2_5_vl,qwen3_vl,qwen3_vl_moe,glm4v,internvl] [--steps 80]
         [--video-steps 70]
 
 Per family (its tiny model: ``python -m vlmrl.testing.tiny --family NAME``):
@@ -46,7 +46,7 @@ from common import (  # noqa: E402
 )
 
 SECTION = "Model families"
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl")
 
 
 def exactness(family: str) -> dict[str, Any]:
@@ -75,8 +75,8 @@ def exactness(family: str) -> dict[str, Any]:
         max_model_len=512,
         limit_images=2,
         limit_videos=int(FAMS[family].videos),
-        pixel_bounds=qwen_vl.pixel_bounds(proc.image_processor),
-        video_pixel_bounds=qwen_vl.pixel_bounds(proc.video_processor),
+        pixel_bounds=None if FAMS[family].tiles else qwen_vl.pixel_bounds(proc.image_processor),
+        video_pixel_bounds=None if FAMS[family].tiles else qwen_vl.pixel_bounds(proc.video_processor),
     )
     try:
         prompts = prompts_of(proc)
@@ -175,6 +175,7 @@ README_LABELS = {
     "qwen3_vl": "Qwen3-VL",
     "qwen3_vl_moe": "Qwen3-VL-MoE",
     "glm4v": "GLM-4.1V",
+    "internvl": "InternVL",
 }
 NO_VIDEO = {"val": {}, "step_s": None}
 """A family vlmrl trains without videos (``Family.videos``): no video run."""
