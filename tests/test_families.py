@@ -427,7 +427,7 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
         load([*base, "data.image_patch_size=15"])
 
 
-def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path) -> None:
+def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) -> None:
     """GLM-4.1V and InternVL (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video limits are
     refused at the config gate naming the family; a record with a video is refused by the dataset naming the file and
     row; a
@@ -462,6 +462,13 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path) -> None:
         assert len(problems) == 2 * refused, problems
         assert not refused or "multi_turn.enable=True: vlmrl writes tool turns in Qwen's hermes format" in problems[0]
         assert not refused or f"limit_videos=1: vlmrl trains {name} on images and text" in problems[1]
+    from vlmrl import dry_run
+
+    dry_run.run(load([*base, f"actor_rollout_ref.model.path={internvl}"]), [], [])  # (its videos: refused)
+    plan = capsys.readouterr().out
+    assert (
+        "model family: InternVL (56-px tiles of 4 tokens, 1-D positions, its own vision tokens <IMG_CONTEXT>, " in plan
+    )
     cfg = load([*base, f"actor_rollout_ref.model.path={internvl}", "data.max_pixels=50176"])  # tiles: no pixel bounds
     [problem] = [p for p in check_environment(cfg) if "InternVL (internvl)" in p]
     assert problem.startswith("data.max_pixels=50176: InternVL (internvl)'s processor cuts each image into tiles")

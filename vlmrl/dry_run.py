@@ -85,7 +85,12 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
     if mt not in SUPPORTED_MODEL_TYPES:  # a problem of the config gate (checks.check_environment) already; its
         return None  # processor is not checked (a text model has no image processor: that says nothing more)
     fam = family_of(mt)
-    what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
+    if fam.tiles:
+        size = getattr(mcfg.vision_config, "image_size", "?")
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        what = [f"{size}-px tiles of {getattr(mcfg, 'image_seq_length', '?')} tokens, 1-D positions"]
+    else:
+        what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
     what += ["timestamped video frames"] * fam.video_timestamps
     what += [f"its own vision tokens {fam.vision_tokens[0]}"] * (fam.vision_tokens[0] != "<|image_pad|>")
     left_out = ["videos"] * (not fam.videos) + ["multi-turn tool rollouts"] * (not fam.tool_turns)
