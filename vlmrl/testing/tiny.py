@@ -599,7 +599,8 @@ def main(argv: list[str] | None = None) -> None:
         "--family",
         choices=list(FAMILY_SPECS),
         default="qwen2_5_vl",
-        help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens, GLM-4.1V its own tokens",
+        help="model family (default: qwen2_5_vl); Qwen3-VL's use 32-px merged tokens, GLM-4.1V its own tokens, "
+        "InternVL 56-px tiles",
     )
     ap.add_argument("--hidden", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's decoder layers")
