@@ -57,11 +57,8 @@ def exactness(family: str) -> dict[str, Any]:
     from test_families import Tiny, prompts_of, trainer_gaps  # the tests' prompts and gap, measured the same way
     from transformers import AutoProcessor
 
-    from vlmrl.config import RolloutConfig
-    from vlmrl.models import qwen_vl
     from vlmrl.models.families import FAMILIES as FAMS
     from vlmrl.rollout.base import SamplingSpec
-    from vlmrl.rollout.vllm import VLLMRollout
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model, param_counts
     from vlmrl.workers.weights import engine_weights
 
@@ -69,15 +66,7 @@ def exactness(family: str) -> dict[str, Any]:
     proc = AutoProcessor.from_pretrained(path)
     tiny = Tiny(family, path, proc, FAMS[family])
     model = tiny.model().eval()
-    engine = VLLMRollout(
-        path,
-        rollout_cfg=RolloutConfig(),
-        max_model_len=512,
-        limit_images=2,
-        limit_videos=int(FAMS[family].videos),
-        pixel_bounds=None if FAMS[family].tiles else qwen_vl.pixel_bounds(proc.image_processor),
-        video_pixel_bounds=None if FAMS[family].tiles else qwen_vl.pixel_bounds(proc.video_processor),
-    )
+    engine = tiny.engine()  # the tests' engine
     try:
         prompts = prompts_of(proc)
         spec = SamplingSpec(n=3, max_tokens=10)

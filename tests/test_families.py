@@ -45,6 +45,23 @@ class Tiny:
             self.path, dtype=torch.float32, attn_implementation=packing.VARLEN, **kw
         )
 
+    def engine(self) -> Any:
+        """A vLLM (CPU) engine of the tiny model for two images (and a video where the family has them) a prompt,
+        with the processor's pixel bounds (a tiled family's processor bounds its own tiles)."""
+        from vlmrl.config import RolloutConfig
+        from vlmrl.rollout.vllm import VLLMRollout
+
+        tiled, proc = self.family.tiles, self.processor
+        return VLLMRollout(
+            self.path,
+            rollout_cfg=RolloutConfig(),
+            max_model_len=512,
+            limit_images=2,
+            limit_videos=int(self.family.videos),
+            pixel_bounds=None if tiled else qwen_vl.pixel_bounds(proc.image_processor),
+            video_pixel_bounds=None if tiled else qwen_vl.pixel_bounds(proc.video_processor),
+        )
+
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
 def tiny(request) -> Tiny:
@@ -196,21 +213,11 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
     trainer's shared-prompt, full-sequence and packed forwards (<= 1e-4); the HF rollout's too. Then pushes (language
     model, then vision tower only) make the running engine sample what the pushed weights give (greedy equal to HF
     generate, log-probs equal to their forward): no stale weight, prefix cache or vision feature survives."""
-    from vlmrl.config import RolloutConfig
-    from vlmrl.rollout.vllm import VLLMRollout
     from vlmrl.workers.weights import engine_weights
 
     proc = tiny.processor
     model = tiny.model().eval()
-    engine = VLLMRollout(
-        tiny.path,
-        rollout_cfg=RolloutConfig(),
-        max_model_len=512,
-        limit_images=2,
-        limit_videos=int(tiny.family.videos),
-        pixel_bounds=None if tiny.family.tiles else qwen_vl.pixel_bounds(proc.image_processor),
-        video_pixel_bounds=None if tiny.family.tiles else qwen_vl.pixel_bounds(proc.video_processor),
-    )
+    engine = tiny.engine()
     try:
         prompts = prompts_of(proc)
         rb = engine.generate(prompts, SamplingSpec(n=3, max_tokens=10, temperature=1.0))

@@ -234,7 +234,8 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     with_images = [p for p in prompts if mb.images[p].num_images > 0]
     with_videos = [p for p in prompts if mb.images[p].num_videos > 0]
     tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
-    if family(model).tiles:
+    tiled = family(model).tiles
+    if tiled:
         parts = [(mb.images[p].pixel_values, mb.images[p].tiles) for p in with_images]
         parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].tiles) for r in tool_rows]  # type: ignore[index]
     else:
@@ -245,7 +246,7 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
         dummy = dummy_vision_features(model)
         return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     pv = torch.cat([pix for pix, _ in parts]).to(device)
-    if family(model).tiles:
+    if tiled:
         inner = qwen_vl.inner_model(model)
         feats = tiles.image_features(inner, pv)
         seq = tiles.image_seq_length(inner.config)
@@ -268,9 +269,8 @@ def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
     if not family(model).tiles:
         return qwen_vl.dummy_vision_features(model)
     inner = qwen_vl.inner_model(model)
-    param = next(inner.vision_tower.parameters())
-    device = param.to_local().device if hasattr(param, "to_local") else param.device
-    return tiles.image_features(inner, tiles.dummy_pixels(inner, device, param.dtype))
+    tower = inner.vision_tower
+    return tiles.image_features(inner, tiles.dummy_pixels(inner, qwen_vl.device_of(tower), qwen_vl.dtype_of(tower)))
 
 
 def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, int | None]]) -> Vision:
@@ -285,13 +285,13 @@ def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, i
         if row is not None and row in feats.tool:
             img.append(feats.tool[row])
             igrid.append(mb.sample_images[row].image_grid_thw)  # type: ignore[index]
-        igrid = [g for g in igrid if g is not None]  # a tiled family's images have no grid
         if p in feats.videos:
             vid.append(feats.videos[p])
             vgrid.append(mb.images[p].video_grid_thw)
             secs.append(mb.images[p].second_per_grid_ts)
     if not img and not vid and feats.dummy is not None:
         return Vision(image_embeds=feats.dummy)  # no pad takes them: only their gradient's path matters
+    igrid = [g for g in igrid if g is not None]  # a tiled family's images have no grid
     return Vision(
         torch.cat(img) if img else None,
         torch.cat(igrid).to(device) if igrid else None,

@@ -556,9 +556,9 @@ def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
     merge = int(cfg.spatial_merge_size)
     tps = int(getattr(cfg, "temporal_patch_size", 2))
     chans = int(getattr(cfg, "in_channels", getattr(cfg, "in_chans", 3)))
-    grid = torch.tensor([[1, merge, merge]], device=_device_of(visual))
+    grid = torch.tensor([[1, merge, merge]], device=device_of(visual))
     n_patches = merge * merge
-    pixel = torch.zeros(n_patches, chans * tps * patch * patch, device=grid.device, dtype=_dtype_of(visual))
+    pixel = torch.zeros(n_patches, chans * tps * patch * patch, device=grid.device, dtype=dtype_of(visual))
     return image_embeddings(model, pixel, grid)
 
 
@@ -579,12 +579,14 @@ def dummy_link(feats: torch.Tensor) -> torch.Tensor:
     return feats[:0]
 
 
-def _device_of(m: torch.nn.Module) -> torch.device:
+def device_of(m: torch.nn.Module) -> torch.device:
+    """The device of a module's parameters (an FSDP2 shard's local one)."""
     p = next(m.parameters())
     return p.device if not hasattr(p, "to_local") else p.to_local().device
 
 
-def _dtype_of(m: torch.nn.Module) -> torch.dtype:
+def dtype_of(m: torch.nn.Module) -> torch.dtype:
+    """The dtype of a module's parameters."""
     return next(m.parameters()).dtype
 
 

@@ -253,8 +253,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     tok.add_special_tokens(specials)  # appended at the end of the vocabulary, like Qwen's
     if glm:
         return tiny_glm4v.tokenizer(tok)
-    if spec.family == "internvl":
-        return tiny_internvl.tokenizer(tok, SPECIAL_TOKENS)
+    internvl = spec.family == "internvl"
+    if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
+        tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
     if spec.tool_tokens:
         from tokenizers import AddedToken
 
@@ -272,10 +273,13 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         errors="replace",
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
+        **({"extra_special_tokens": tiny_internvl.EXTRA_TOKENS} if internvl else {}),
     )
 
 
 def _template(spec: TinySpec) -> str:
+    if spec.family == "internvl":
+        return tiny_internvl.CHAT_TEMPLATE
     return CHAT_TEMPLATE if spec.family in ("qwen2_5_vl", "qwen2_vl") else CHAT_TEMPLATE_QWEN3_VL
 
 

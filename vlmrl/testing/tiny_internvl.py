@@ -14,7 +14,8 @@ EXTRA_TOKENS = {
     "context_image_token": "<IMG_CONTEXT>",
     "video_token": "<video>",
 }
-"""InternVL's vision tokens, by the tokenizer attribute ``InternVLProcessor`` reads each from."""
+"""InternVL's vision tokens, by the tokenizer attribute ``InternVLProcessor`` reads each from (``tiny.build_tokenizer``
+adds them after Qwen's special tokens, as InternVL3's tokenizer has them)."""
 
 TILE = 56
 """Pixels a side of a tile (the hub's checkpoints: 448)."""
@@ -31,29 +32,6 @@ CHAT_TEMPLATE = (
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
     "{{'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def tokenizer(trained: Any, qwen_specials: list[str]) -> Any:
-    """InternVL's tokenizer around a trained ``tokenizers.Tokenizer`` that carries Qwen's special tokens; InternVL's
-    own are added after them."""
-    from transformers import Qwen2TokenizerFast
-
-    trained.add_special_tokens(list(EXTRA_TOKENS.values()))
-    return Qwen2TokenizerFast(
-        tokenizer_object=trained,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        bos_token=None,
-        additional_special_tokens=qwen_specials[1:],
-        extra_special_tokens=EXTRA_TOKENS,
-        model_max_length=32768,
-        padding_side="left",
-        chat_template=CHAT_TEMPLATE,
-        errors="replace",
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
-    )
 
 
 def processor(tok: Any) -> Any:
