@@ -332,6 +332,22 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
         assert worst <= 1e-5, (what, worst)
 
 
+def test_a_text_only_micro_batch_runs_the_dummy_vision_pass(tiny: Tiny) -> None:
+    """A micro-batch without images runs the family's vision modules on a dummy input (a tiled family's: one blank
+    tile through the tower and the projector), so every vision parameter gets a gradient, all zero, and the loss is
+    the text's alone (an FSDP rank without images joins the same collectives)."""
+    prompts = prompts_of(tiny.processor)[4:]  # the text-only prompt
+    rb = RolloutBatch([prompts[0].prompt_ids], [[10, 11, 12]], [[0.0] * 3], ["length"], n=1)
+    x = inputs(tiny, prompts, rb)
+    model = tiny.model()
+    ids = qwen_vl.vision_token_ids(tiny.processor.tokenizer)
+    lp, _, extra = forward.response_logprobs(model, x, ids)
+    assert float(extra) == 0.0
+    (-(lp.sum()) + extra).backward()
+    grads = [q.grad for m in qwen_vl.vision_modules(model) for q in m.parameters()]
+    assert grads and all(g is not None and float(g.abs().sum()) == 0.0 for g in grads)
+
+
 def test_moe_checkpoints_are_written_in_the_hubs_layout(tmp_path) -> None:
     """transformers 5.19 would save Qwen3-VL-MoE's fused expert weights as it holds them ([E, 2I, H] / [E, H, I]),
     which vLLM reads as the hub's [E, H, 2I] / [E, I, H] and transposes again: ``qwen_vl.save_pretrained`` (the tiny
