@@ -46,7 +46,7 @@ from common import (  # noqa: E402
 )
 
 SECTION = "Model families"
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm")
 
 
 def exactness(family: str) -> dict[str, Any]:

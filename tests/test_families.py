@@ -26,7 +26,7 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl"]
+FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm"]
 """The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family, checked all the same."""
 
 
@@ -135,7 +135,24 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
     proc = AutoProcessor.from_pretrained(tmp_path / "m")
     assert qwen_vl.check_model_type(model.config, "test") is tiny.family
     vision = model.config.vision_config
-    if tiny.family.tiles:  # InternVL: 56-px tiles of 14-px patches, 4 tokens each; a Qwen2 decoder, 1-D RoPE
+    if tiny.name == "smolvlm":  # 56-px tiles of 14-px patches in a grid, 4 tokens each; a Llama decoder, 1-D RoPE
+        assert type(model).__name__ == "SmolVLMForConditionalGeneration" and type(proc).__name__ == "SmolVLMProcessor"
+        assert (vision.patch_size, vision.image_size, proc.image_processor.max_image_size["longest_edge"]) == (
+            14,
+            56,
+            56,
+        )
+        assert proc.image_seq_len == 4 and model.config.text_config.model_type == "llama" and not tiny.family.mrope
+        text = proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        assert text == "<|im_start|>User:<image>hi<end_of_utterance>\nAssistant:"  # SmolVLM2's template
+        assert model.generation_config.eos_token_id[0] == proc.tokenizer.convert_tokens_to_ids("<end_of_utterance>")
+        sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
+        assert sizes == [2, FAMILY_SPECS["smolvlm"].vision_depth]
+    elif tiny.family.tiles:  # InternVL: 56-px tiles of 14-px patches, 4 tokens each; a Qwen2 decoder, 1-D RoPE
         assert type(model).__name__ == "InternVLForConditionalGeneration" and type(proc).__name__ == "InternVLProcessor"
         assert list(vision.patch_size) == [tiny.family.patch_size] * 2 and list(vision.image_size) == [56, 56]
         assert proc.image_seq_length == model.config.image_seq_length == 4
@@ -193,6 +210,8 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         qwen_vl.check_model_type(type("C", (), {"model_type": "glm4v_moe"})(), "actor_rollout_ref.model.path=x")
     with pytest.raises(ValueError, match=r"'internvl_chat' is not supported \(the closest: InternVL, 'internvl', a di"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "internvl_chat"})(), "actor_rollout_ref.model.path=x")
+    with pytest.raises(ValueError, match=r"'idefics3' is not supported \(the closest: SmolVLM, 'smolvlm', a differ"):
+        qwen_vl.check_model_type(type("C", (), {"model_type": "idefics3"})(), "actor_rollout_ref.model.path=x")
 
 
 def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:
@@ -315,7 +334,8 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
     everything = [list(range(x.batch_size))]
     ref_lp, ref_g = loss_and_grads(make(False), False, everything)
     assert any(float(g.abs().max()) > 1e-4 for g in ref_g.values())
-    limit = 160 if tiny.family.videos else 60  # (image-only prompts are shorter)
+    longest = int(x.attention_mask.sum(1).max())  # (SmolVLM's grid tokens make its image prompts longer)
+    limit = max(160 if tiny.family.videos else 60, longest)  # (image-only prompts are shorter)
     budget = token_micro_batches(x, everything[0], limit, "ppo_max_token_len_per_gpu", "cpu", 1, packed=True)
     assert len(budget) > 2
     for ckpt, packed, batches in (
@@ -395,11 +415,19 @@ def test_the_dataset_counts_a_video_prompt_as_the_engine_expands_it(name: str, t
         assert p.videos and ds.prompt_lengths[i] == len(expanded(proc, p)), (i, name)
 
 
-def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_their_tiles(tmp_path) -> None:
-    """InternVL (``Family.tiles``): the dataset does not resize its images (the processor tiles them: 1 to 4 tiles
-    by the aspect ratio, plus a thumbnail), and a prompt's length as it counts it (``max_prompt_length``, the
-    overlong filter) is the length of the ids the trainer and the engine run: the vision start, 4 tokens a tile, the
-    vision end. Records too long for the limit are filtered and counted, not cut."""
+TILES = {"internvl": [3, 5, 4, 1], "smolvlm": [3, 3, 3, 5]}
+"""Tiles of a wide, a tall, a very wide and a small square image (112 x 56, 40 x 200, 300 x 90, 56 x 56). InternVL:
+2 + thumbnail, 4 (at most) + thumbnail, 3 + thumbnail, 1 (no thumbnail). SmolVLM scales the longest edge to 112 px
+and cuts 56-px tiles: 1 x 2 + global, 2 x 1 + global, 1 x 2 + global, 2 x 2 + global."""
+
+
+@pytest.mark.parametrize("name", list(TILES))
+def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_their_tiles(name: str, tmp_path) -> None:
+    """InternVL and SmolVLM (``Family.tiles``): the dataset does not resize their images (the processor tiles them
+    by the aspect ratio, plus a thumbnail or global view), and a prompt's length as it counts it
+    (``max_prompt_length``, the overlong filter) is the length of the ids the trainer and the engine run (InternVL:
+    the vision start, 4 tokens a tile, the vision end; SmolVLM: its grid's row / column tokens and newlines too).
+    Records too long for the limit are filtered and counted, not cut."""
     import io
 
     import pyarrow as pa
@@ -409,7 +437,7 @@ def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_thei
     from vlmrl.config import DataConfig
     from vlmrl.data import RLDataset
 
-    path = str(ensure_tiny_model(0, FAMILY_SPECS["internvl"]))
+    path = str(ensure_tiny_model(0, FAMILY_SPECS[name]))
     proc = AutoProcessor.from_pretrained(path)
     data = synthetic_data(tmp_path, "colour", train=4, test=2, size=112)
     files = str(data / "train.parquet")
@@ -432,7 +460,7 @@ def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_thei
         lengths.append(len(ids))
     ids = qwen_vl.vision_token_ids(proc.tokenizer)
     tiles = [sum(1 for t in expanded(proc, ds[i]) if t == ids.image_pad) // 4 for i in range(len(ds))]
-    assert tiles == [3, 5, 4, 1], tiles  # 2 + thumbnail, 4 (at most) + thumbnail, 3 + thumbnail, 1 (no thumbnail)
+    assert tiles == TILES[name], tiles
     short = RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=max(lengths) - 1), verbose=False)
     assert len(short) == sum(n <= max(lengths) - 1 for n in lengths) and short.report["filtered"] > 0
 
@@ -451,9 +479,9 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
 
 
 def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) -> None:
-    """GLM-4.1V and InternVL (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video limits are
-    refused at the config gate naming the family; a record with a video is refused by the dataset naming the file and
-    row; a
+    """GLM-4.1V, InternVL and SmolVLM (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video
+    limits are refused at the config gate naming the family; a record with a video is refused by the dataset naming
+    the file and row; pixel bounds are refused for a tiled family; the dry run names each tiled family's layout; a
     GLM-4.1V config without ``text_config.attention_bias`` (vLLM would build the decoder without the q/k/v biases
     transformers has, and drop them from every push) is refused at the gate and at load. The Qwen model passes."""
     import json
@@ -474,10 +502,12 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
     zoom = Path(__file__).resolve().parents[1] / "examples" / "tool_config" / "zoom.yaml"
     turns = [f"{mt}.enable=True", f"{mt}.tool_config_path={zoom}"]
     internvl = ensure_tiny_model(0, FAMILY_SPECS["internvl"])
+    smolvlm = ensure_tiny_model(0, FAMILY_SPECS["smolvlm"])
     qwen = ensure_tiny_model(0)
     for path, name, refused in (
         (glm, "GLM-4.1V (glm4v)", True),
         (internvl, "InternVL (internvl)", True),
+        (smolvlm, "SmolVLM (smolvlm)", True),
         (qwen, "", 0),
     ):
         cfg = load([*base, f"actor_rollout_ref.model.path={path}", *turns, "actor_rollout_ref.rollout.limit_videos=1"])
@@ -492,10 +522,17 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
     assert (
         "model family: InternVL (56-px tiles of 4 tokens, 1-D positions, its own vision tokens <IMG_CONTEXT>, " in plan
     )
-    cfg = load([*base, f"actor_rollout_ref.model.path={internvl}", "data.max_pixels=50176"])  # tiles: no pixel bounds
-    [problem] = [p for p in check_environment(cfg) if "InternVL (internvl)" in p]
-    assert problem.startswith("data.max_pixels=50176: InternVL (internvl)'s processor cuts each image into tiles")
-    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL")):
+    dry_run.run(load([*base, f"actor_rollout_ref.model.path={smolvlm}"]), [], [])
+    plan = capsys.readouterr().out
+    assert (
+        "model family: SmolVLM (56-px tiles of 4 tokens in a grid of row/column tokens with a global view, 1-D "
+        "positions, its own vision tokens <image>, " in plan
+    )
+    for path, label in ((internvl, "InternVL (internvl)"), (smolvlm, "SmolVLM (smolvlm)")):  # tiles: no pixel bounds
+        cfg = load([*base, f"actor_rollout_ref.model.path={path}", "data.max_pixels=50176"])
+        [problem] = [p for p in check_environment(cfg) if label in p]
+        assert problem.startswith(f"data.max_pixels=50176: {label}'s processor cuts each image into tiles")
+    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL"), (smolvlm, "SmolVLM")):
         proc = AutoProcessor.from_pretrained(path)
         with pytest.raises(
             DataError, match=rf"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains {label} on images"

@@ -623,12 +623,17 @@ ALLOWED: list[tuple[str, str]] = [
     ("reach the 1.3x over the one-step", "issue 46's goal, a target"),
     # model families (README, "Model families")
     ("a token per merged 2 x 2)", "Qwen-VL's spatial merge, an architecture setting"),
-    ("at least 0.9 at step 40 for both)", "the bound and steps tests/test_train_e2e.py asserts"),
+    ("at least 0.9 at step 40 for each;", "the bound and steps tests/test_train_e2e.py asserts"),
     ("(at least 0.9 at the quick start's own 120 steps;", "the bound and steps tests/test_train_e2e.py asserts"),
     ("(the InternVL3 / 3.5 `-hf` checkpoints)", "model version names"),
     (
         "(1 to 4 and a thumbnail, 4 tokens each)",
         "the tiny InternVL's tiling (vlmrl/testing/tiny_internvl.py), settings",
+    ),
+    ("the longest edge to 112 pixels", "the tiny SmolVLM's processor size (vlmrl/testing/tiny_smolvlm.py), a setting"),
+    (
+        "(a grid of up to 2 x 2 and a global view, 4 tokens each)",
+        "the tiny SmolVLM's tiling (vlmrl/testing/tiny_smolvlm.py), settings",
     ),
     ("(14-pixel patches merged 2 x 2, the same", "GLM-4.1V's spatial merge, an architecture setting"),
     ("colour task for 80 steps and the video colour task for 70", "bench_families.py's defaults, settings"),

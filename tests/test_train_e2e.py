@@ -59,19 +59,20 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v", "internvl"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v", "internvl", "smolvlm"])
 def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     """README, model families: ``FAMILY=qwen3_vl bash examples/quickstart_cpu.sh`` trains the tiny Qwen3-VL (16-px
-    patches, DeepStack, interleaved M-RoPE) and ``FAMILY=glm4v`` the tiny GLM-4.1V (GLM's tokens, template and
-    decoder) on the same task, and each learns: greedy validation at most 0.1 before training, at least 0.9 at step
-    40 (the issue's bar; measured by benchmarks/bench_families.py, whose 80-step curves these runs' first 40 steps
-    are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push.
+    patches, DeepStack, interleaved M-RoPE), ``FAMILY=glm4v`` the tiny GLM-4.1V (GLM's tokens, template and
+    decoder) and ``FAMILY=smolvlm`` the tiny SmolVLM (a grid of tiles behind row / column tokens, a Llama decoder
+    with 1-D RoPE) on the same task, and each learns: greedy validation at most 0.1 before training, at least 0.9 at
+    step 40 (the issue's bar; measured by benchmarks/bench_families.py, whose 80-step curves these runs' first 40
+    steps are: the learning rate is constant), the engine's log-probs equal to the trainer's after every push.
     ``FAMILY=internvl`` trains the tiny InternVL (tiles, 1-D RoPE, a Qwen2 decoder), which learns slower: at least 0.9
-    at the quick start's own 120 steps. The last checkpoint of GLM-4.1V and of InternVL (whose checkpoints keep
-    InternVL's original layout, ``language_model.model.*``) exports (``python -m vlmrl.export``) to a folder in the
-    hub's layout that transformers loads with the trained weights and vLLM serves: its greedy answers to the
-    validation prompts score what the run's own last validation did (a Qwen export:
-    test_export_checkpoint_loads_in_transformers_and_vllm)."""
+    at the quick start's own 120 steps. The last checkpoint of GLM-4.1V, of InternVL (whose checkpoints keep
+    InternVL's original layout, ``language_model.model.*``) and of SmolVLM (``model.text_model.*``) exports
+    (``python -m vlmrl.export``) to a folder in the hub's layout that transformers loads with the trained weights
+    and vLLM serves: its greedy answers to the validation prompts score what the run's own last validation did (a
+    Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm)."""
     import json
 
     import torch
@@ -81,7 +82,7 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
 
     out = tmp_path / "quickstart"
     steps = 120 if family == "internvl" else 40
-    exports = family in ("glm4v", "internvl")
+    exports = family in ("glm4v", "internvl", "smolvlm")
     log = run_example(
         "quickstart_cpu.sh",
         out,

@@ -86,9 +86,7 @@ def _model(cfg: VLMRLConfig, rep: Report) -> str | None:
         return None  # processor is not checked (a text model has no image processor: that says nothing more)
     fam = family_of(mt)
     if fam.tiles:
-        size = getattr(mcfg.vision_config, "image_size", "?")
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        what = [f"{size}-px tiles of {getattr(mcfg, 'image_seq_length', '?')} tokens, 1-D positions"]
+        what = [fam.tiles.plan(mcfg)]
     else:
         what = [f"{fam.patch_size * 2}-px image tokens"] + ["DeepStack"] * fam.deepstack
     what += ["timestamped video frames"] * fam.video_timestamps

@@ -705,8 +705,8 @@ def family_problems(cfg: VLMRLConfig, model_type: str) -> list[str]:
             if getattr(cfg.data, key) is not None:
                 p.append(
                     f"data.{key}={getattr(cfg.data, key)}: {fam.label} ({model_type})'s processor cuts each image "
-                    "into tiles of its own size, which bound its tokens (the checkpoint's preprocessor_config.json: "
-                    "max_patches); pixel bounds do not apply to it. Drop the key."
+                    "into tiles of its own size, which bound its tokens (the checkpoint's processor config: "
+                    f"{fam.tiles.bounded_by}); pixel bounds do not apply to it. Drop the key."
                 )
     return p
 

@@ -36,7 +36,7 @@ from vlmrl.data.records import (
 )
 from vlmrl.data.template import ChatRenderer
 from vlmrl.data.video import VideoEntry, VideoRules, build_video, timestamp_tokens, video_tokens
-from vlmrl.models import qwen_vl, tiles
+from vlmrl.models import qwen_vl
 from vlmrl.models.families import family_of_processor
 from vlmrl.timing import Timer
 from vlmrl.tools import hermes
@@ -100,7 +100,6 @@ class RLDataset:
         self.pixel_bounds = (
             None if self.family.tiles else qwen_vl.pixel_bounds(ip, data_cfg.min_pixels, data_cfg.max_pixels)
         )
-        self.image_seq_length = tiles.image_seq_length(processor) if self.family.tiles else 0
         vision = qwen_vl.vision_token_ids(self.tokenizer)
         self.image_pad_id, self.video_pad_id = vision.image_pad, vision.video_pad
         self.video_key = data_cfg.video_key
@@ -310,7 +309,7 @@ class RLDataset:
         except DataError as e:
             raise DataError(f"{where(src.path, r)}: image {j}: {e}") from None
         if self.pixel_bounds is None:  # a tiled family: the tiles its processor cuts
-            return tiles.image_tokens(self.image_processor, self.image_seq_length, w, h)
+            return self.family.tiles.image_tokens(self.processor, w, h)  # type: ignore[union-attr]
         try:
             return qwen_vl.num_image_tokens(w, h, self.patch_factor, *self.pixel_bounds)
         except ValueError as e:  # aspect ratio over 200, or a side below one patch after resizing

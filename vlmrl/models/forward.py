@@ -42,8 +42,9 @@ class Vision:
         """The features as ``model``'s forward takes them (None without any; DeepStack levels split out)."""
         if self.image_embeds is None and self.video_embeds is None:
             return None
-        if family(model).tiles:
-            return tiles.encoder_outputs(self.image_embeds)  # type: ignore[arg-type]
+        tiling = family(model).tiles
+        if tiling:
+            return tiling.encoder_outputs(self.image_embeds, qwen_vl.inner_model(model).config)  # type: ignore[arg-type]
         return qwen_vl.encoder_outputs(self.image_embeds, self.video_embeds, qwen_vl.vision_levels(model))
 
 
@@ -234,8 +235,8 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     with_images = [p for p in prompts if mb.images[p].num_images > 0]
     with_videos = [p for p in prompts if mb.images[p].num_videos > 0]
     tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
-    tiled = family(model).tiles
-    if tiled:
+    tiling = family(model).tiles
+    if tiling:
         parts = [(mb.images[p].pixel_values, mb.images[p].tiles) for p in with_images]
         parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].tiles) for r in tool_rows]  # type: ignore[index]
     else:
@@ -246,10 +247,10 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
         dummy = dummy_vision_features(model)
         return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     pv = torch.cat([pix for pix, _ in parts]).to(device)
-    if tiled:
+    if tiling:
         inner = qwen_vl.inner_model(model)
-        feats = tiles.image_features(inner, pv)
-        seq = tiles.image_seq_length(inner.config)
+        feats = tiling.features(inner, pv)
+        seq = tiling.seq_of_config(inner.config)
         split = torch.split(feats, [sum(tiles.tokens_per_image(t, seq)) for _, t in parts])
     else:
         g = torch.cat([grid for _, grid in parts]).to(device)
@@ -266,11 +267,12 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
 def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
     """The vision tower's features of a dummy input (``qwen_vl.dummy_vision_features``; a tiled family's: one blank
     tile)."""
-    if not family(model).tiles:
+    fam = family(model)
+    if not fam.tiles:
         return qwen_vl.dummy_vision_features(model)
     inner = qwen_vl.inner_model(model)
-    tower = inner.vision_tower
-    return tiles.image_features(inner, tiles.dummy_pixels(inner, qwen_vl.device_of(tower), qwen_vl.dtype_of(tower)))
+    tower = getattr(inner, fam.vision_modules[0])
+    return fam.tiles.features(inner, tiles.dummy_pixels(inner, qwen_vl.device_of(tower), qwen_vl.dtype_of(tower)))
 
 
 def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, int | None]]) -> Vision:

@@ -34,6 +34,9 @@ class PromptImages:
     tiles: torch.Tensor | None = None
     """Tiles of each image (a tiled family, ``Family.tiles``; ``image_grid_thw`` is then None and ``pixel_values``
     holds the tiles)."""
+    tile_grid: torch.Tensor | None = None
+    """(rows, cols) of each image's tiles, where the family's layout names them (SmolVLM's row / column tokens;
+    0, 0 for an image of one tile)."""
 
     @property
     def num_images(self) -> int:
@@ -117,12 +120,13 @@ resizing again would shrink frames the rules sized one by one)."""
 def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptImages]:
     """Run the image and video processors once per prompt (images and frames are already resized, so they only
     patchify)."""
-    tiled = family_of_processor(processor).tiles
+    tiling = family_of_processor(processor).tiles
     out = []
     for p in prompts:
         item = PromptImages(None, None)
-        if p.images and tiled:
-            item.pixel_values, item.tiles = tiles.process(processor.image_processor, p.images)
+        if p.images and tiling:
+            t = tiling.process(processor, p.images)
+            item.pixel_values, item.tiles, item.tile_grid = t.pixel_values, t.tiles, t.grid
         elif p.images:
             enc = processor.image_processor(images=p.images, return_tensors="pt")
             item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
@@ -140,8 +144,9 @@ def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl
     merge = int(getattr(processor.image_processor, "merge_size", 2))
     pads = qwen_vl.vision_token_ids(processor.tokenizer)
     if v.tiles is not None:
-        seq = tiles.image_seq_length(processor)
-        layouts = tiles.pad_layouts(v.tiles, seq, pads.image_pad, pads.vision_start, pads.vision_end)
+        if family.tiles is None:
+            raise ValueError(f"expand_pads: tiled images for {family.label}, whose images are not tiled")
+        layouts = family.tiles.layouts(tiles.Tiled(v.pixel_values, v.tiles, v.tile_grid), processor, pads)  # type: ignore[arg-type]
         ids = qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image")
     elif v.num_images:
         ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))

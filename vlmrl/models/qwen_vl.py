@@ -386,7 +386,7 @@ def inner_model(model: torch.nn.Module) -> torch.nn.Module:
     for attr in ("base_model", "model"):
         if hasattr(m, "get_base_model"):
             m = m.get_base_model()
-        if hasattr(m, "visual") or hasattr(m, "language_model"):
+        if hasattr(m, "visual") or hasattr(m, "language_model") or hasattr(m, "text_model"):
             return m
         m = getattr(m, attr, m)
     if hasattr(m, "visual"):

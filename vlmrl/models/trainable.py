@@ -50,7 +50,8 @@ def fsdp_wrap(
     if offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
     inner = qwen_vl.inner_model(model)
-    for layer in [*inner.language_model.layers, *qwen_vl.vision_blocks(model)]:
+    decoder = getattr(inner, qwen_vl.family_of(inner.config).text_model)
+    for layer in [*decoder.layers, *qwen_vl.vision_blocks(model)]:
         if sum(p.numel() for p in layer.parameters()) >= min_params:
             fully_shard(layer, **kw)
     # the tower as a unit too: image features are computed by calling it directly (once per prompt, outside the

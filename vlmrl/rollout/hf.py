@@ -71,7 +71,13 @@ class HFRollout:
             enc["position_ids"] = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
             enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
         # (1-D RoPE: generate counts positions over the attention mask, as the trainer does)
-        for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        keys = ["pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"]
+        if family.tiles:  # the family's batch layout of tiles
+            keys = keys[2:]
+            tiles = family.tiles.generate_pixels([v.pixel_values for v in vision])
+            if tiles is not None:
+                enc["pixel_values"] = tiles
+        for key in keys:
             value = cat(key)
             if value is not None:
                 enc[key] = value

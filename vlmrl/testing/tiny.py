@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from vlmrl.testing import tiny_glm4v, tiny_internvl
+from vlmrl.testing import tiny_glm4v, tiny_internvl, tiny_smolvlm
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -180,6 +180,10 @@ TINY_INTERNVL = TinySpec(family="internvl")
 """The tiny InternVL: the tiny shape, InternVL's tokens and template on the same trained vocabulary, 56-px tiles of
 4 tokens (1 to 4 tiles and a thumbnail: 8 to 20 tokens per image)."""
 
+TINY_SMOLVLM = TinySpec(family="smolvlm")
+"""The tiny SmolVLM: the tiny shape, SmolVLM's tokens and template on the same trained vocabulary, 56-px tiles of 4
+tokens in a grid of up to 2 x 2 and a global view (4 to 20 tokens per image, behind row / column tokens)."""
+
 TINY_GLM4V = TinySpec(family="glm4v")
 """The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
 28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
@@ -191,6 +195,7 @@ FAMILY_SPECS: dict[str, TinySpec] = {
     "qwen3_vl_moe": TINY_QWEN3_VL_MOE,
     "glm4v": TINY_GLM4V,
     "internvl": TINY_INTERNVL,
+    "smolvlm": TINY_SMOLVLM,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -256,17 +261,20 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     internvl = spec.family == "internvl"
     if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
         tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
+    smolvlm = spec.family == "smolvlm"
+    if smolvlm:  # SmolVLM's own tokens after the trained vocabulary and Qwen's special tokens
+        tok.add_special_tokens(tiny_smolvlm.added_tokens())
     if spec.tool_tokens:
         from tokenizers import AddedToken
 
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return Qwen2TokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
+        eos_token="<end_of_utterance>" if smolvlm else "<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+        additional_special_tokens=SPECIAL_TOKENS[1:] + (tiny_smolvlm.added_tokens() if smolvlm else []),
         model_max_length=32768,
         padding_side="left",
         chat_template=_template(spec),
@@ -280,6 +288,8 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
 def _template(spec: TinySpec) -> str:
     if spec.family == "internvl":
         return tiny_internvl.CHAT_TEMPLATE
+    if spec.family == "smolvlm":
+        return tiny_smolvlm.CHAT_TEMPLATE
     return CHAT_TEMPLATE if spec.family in ("qwen2_5_vl", "qwen2_vl") else CHAT_TEMPLATE_QWEN3_VL
 
 
@@ -293,6 +303,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_glm4v.processor(tokenizer, spec.min_pixels, spec.max_pixels)
     if spec.family == "internvl":
         return tiny_internvl.processor(tokenizer)
+    if spec.family == "smolvlm":
+        return tiny_smolvlm.processor(tokenizer)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -323,6 +335,8 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_glm4v.config(tokenizer, spec, text_shape(tokenizer, spec), vision_shape(spec, 14))
     if spec.family == "internvl":
         return tiny_internvl.config(tokenizer, spec, text_shape(tokenizer, spec))
+    if spec.family == "smolvlm":
+        return tiny_smolvlm.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
@@ -478,6 +492,7 @@ def _model_class(spec: TinySpec):
         "qwen3_vl_moe": "Qwen3VLMoe",
         "glm4v": "Glm4v",
         "internvl": "InternVL",
+        "smolvlm": "SmolVLM",
     }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
@@ -488,7 +503,9 @@ def generation_config(tokenizer, family: str = "qwen2_5_vl"):
     sampling)."""
     from transformers import GenerationConfig
 
-    ends = tiny_glm4v.END_TOKENS if family == "glm4v" else ("<|im_end|>", "<|endoftext|>")
+    ends = {"glm4v": tiny_glm4v.END_TOKENS, "smolvlm": tiny_smolvlm.END_TOKENS}.get(
+        family, ("<|im_end|>", "<|endoftext|>")
+    )
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     return GenerationConfig(
         bos_token_id=pad,
@@ -534,7 +551,7 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
     from vlmrl.models.families import FAMILIES
 
     vision = sum(p.numel() for m in FAMILIES[spec.family].vision_modules for p in getattr(model.model, m).parameters())
-    embedding = model.model.language_model.embed_tokens.weight.numel()
+    embedding = model.get_input_embeddings().weight.numel()
     return {"total": total, "language_model": total - vision, "vision_tower": vision, "embedding": embedding}
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from vlmrl.models import qwen_vl
+
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 VISION_EXCLUDES = (".*visual.*", ".*vision.*", "visual", ".*visual\\..*")
@@ -17,15 +19,16 @@ VISION_EXCLUDES = (".*visual.*", ".*vision.*", "visual", ".*visual\\..*")
 first): LoRA targets only the language model's layers here, so they change nothing."""
 
 
-def lora_target_regex(target_modules: Any) -> str:
-    """A peft ``target_modules`` regex matching the chosen linears inside the language model only."""
+def lora_target_regex(target_modules: Any, text_model: str = "language_model") -> str:
+    """A peft ``target_modules`` regex matching the chosen linears inside the language model only (``text_model``:
+    the family's decoder module, ``Family.text_model``)."""
     if target_modules in (None, "all-linear"):
         names = _LINEARS
     elif isinstance(target_modules, str):
         names = tuple(t.strip() for t in target_modules.split(",") if t.strip())
     else:
         names = tuple(target_modules)
-    return r".*language_model\.layers\.\d+\..*\.(" + "|".join(names) + r")$"
+    return rf".*{text_model}\.layers\.\d+\..*\.(" + "|".join(names) + r")$"
 
 
 def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
@@ -41,7 +44,9 @@ def apply_lora(model: torch.nn.Module, model_cfg: Any) -> torch.nn.Module:
     cfg = LoraConfig(
         r=int(model_cfg.lora_rank),
         lora_alpha=int(model_cfg.lora_alpha),
-        target_modules=lora_target_regex(model_cfg.target_modules),
+        target_modules=lora_target_regex(
+            model_cfg.target_modules, qwen_vl.family_of(qwen_vl.inner_model(model).config).text_model
+        ),
         lora_dropout=0.0,
         bias="none",
         **extra,

@@ -1,5 +1,5 @@
-"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V and InternVL,
-chosen from the checkpoint's ``model_type``.
+"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, InternVL and
+SmolVLM, chosen from the checkpoint's ``model_type``.
 
 The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
 (``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
@@ -13,10 +13,12 @@ The rest of vlmrl runs one code path for every family; where the families differ
 - ``vision_tokens``, ``never_sample``: the tokenizer's image / video pads and vision start / end (Qwen's
   ``<|image_pad|>``..., GLM-4.1V's ``<|image|>``...), and what else a rollout must never generate;
 - ``pixel_frames``: GLM-4.1V's image processor bounds an image's area counted as two frames;
-- ``mrope``, ``tiles``: InternVL's decoder takes one position per token, and its processor cuts images into tiles
-  whose pads sit between the vision start and end (``models.tiles``); ``vision_modules`` / ``vision_blocks`` name
-  its tower's modules (``vision_tower`` and ``multi_modal_projector``, not Qwen's ``visual``);
+- ``mrope``, ``tiles``: InternVL's and SmolVLM's decoders take one position per token, and their processors cut
+  images into tiles laid out in the prompt as each family writes them (``models.tiles``); ``vision_modules`` /
+  ``vision_blocks`` name their towers' modules (not Qwen's ``visual``);
 - ``videos``, ``tool_turns``: what vlmrl trains the family on (the config gate refuses the rest by name);
+- ``text_model``: the inner model's decoder module (SmolVLM's ``text_model``, not ``language_model``);
+- ``related_types``: checkpoint types of a related architecture that a refusal names the family for (``idefics3``);
 - ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
   for it, and the expert weights transformers holds transposed from the checkpoint's layout.
 
@@ -37,8 +39,9 @@ from vlmrl.models.families.internvl import INTERNVL
 from vlmrl.models.families.qwen2_vl import QWEN2_VL
 from vlmrl.models.families.qwen3_vl import QWEN3_VL
 from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
+from vlmrl.models.families.smolvlm import SMOLVLM
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL, SMOLVLM)}
 """Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES.values() for t in f.model_types)
@@ -57,11 +60,13 @@ def family_of(config_or_type: Any) -> Family:
 
 
 def closest_family(model_type: object) -> str:
-    """`` (the closest: <family>, '<type>', a different architecture)`` for an unsupported ``model_type`` whose
-    name is near a supported one's (``glm4v_moe``, a text model's ``qwen2``), else ``""``."""
+    """`` (the closest: <family>, '<type>', a different architecture)`` for an unsupported ``model_type`` of a
+    family's ``related_types`` (``idefics3``: SmolVLM) or whose name is near a supported one's (``glm4v_moe``, a text
+    model's ``qwen2``), else ``""``."""
     import difflib
 
-    close = difflib.get_close_matches(str(model_type), SUPPORTED_MODEL_TYPES, n=1, cutoff=0.6)
+    related = [f.model_types[0] for f in FAMILIES.values() if model_type in f.related_types]
+    close = related or difflib.get_close_matches(str(model_type), SUPPORTED_MODEL_TYPES, n=1, cutoff=0.6)
     return f" (the closest: {family_of(close[0]).label}, {close[0]!r}, a different architecture)" if close else ""
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmrl.models.tiles import Tiling
+
 
 @dataclass(frozen=True)
 class Family:
@@ -43,6 +45,9 @@ class Family:
     """(dotted config key, value) pairs a checkpoint's config must hold for the engine to build the model that
     transformers builds (GLM-4.1V: ``text_config.attention_bias`` true, or vLLM leaves out the q/k/v biases that
     transformers always has, and drops them from every push without a word)."""
+    related_types: tuple[str, ...] = ()
+    """``model_type`` values of checkpoints with a related architecture that vlmrl does not train, whose names are
+    not near this family's (SmolVLM's v1 checkpoints are ``idefics3``): a refusal names this family as the closest."""
     processor_classes: tuple[str, ...] = ()
     """Its processors' class names (the dataset, which has the processor and no model, reads the prompt layout from
     them: ``families.family_of_processor``)."""
@@ -59,15 +64,17 @@ class Family:
     mrope: bool = True
     """The decoder's positions are 3-D M-RoPE over the vision grid (``qwen_vl.rope_index``); else one position per
     token, counted over the real tokens (InternVL's Qwen2 decoder)."""
-    tiles: bool = False
-    """The image processor cuts each image into tiles of its ``size`` (plus a thumbnail), each tile becomes
-    ``image_seq_length`` pads, and the prompt's one pad per image becomes the vision start, the tiles' pads and the
-    vision end (InternVL, ``models.tiles``); else Qwen's patch grid, the pad expanding to ``image_grid_thw``'s merged
-    tokens inside the template's start and end. The dataset hands a tiled family's images to the processor as they
-    are (the processor bounds the tiles)."""
+    tiles: Tiling | None = None
+    """The image processor cuts each image into tiles of one size (plus a thumbnail or a global view), each tile
+    becomes ``seq`` pads, and the prompt's one pad per image becomes the family's layout of them (``models.tiles``:
+    InternVL's ``<img>`` + pads + ``</img>``; SmolVLM's grid of row / column tokens); None: Qwen's patch grid, the pad
+    expanding to ``image_grid_thw``'s merged tokens inside the template's start and end. The dataset hands a tiled
+    family's images to the processor as they are (the processor bounds the tiles)."""
     vision_modules: tuple[str, ...] = ("visual",)
     """The inner model's modules that image features run through outside the language model (FSDP shards each as a
     unit, since features are computed by calling them directly; ``freeze_vision_tower`` freezes them)."""
+    text_model: str = "language_model"
+    """The inner model's decoder module (SmolVLM's: ``text_model``): its layers are FSDP units and LoRA's targets."""
     vision_blocks: str = "visual.blocks"
     """The vision tower's list of blocks under the inner model (FSDP shards each block)."""
     fused_experts: tuple[str, ...] = ()

@@ -9,6 +9,7 @@ set the token count), an image's single ``<IMG_CONTEXT>`` becomes ``<img>`` + ti
 the tokens that name the family are InternVL's own. vlmrl trains it on images and text; videos and multi-turn tool
 rollouts (Qwen's hermes turns) are refused by name."""
 
+from vlmrl.models import tiles
 from vlmrl.models.families.base import Family
 
 INTERNVL = Family(
@@ -22,7 +23,7 @@ INTERNVL = Family(
     tool_turns=False,
     processor_classes=("InternVLProcessor",),
     mrope=False,
-    tiles=True,
+    tiles=tiles.INTERNVL,
     vision_modules=("vision_tower", "multi_modal_projector"),
     vision_blocks="vision_tower.encoder.layer",
 )
