@@ -165,6 +165,7 @@ README_LABELS = {
     "qwen3_vl_moe": "Qwen3-VL-MoE",
     "glm4v": "GLM-4.1V",
     "internvl": "InternVL",
+    "smolvlm": "SmolVLM",
 }
 NO_VIDEO = {"val": {}, "step_s": None}
 """A family vlmrl trains without videos (``Family.videos``): no video run."""

@@ -26,8 +26,9 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm"]
-"""The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family, checked all the same."""
+FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm", "idefics3"]
+"""The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family and Idefics3 one of the
+SmolVLM family, checked all the same."""
 
 
 @dataclass
@@ -135,20 +136,20 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
     proc = AutoProcessor.from_pretrained(tmp_path / "m")
     assert qwen_vl.check_model_type(model.config, "test") is tiny.family
     vision = model.config.vision_config
-    if tiny.name == "smolvlm":  # 56-px tiles of 14-px patches in a grid, 4 tokens each; a Llama decoder, 1-D RoPE
-        assert type(model).__name__ == "SmolVLMForConditionalGeneration" and type(proc).__name__ == "SmolVLMProcessor"
-        assert (vision.patch_size, vision.image_size, proc.image_processor.max_image_size["longest_edge"]) == (
-            14,
-            56,
-            56,
-        )
+    if tiny.name in ("smolvlm", "idefics3"):  # 56-px tiles of 14-px patches in a grid, 4 tokens each; Llama, 1-D RoPE
+        cls = "SmolVLM" if tiny.name == "smolvlm" else "Idefics3"
+        assert (type(model).__name__, type(proc).__name__) == (f"{cls}ForConditionalGeneration", f"{cls}Processor")
+        tile = proc.image_processor.max_image_size["longest_edge"]
+        assert (vision.patch_size, vision.image_size, tile) == (14, 56, 56)
         assert proc.image_seq_len == 4 and model.config.text_config.model_type == "llama" and not tiny.family.mrope
         text = proc.apply_chat_template(
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
             add_generation_prompt=True,
             tokenize=False,
         )
-        assert text == "<|im_start|>User:<image>hi<end_of_utterance>\nAssistant:"  # SmolVLM2's template
+        assert text == "<|im_start|>User:<image>hi<end_of_utterance>\nAssistant:"  # SmolVLM's template
+        # Idefics3's tokenizers have no video token: its id is one no token has
+        assert (qwen_vl.vision_token_ids(proc.tokenizer).video_pad < 0) is (tiny.name == "idefics3")
         assert model.generation_config.eos_token_id[0] == proc.tokenizer.convert_tokens_to_ids("<end_of_utterance>")
         sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
         assert sizes == [2, FAMILY_SPECS["smolvlm"].vision_depth]
@@ -210,8 +211,6 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         qwen_vl.check_model_type(type("C", (), {"model_type": "glm4v_moe"})(), "actor_rollout_ref.model.path=x")
     with pytest.raises(ValueError, match=r"'internvl_chat' is not supported \(the closest: InternVL, 'internvl', a di"):
         qwen_vl.check_model_type(type("C", (), {"model_type": "internvl_chat"})(), "actor_rollout_ref.model.path=x")
-    with pytest.raises(ValueError, match=r"'idefics3' is not supported \(the closest: SmolVLM, 'smolvlm', a differ"):
-        qwen_vl.check_model_type(type("C", (), {"model_type": "idefics3"})(), "actor_rollout_ref.model.path=x")
 
 
 def test_prompt_expansion_equals_the_processors(tiny: Tiny) -> None:
@@ -415,10 +414,10 @@ def test_the_dataset_counts_a_video_prompt_as_the_engine_expands_it(name: str, t
         assert p.videos and ds.prompt_lengths[i] == len(expanded(proc, p)), (i, name)
 
 
-TILES = {"internvl": [3, 5, 4, 1], "smolvlm": [3, 3, 3, 5]}
+TILES = {"internvl": [3, 5, 4, 1], "smolvlm": [3, 3, 3, 5], "idefics3": [3, 3, 3, 5]}
 """Tiles of a wide, a tall, a very wide and a small square image (112 x 56, 40 x 200, 300 x 90, 56 x 56). InternVL:
 2 + thumbnail, 4 (at most) + thumbnail, 3 + thumbnail, 1 (no thumbnail). SmolVLM scales the longest edge to 112 px
-and cuts 56-px tiles: 1 x 2 + global, 2 x 1 + global, 1 x 2 + global, 2 x 2 + global."""
+and cuts 56-px tiles: 1 x 2 + global, 2 x 1 + global, 1 x 2 + global, 2 x 2 + global (Idefics3's processor too)."""
 
 
 @pytest.mark.parametrize("name", list(TILES))

@@ -544,9 +544,10 @@ FAMILY_ROWS = {
     "qwen3_vl_moe": "Qwen3-VL-MoE",
     "glm4v": "GLM-4.1V",
     "internvl": "InternVL",
+    "smolvlm": "SmolVLM",
 }
 """The README's model-families table: its row label for each family of benchmarks/results/families.json."""
-NO_VIDEO_FAMILIES = ("glm4v", "internvl")
+NO_VIDEO_FAMILIES = ("glm4v", "internvl", "smolvlm")
 """Families vlmrl trains without videos (``Family.videos``): no video run, ``no videos`` in their row."""
 
 

@@ -141,7 +141,7 @@ def verl_geo3k_launch_line(home: Path) -> list[str]:
 def video_prompt(processor, text: str, videos: list[list[Image.Image]], fps: float, images=(), index: int = 0):
     """A PromptSample the way the dataset builds one: frames resized with the video rules (odd counts padded),
     images with the image rules, one pad per image and per video."""
-    vp = processor.video_processor
+    vp = processor.video_processor if videos else None  # (Idefics3's processor has none)
     vids = []
     for frames in videos:
         size = qwen_vl.video_frame_size(

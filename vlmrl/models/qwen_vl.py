@@ -41,6 +41,10 @@ VISION_PAD = "<|vision_pad|>"
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_model.model.")
 
 
+NO_TOKEN = -1
+"""The id of a vision token a tokenizer does not have (Idefics3's video pad): no token id equals it."""
+
+
 @dataclass(frozen=True)
 class VisionTokenIds:
     """Token ids of a tokenizer's vision special tokens (its family's ``Family.vision_tokens``)."""
@@ -56,7 +60,8 @@ class VisionTokenIds:
     def never_sample(self) -> list[int]:
         """Ids a rollout must never generate: a sampled pad breaks the next training forward
         (token/feature count mismatch, EasyR1 #110)."""
-        return [self.image_pad, self.video_pad, self.vision_start, self.vision_end, *self.extra]
+        ids = [self.image_pad, self.video_pad, self.vision_start, self.vision_end, *self.extra]
+        return list(dict.fromkeys(i for i in ids if i >= 0))
 
 
 def _token_id(tokenizer: Any, tok: str) -> int | None:
@@ -72,6 +77,8 @@ def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
     # a tiled family first: InternVL's tokenizer (Qwen2.5's, its decoder's) holds Qwen's vision tokens too
     for fam in sorted(FAMILIES.values(), key=lambda f: not f.tiles):
         ids = [_token_id(tokenizer, t) for t in fam.vision_tokens]
+        if ids[1] is None and not fam.videos:  # a family vlmrl trains without videos may lack the video pad
+            ids[1] = NO_TOKEN
         extra = [_token_id(tokenizer, t) for t in fam.never_sample]
         if all(i is not None for i in ids + extra):
             return VisionTokenIds(*ids, extra=tuple(extra))  # type: ignore[arg-type]

@@ -83,12 +83,12 @@ class Tiling:
 
 
 class GridTiling(Tiling):
-    """SmolVLM's and Idefics3's tiles: the image scaled to the processor's ``size`` and cut into a ``rows x cols``
-    grid of ``max_image_size`` tiles plus a global view (one tile, ``rows = cols = 0``, for an image that fits one),
-    ``image_seq_len`` tokens a tile (pixel shuffle by the config's ``scale_factor``). Each tile sits behind
-    ``<fake_token_around_image><row_r_col_c>``, each row ends with a newline, and the global view follows behind
-    ``<fake_token_around_image><global-img>`` (transformers' ``get_image_prompt_string``: the layout is text, so it is
-    tokenized as the processor tokenizes it)."""
+    """SmolVLM's and Idefics3's tiles (``SmolVLMImageProcessor`` / ``Idefics3ImageProcessor``): the image scaled to
+    the processor's ``size`` and cut into a ``rows x cols`` grid of ``max_image_size`` tiles plus a global view (one
+    tile, ``rows = cols = 0``, for an image that fits one), ``image_seq_len`` tokens a tile (pixel shuffle by the
+    config's ``scale_factor``). Each tile sits behind ``<fake_token_around_image><row_r_col_c>``, each row ends with
+    a newline, and the global view follows behind ``<fake_token_around_image><global-img>`` (the processor's own
+    ``replace_image_token``: the layout is text, so it is tokenized as the processor tokenizes it)."""
 
     bounded_by = "size's longest_edge and max_image_size"
 
@@ -114,17 +114,9 @@ class GridTiling(Tiling):
         return int((int(vc.image_size) // int(vc.patch_size)) ** 2 // int(config.scale_factor) ** 2)
 
     def layout(self, processor: Any, rows: int, cols: int) -> list[int]:
-        """The ids of one image of a ``rows x cols`` grid (0 x 0: a single tile)."""
-        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
-
-        text = get_image_prompt_string(
-            rows,
-            cols,
-            self.seq(processor),
-            fake_token_around_image=processor.fake_image_token,
-            image_token=processor.image_token,
-            global_image_token=processor.global_image_token,
-        )
+        """The ids of one image of a ``rows x cols`` grid (0 x 0: a single tile): the processor's own text for it
+        (``replace_image_token``), tokenized."""
+        text = processor.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
         return list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def layouts(self, tiled: Tiled, processor: Any, pads: Any) -> list[list[int]]:
@@ -137,7 +129,7 @@ class GridTiling(Tiling):
 
     def features(self, inner: Any, pixel_values: torch.Tensor) -> torch.Tensor:
         # the model's batch of one row of tiles; it drops tiles whose pixels are all exactly 0 (its padding), which
-        # a normalised 8-bit image never is (0 is between two pixel values)
+        # a normalised 8-bit image never is (0 lies between two pixel values)
         out = inner.get_image_features(pixel_values=pixel_values[None])
         return out.pooler_output.reshape(-1, out.pooler_output.shape[-1])
 
@@ -179,10 +171,11 @@ def tokens_per_image(tiles: torch.Tensor, seq: int) -> list[int]:
 
 
 def dummy_pixels(inner: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """One blank tile of the tower's input size (a micro-batch without images runs the tower on it)."""
+    """One constant tile of the tower's input size (a micro-batch without images runs the tower on it): ones, not
+    zeros, since Idefics3 drops a tile of zeros as its batches' padding."""
     cfg = inner.config.vision_config
     size = tile_size(inner.config)
-    return torch.zeros(1, int(getattr(cfg, "num_channels", 3)), size, size, device=device, dtype=dtype)
+    return torch.ones(1, int(getattr(cfg, "num_channels", 3)), size, size, device=device, dtype=dtype)
 
 
 INTERNVL = Tiling()

@@ -184,6 +184,10 @@ TINY_SMOLVLM = TinySpec(family="smolvlm")
 """The tiny SmolVLM: the tiny shape, SmolVLM's tokens and template on the same trained vocabulary, 56-px tiles of 4
 tokens in a grid of up to 2 x 2 and a global view (4 to 20 tokens per image, behind row / column tokens)."""
 
+TINY_IDEFICS3 = TinySpec(family="idefics3")
+"""The tiny Idefics3 (SmolVLM v1's architecture): the tiny SmolVLM's shape and tiles through ``Idefics3Processor`` and
+``Idefics3ForConditionalGeneration``, no video token (a model type of the SmolVLM family)."""
+
 TINY_GLM4V = TinySpec(family="glm4v")
 """The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
 28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
@@ -196,6 +200,7 @@ FAMILY_SPECS: dict[str, TinySpec] = {
     "glm4v": TINY_GLM4V,
     "internvl": TINY_INTERNVL,
     "smolvlm": TINY_SMOLVLM,
+    "idefics3": TINY_IDEFICS3,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -261,9 +266,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     internvl = spec.family == "internvl"
     if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
         tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
-    smolvlm = spec.family == "smolvlm"
+    smolvlm = spec.family in ("smolvlm", "idefics3")
     if smolvlm:  # SmolVLM's own tokens after the trained vocabulary and Qwen's special tokens
-        tok.add_special_tokens(tiny_smolvlm.added_tokens())
+        tok.add_special_tokens(tiny_smolvlm.added_tokens(spec.family))
     if spec.tool_tokens:
         from tokenizers import AddedToken
 
@@ -274,7 +279,7 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=SPECIAL_TOKENS[1:] + (tiny_smolvlm.added_tokens() if smolvlm else []),
+        additional_special_tokens=SPECIAL_TOKENS[1:] + (tiny_smolvlm.added_tokens(spec.family) if smolvlm else []),
         model_max_length=32768,
         padding_side="left",
         chat_template=_template(spec),
@@ -288,8 +293,8 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
 def _template(spec: TinySpec) -> str:
     if spec.family == "internvl":
         return tiny_internvl.CHAT_TEMPLATE
-    if spec.family == "smolvlm":
-        return tiny_smolvlm.CHAT_TEMPLATE
+    if spec.family in ("smolvlm", "idefics3"):
+        return tiny_smolvlm.chat_template(spec.family)
     return CHAT_TEMPLATE if spec.family in ("qwen2_5_vl", "qwen2_vl") else CHAT_TEMPLATE_QWEN3_VL
 
 
@@ -303,8 +308,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_glm4v.processor(tokenizer, spec.min_pixels, spec.max_pixels)
     if spec.family == "internvl":
         return tiny_internvl.processor(tokenizer)
-    if spec.family == "smolvlm":
-        return tiny_smolvlm.processor(tokenizer)
+    if spec.family in ("smolvlm", "idefics3"):
+        return tiny_smolvlm.processor(tokenizer, spec.family)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -335,7 +340,7 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_glm4v.config(tokenizer, spec, text_shape(tokenizer, spec), vision_shape(spec, 14))
     if spec.family == "internvl":
         return tiny_internvl.config(tokenizer, spec, text_shape(tokenizer, spec))
-    if spec.family == "smolvlm":
+    if spec.family in ("smolvlm", "idefics3"):
         return tiny_smolvlm.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
@@ -493,6 +498,7 @@ def _model_class(spec: TinySpec):
         "glm4v": "Glm4v",
         "internvl": "InternVL",
         "smolvlm": "SmolVLM",
+        "idefics3": "Idefics3",
     }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
@@ -503,9 +509,11 @@ def generation_config(tokenizer, family: str = "qwen2_5_vl"):
     sampling)."""
     from transformers import GenerationConfig
 
-    ends = {"glm4v": tiny_glm4v.END_TOKENS, "smolvlm": tiny_smolvlm.END_TOKENS}.get(
-        family, ("<|im_end|>", "<|endoftext|>")
-    )
+    ends = {
+        "glm4v": tiny_glm4v.END_TOKENS,
+        "smolvlm": tiny_smolvlm.END_TOKENS,
+        "idefics3": tiny_smolvlm.END_TOKENS,
+    }.get(family, ("<|im_end|>", "<|endoftext|>"))
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     return GenerationConfig(
         bos_token_id=pad,
@@ -548,9 +556,11 @@ def param_counts(spec: TinySpec = TinySpec()) -> dict[str, int]:  # noqa: B008
     with torch.device("meta"):
         model = _model_class(spec)(config)
     total = sum(p.numel() for p in model.parameters())  # tied weights are one parameter, counted once
-    from vlmrl.models.families import FAMILIES
+    from vlmrl.models.families import family_of
 
-    vision = sum(p.numel() for m in FAMILIES[spec.family].vision_modules for p in getattr(model.model, m).parameters())
+    vision = sum(
+        p.numel() for m in family_of(model.config).vision_modules for p in getattr(model.model, m).parameters()
+    )
     embedding = model.get_input_embeddings().weight.numel()
     return {"total": total, "language_model": total - vision, "vision_tower": vision, "embedding": embedding}
 

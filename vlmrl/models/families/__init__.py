@@ -18,7 +18,6 @@ The rest of vlmrl runs one code path for every family; where the families differ
   ``vision_blocks`` name their towers' modules (not Qwen's ``visual``);
 - ``videos``, ``tool_turns``: what vlmrl trains the family on (the config gate refuses the rest by name);
 - ``text_model``: the inner model's decoder module (SmolVLM's ``text_model``, not ``language_model``);
-- ``related_types``: checkpoint types of a related architecture that a refusal names the family for (``idefics3``);
 - ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
   for it, and the expert weights transformers holds transposed from the checkpoint's layout.
 
@@ -60,13 +59,11 @@ def family_of(config_or_type: Any) -> Family:
 
 
 def closest_family(model_type: object) -> str:
-    """`` (the closest: <family>, '<type>', a different architecture)`` for an unsupported ``model_type`` of a
-    family's ``related_types`` (``idefics3``: SmolVLM) or whose name is near a supported one's (``glm4v_moe``, a text
-    model's ``qwen2``), else ``""``."""
+    """`` (the closest: <family>, '<type>', a different architecture)`` for an unsupported ``model_type`` whose
+    name is near a supported one's (``glm4v_moe``, a text model's ``qwen2``), else ``""``."""
     import difflib
 
-    related = [f.model_types[0] for f in FAMILIES.values() if model_type in f.related_types]
-    close = related or difflib.get_close_matches(str(model_type), SUPPORTED_MODEL_TYPES, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(model_type), SUPPORTED_MODEL_TYPES, n=1, cutoff=0.6)
     return f" (the closest: {family_of(close[0]).label}, {close[0]!r}, a different architecture)" if close else ""
 
 

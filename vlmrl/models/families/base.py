@@ -45,9 +45,6 @@ class Family:
     """(dotted config key, value) pairs a checkpoint's config must hold for the engine to build the model that
     transformers builds (GLM-4.1V: ``text_config.attention_bias`` true, or vLLM leaves out the q/k/v biases that
     transformers always has, and drops them from every push without a word)."""
-    related_types: tuple[str, ...] = ()
-    """``model_type`` values of checkpoints with a related architecture that vlmrl does not train, whose names are
-    not near this family's (SmolVLM's v1 checkpoints are ``idefics3``): a refusal names this family as the closest."""
     processor_classes: tuple[str, ...] = ()
     """Its processors' class names (the dataset, which has the processor and no model, reads the prompt layout from
     them: ``families.family_of_processor``)."""
