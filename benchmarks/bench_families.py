@@ -46,7 +46,7 @@ from common import (  # noqa: E402
 )
 
 SECTION = "Model families"
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm", "llava_onevision")
 
 
 def exactness(family: str) -> dict[str, Any]:
@@ -166,6 +166,7 @@ README_LABELS = {
     "glm4v": "GLM-4.1V",
     "internvl": "InternVL",
     "smolvlm": "SmolVLM",
+    "llava_onevision": "LLaVA-OneVision",
 }
 NO_VIDEO = {"val": {}, "step_s": None}
 """A family vlmrl trains without videos (``Family.videos``): no video run."""

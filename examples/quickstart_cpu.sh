@@ -9,7 +9,8 @@
 # qwen2_5_vl) picks the tiny model's family: FAMILY=qwen3_vl trains the tiny Qwen3-VL (16-px patches, DeepStack,
 # interleaved M-RoPE) on the same task, FAMILY=glm4v the tiny GLM-4.1V (GLM's tokens, chat template and decoder),
 # FAMILY=internvl the tiny InternVL (tiled images, a Qwen2 decoder with 1-D RoPE; it takes the default 120 steps),
-# FAMILY=smolvlm the tiny SmolVLM (a grid of tiles behind row/column tokens, a Llama decoder with 1-D RoPE).
+# FAMILY=smolvlm the tiny SmolVLM (a grid of tiles behind row/column tokens, a Llama decoder with 1-D RoPE),
+# FAMILY=llava_onevision the tiny LLaVA-OneVision (anyres patches with newline rows, a Qwen2 decoder, 1-D RoPE).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

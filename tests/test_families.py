@@ -26,7 +26,17 @@ from vlmrl.rollout.base import SamplingSpec
 from vlmrl.rollout.hf import HFRollout
 from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm", "idefics3"]
+FAMILY_NAMES = [
+    "qwen2_5_vl",
+    "qwen2_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "glm4v",
+    "internvl",
+    "smolvlm",
+    "idefics3",
+    "llava_onevision",
+]
 """The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family and Idefics3 one of the
 SmolVLM family, checked all the same."""
 
@@ -153,6 +163,25 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         assert model.generation_config.eos_token_id[0] == proc.tokenizer.convert_tokens_to_ids("<end_of_utterance>")
         sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
         assert sizes == [2, FAMILY_SPECS["smolvlm"].vision_depth]
+    elif tiny.name == "llava_onevision":  # a 56-px base view + anyres patches of 16 tokens; Qwen2, 1-D RoPE
+        cls = "LlavaOnevision"
+        assert (type(model).__name__, type(proc).__name__) == (f"{cls}ForConditionalGeneration", f"{cls}Processor")
+        assert (vision.patch_size, vision.image_size, proc.num_image_tokens) == (14, 56, 16)
+        assert model.config.text_config.model_type == "qwen2" and not tiny.family.mrope
+        text = proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        assert text == "<|im_start|>user <image>\nhi<|im_end|>\n<|im_start|>assistant\n"  # LLaVA-OneVision's
+        # the hub's names: transformers 5.19 writes the SigLIP tower without its vision_model level, vLLM reads it
+        from safetensors import safe_open
+
+        with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
+            tower = [k for k in f.keys() if k.startswith("vision_tower.")]
+        assert tower and all(k.startswith("vision_tower.vision_model.") for k in tower)
+        sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
+        assert sizes == [2, FAMILY_SPECS["llava_onevision"].vision_depth]
     elif tiny.family.tiles:  # InternVL: 56-px tiles of 14-px patches, 4 tokens each; a Qwen2 decoder, 1-D RoPE
         assert type(model).__name__ == "InternVLForConditionalGeneration" and type(proc).__name__ == "InternVLProcessor"
         assert list(vision.patch_size) == [tiny.family.patch_size] * 2 and list(vision.image_size) == [56, 56]
@@ -352,19 +381,27 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
 
 
 def test_a_text_only_micro_batch_runs_the_dummy_vision_pass(tiny: Tiny) -> None:
-    """A micro-batch without images runs the family's vision modules on a dummy input (a tiled family's: one blank
-    tile through the tower and the projector), so every vision parameter gets a gradient, all zero, and the loss is
-    the text's alone (an FSDP rank without images joins the same collectives)."""
-    prompts = prompts_of(tiny.processor)[4:]  # the text-only prompt
-    rb = RolloutBatch([prompts[0].prompt_ids], [[10, 11, 12]], [[0.0] * 3], ["length"], n=1)
-    x = inputs(tiny, prompts, rb)
-    model = tiny.model()
+    """A micro-batch without images runs the family's vision modules on a dummy input (a tiled family's: a constant
+    tile through the tower and the projector), so every vision parameter that a micro-batch with an image trains
+    gets a gradient, all zero, and the loss is the text's alone (an FSDP rank without images joins the same
+    collectives). (LLaVA-OneVision's SigLIP tower has a final norm and pooling head its features never use.)"""
     ids = qwen_vl.vision_token_ids(tiny.processor.tokenizer)
-    lp, _, extra = forward.response_logprobs(model, x, ids)
-    assert float(extra) == 0.0
-    (-(lp.sum()) + extra).backward()
-    grads = [q.grad for m in qwen_vl.vision_modules(model) for q in m.parameters()]
-    assert grads and all(g is not None and float(g.abs().sum()) == 0.0 for g in grads)
+
+    def vision_grads(prompt: PromptSample) -> tuple[dict, torch.Tensor]:
+        rb = RolloutBatch([expanded(tiny.processor, prompt)], [[10, 11, 12]], [[0.0] * 3], ["length"], n=1)
+        model = tiny.model()
+        lp, _, extra = forward.response_logprobs(model, inputs(tiny, [prompt], rb), ids)
+        (-(lp.sum()) + extra).backward()
+        named = [
+            (f"{i}.{n}", q.grad) for i, m in enumerate(qwen_vl.vision_modules(model)) for n, q in m.named_parameters()
+        ]
+        return {n: g for n, g in named if g is not None}, extra
+
+    with_image = prompts_of(tiny.processor)[3]  # one image
+    used, _ = vision_grads(with_image)
+    text_only, extra = vision_grads(prompts_of(tiny.processor)[4])
+    assert float(extra) == 0.0 and used and text_only.keys() == used.keys()
+    assert all(float(g.abs().sum()) == 0.0 for g in text_only.values())
 
 
 def test_moe_checkpoints_are_written_in_the_hubs_layout(tmp_path) -> None:
@@ -420,7 +457,12 @@ TILES = {"internvl": [3, 5, 4, 1], "smolvlm": [3, 3, 3, 5], "idefics3": [3, 3, 3
 and cuts 56-px tiles: 1 x 2 + global, 2 x 1 + global, 1 x 2 + global, 2 x 2 + global (Idefics3's processor too)."""
 
 
-@pytest.mark.parametrize("name", list(TILES))
+PADS = {"llava_onevision": [52, 52, 68, 36]}
+"""LLaVA-OneVision's pads of the same images: its base view's 16 tokens, then the anyres patches' features unpadded
+to the image's aspect ratio with a newline after each row (112 x 56: 16 + 4 x 8 + 4; 56 x 56: 16 + 4 x 4 + 4)."""
+
+
+@pytest.mark.parametrize("name", [*TILES, *PADS])
 def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_their_tiles(name: str, tmp_path) -> None:
     """InternVL and SmolVLM (``Family.tiles``): the dataset does not resize their images (the processor tiles them
     by the aspect ratio, plus a thumbnail or global view), and a prompt's length as it counts it
@@ -458,8 +500,8 @@ def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_thei
         assert ds.prompt_lengths[i] == len(ids) == len(processor_ids(proc, p)), i
         lengths.append(len(ids))
     ids = qwen_vl.vision_token_ids(proc.tokenizer)
-    tiles = [sum(1 for t in expanded(proc, ds[i]) if t == ids.image_pad) // 4 for i in range(len(ds))]
-    assert tiles == TILES[name], tiles
+    pads = [sum(1 for t in expanded(proc, ds[i]) if t == ids.image_pad) for i in range(len(ds))]
+    assert pads == PADS.get(name, [4 * t for t in TILES.get(name, [])]), pads
     short = RLDataset(files, proc, DataConfig(train_files=files, max_prompt_length=max(lengths) - 1), verbose=False)
     assert len(short) == sum(n <= max(lengths) - 1 for n in lengths) and short.report["filtered"] > 0
 
@@ -478,9 +520,10 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
 
 
 def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) -> None:
-    """GLM-4.1V, InternVL and SmolVLM (``Family.videos`` / ``tool_turns`` false): multi-turn tool rollouts and video
-    limits are refused at the config gate naming the family; a record with a video is refused by the dataset naming
-    the file and row; pixel bounds are refused for a tiled family; the dry run names each tiled family's layout; a
+    """GLM-4.1V, InternVL, SmolVLM and LLaVA-OneVision (``Family.videos`` / ``tool_turns`` false): multi-turn tool
+    rollouts and video limits are refused at the config gate naming the family; a record with a video is refused by
+    the dataset naming the file and row; pixel bounds are refused for a tiled family; the dry run names each tiled
+    family's layout; a
     GLM-4.1V config without ``text_config.attention_bias`` (vLLM would build the decoder without the q/k/v biases
     transformers has, and drop them from every push) is refused at the gate and at load. The Qwen model passes."""
     import json
@@ -502,11 +545,13 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
     turns = [f"{mt}.enable=True", f"{mt}.tool_config_path={zoom}"]
     internvl = ensure_tiny_model(0, FAMILY_SPECS["internvl"])
     smolvlm = ensure_tiny_model(0, FAMILY_SPECS["smolvlm"])
+    llava = ensure_tiny_model(0, FAMILY_SPECS["llava_onevision"])
     qwen = ensure_tiny_model(0)
     for path, name, refused in (
         (glm, "GLM-4.1V (glm4v)", True),
         (internvl, "InternVL (internvl)", True),
         (smolvlm, "SmolVLM (smolvlm)", True),
+        (llava, "LLaVA-OneVision (llava_onevision)", True),
         (qwen, "", 0),
     ):
         cfg = load([*base, f"actor_rollout_ref.model.path={path}", *turns, "actor_rollout_ref.rollout.limit_videos=1"])
@@ -527,11 +572,22 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
         "model family: SmolVLM (56-px tiles of 4 tokens in a grid of row/column tokens with a global view, 1-D "
         "positions, its own vision tokens <image>, " in plan
     )
-    for path, label in ((internvl, "InternVL (internvl)"), (smolvlm, "SmolVLM (smolvlm)")):  # tiles: no pixel bounds
+    dry_run.run(load([*base, f"actor_rollout_ref.model.path={llava}"]), [], [])
+    plan = capsys.readouterr().out
+    assert (
+        "model family: LLaVA-OneVision (a 56-px base view and anyres patches of 16 tokens with newline rows, 1-D "
+        "positions, its own vision tokens <image>, " in plan
+    )
+    tiled = (
+        (internvl, "InternVL (internvl)"),
+        (smolvlm, "SmolVLM (smolvlm)"),
+        (llava, "LLaVA-OneVision (llava_onevision)"),
+    )
+    for path, label in tiled:  # tiles: no pixel bounds
         cfg = load([*base, f"actor_rollout_ref.model.path={path}", "data.max_pixels=50176"])
         [problem] = [p for p in check_environment(cfg) if label in p]
         assert problem.startswith(f"data.max_pixels=50176: {label}'s processor cuts each image into tiles")
-    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL"), (smolvlm, "SmolVLM")):
+    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL"), (smolvlm, "SmolVLM"), (llava, "LLaVA-OneVision")):
         proc = AutoProcessor.from_pretrained(path)
         with pytest.raises(
             DataError, match=rf"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains {label} on images"

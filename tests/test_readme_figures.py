@@ -631,6 +631,10 @@ ALLOWED: list[tuple[str, str]] = [
         "(1 to 4 and a thumbnail, 4 tokens each)",
         "the tiny InternVL's tiling (vlmrl/testing/tiny_internvl.py), settings",
     ),
+    (
+        "base view of 16 tokens and anyres patches at pinpoints up to 112 x 112 and 56 x 168",
+        "the tiny LLaVA-OneVision's processor (vlmrl/testing/tiny_llava_onevision.py), settings",
+    ),
     ("the longest edge to 112 pixels", "the tiny SmolVLM's processor size (vlmrl/testing/tiny_smolvlm.py), a setting"),
     (
         "(a grid of up to 2 x 2 and a global view, 4 tokens each)",

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vlmrl.models import packing, qwen_vl, tiles
+from vlmrl.models import packing, qwen_vl
 from vlmrl.models.inputs import ModelInputs
 from vlmrl.models.qwen_vl import VisionTokenIds
 
@@ -236,23 +236,19 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     with_videos = [p for p in prompts if mb.images[p].num_videos > 0]
     tool_rows = [r for r, im in enumerate(mb.sample_images or []) if im.num_images]
     tiling = family(model).tiles
+    if not with_images and not with_videos and not tool_rows:
+        dummy = dummy_vision_features(model)
+        return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     if tiling:
-        parts = [(mb.images[p].pixel_values, mb.images[p].tiles) for p in with_images]
-        parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].tiles) for r in tool_rows]  # type: ignore[index]
+        tiled = [mb.images[p].tiled() for p in with_images] + [mb.sample_images[r].tiled() for r in tool_rows]  # type: ignore[index]
+        _gather_root_for_features(model)
+        feats = tiling.features(qwen_vl.inner_model(model), tiled, device)
+        split = torch.split(feats, [int(t.rows.sum()) for t in tiled])
     else:
         parts = [(mb.images[p].pixel_values, mb.images[p].image_grid_thw) for p in with_images]
         parts += [(mb.images[p].pixel_values_videos, mb.images[p].video_grid_thw) for p in with_videos]
         parts += [(mb.sample_images[r].pixel_values, mb.sample_images[r].image_grid_thw) for r in tool_rows]  # type: ignore[index]
-    if not parts:
-        dummy = dummy_vision_features(model)
-        return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
-    pv = torch.cat([pix for pix, _ in parts]).to(device)
-    if tiling:
-        inner = qwen_vl.inner_model(model)
-        feats = tiling.features(inner, pv)
-        seq = tiling.seq_of_config(inner.config)
-        split = torch.split(feats, [sum(tiles.tokens_per_image(t, seq)) for _, t in parts])
-    else:
+        pv = torch.cat([pix for pix, _ in parts]).to(device)
         g = torch.cat([grid for _, grid in parts]).to(device)
         feats = qwen_vl.image_embeddings(model, pv, g)
         merge = qwen_vl.vision_tower(model).spatial_merge_size
@@ -264,6 +260,16 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
     return out, torch.zeros((), device=device)
 
 
+def _gather_root_for_features(model: torch.nn.Module) -> None:
+    """Gather the FSDP root's own parameters when the family's features use some (``Family.root_vision_params``):
+    the features are computed outside the root's forward, whose hooks would gather them; the root forward that
+    follows finds them gathered, and its backward reduces their gradients with the rest of the root's."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if family(model).root_vision_params and isinstance(model, FSDPModule):
+        model.unshard()
+
+
 def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
     """The vision tower's features of a dummy input (``qwen_vl.dummy_vision_features``; a tiled family's: one blank
     tile)."""
@@ -272,7 +278,8 @@ def dummy_vision_features(model: torch.nn.Module) -> torch.Tensor:
         return qwen_vl.dummy_vision_features(model)
     inner = qwen_vl.inner_model(model)
     tower = getattr(inner, fam.vision_modules[0])
-    return fam.tiles.features(inner, tiles.dummy_pixels(inner, qwen_vl.device_of(tower), qwen_vl.dtype_of(tower)))
+    _gather_root_for_features(model)
+    return fam.tiles.dummy_features(inner, qwen_vl.device_of(tower), qwen_vl.dtype_of(tower))
 
 
 def _vision_of(mb: ModelInputs, feats: _Features, occurrences: list[tuple[int, int | None]]) -> Vision:

@@ -35,8 +35,10 @@ class PromptImages:
     """Tiles of each image (a tiled family, ``Family.tiles``; ``image_grid_thw`` is then None and ``pixel_values``
     holds the tiles)."""
     tile_grid: torch.Tensor | None = None
-    """(rows, cols) of each image's tiles, where the family's layout names them (SmolVLM's row / column tokens;
-    0, 0 for an image of one tile)."""
+    """Per image, what the family's layout or features need beside the tiles (``tiles.Tiled.grid``: SmolVLM's
+    rows and columns of tiles, LLaVA-OneVision's image height and width)."""
+    tile_rows: torch.Tensor | None = None
+    """Feature rows (pads) of each image (a tiled family)."""
 
     @property
     def num_images(self) -> int:
@@ -44,6 +46,12 @@ class PromptImages:
         if self.tiles is not None:
             return int(self.tiles.shape[0])
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+    def tiled(self) -> tiles.Tiled:
+        """The prompt's tiles (a tiled family's images)."""
+        if self.tiles is None or self.pixel_values is None or self.tile_rows is None:
+            raise ValueError("these images are not tiled (a tiled family's processor makes tiles)")
+        return tiles.Tiled(self.pixel_values, self.tiles, self.tile_rows, self.tile_grid)
 
     @property
     def num_videos(self) -> int:
@@ -126,7 +134,7 @@ def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptIm
         item = PromptImages(None, None)
         if p.images and tiling:
             t = tiling.process(processor, p.images)
-            item.pixel_values, item.tiles, item.tile_grid = t.pixel_values, t.tiles, t.grid
+            item.pixel_values, item.tiles, item.tile_grid, item.tile_rows = t.pixel_values, t.tiles, t.grid, t.rows
         elif p.images:
             enc = processor.image_processor(images=p.images, return_tensors="pt")
             item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
@@ -146,7 +154,7 @@ def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl
     if v.tiles is not None:
         if family.tiles is None:
             raise ValueError(f"expand_pads: tiled images for {family.label}, whose images are not tiled")
-        layouts = family.tiles.layouts(tiles.Tiled(v.pixel_values, v.tiles, v.tile_grid), processor, pads)  # type: ignore[arg-type]
+        layouts = family.tiles.layouts(v.tiled(), processor, pads)
         ids = qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image")
     elif v.num_images:
         ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))

@@ -74,8 +74,9 @@ def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
     has); a clear error when it has no family's."""
     from vlmrl.models.families import FAMILIES
 
-    # a tiled family first: InternVL's tokenizer (Qwen2.5's, its decoder's) holds Qwen's vision tokens too
-    for fam in sorted(FAMILIES.values(), key=lambda f: not f.tiles):
+    # the family whose tokens say the most first (SmolVLM's grid tokens before LLaVA-OneVision's lone <image>, which
+    # SmolVLM's tokenizer holds too), then a tiled family: InternVL's tokenizer (Qwen2.5's) holds Qwen's tokens too
+    for fam in sorted(FAMILIES.values(), key=lambda f: (-len({*f.vision_tokens, *f.never_sample}), not f.tiles)):
         ids = [_token_id(tokenizer, t) for t in fam.vision_tokens]
         if ids[1] is None and not fam.videos:  # a family vlmrl trains without videos may lack the video pad
             ids[1] = NO_TOKEN
@@ -600,17 +601,18 @@ def dtype_of(m: torch.nn.Module) -> torch.dtype:
 # ------------------------------------------------------------------------------------------------------ weights
 
 
-def engine_weight_name(name: str) -> str:
+def engine_weight_name(name: str, family: Family | None = None) -> str:
     """Map a trainer parameter name to the name the rollout engine's loader takes.
 
     vLLM's Qwen-VL loaders (Qwen2.5-VL's, Qwen3-VL's) accept transformers' checkpoint names in both layouts
     (``model.language_model.*`` / ``model.visual.*`` of transformers >= 4.52 and the older ``model.*`` /
-    ``visual.*``), so only wrapper prefixes and peft's LoRA base-layer infix are removed here (the tensors' layout:
-    ``Family.checkpoint_tensor``).
+    ``visual.*``), so only wrapper prefixes and peft's LoRA base-layer infix are removed here, and the ``family``'s
+    renames applied (``Family.checkpoint_name``; the tensors' layout: ``Family.checkpoint_tensor``).
     """
     for p in _WRAPPER_PREFIXES:
         name = name.replace(p, "")
-    return name.replace(".base_layer.", ".")
+    name = name.replace(".base_layer.", ".")
+    return family.checkpoint_name(name) if family is not None else name
 
 
 def is_lora_param(name: str) -> bool:
@@ -622,16 +624,23 @@ def save_pretrained(model: Any, out: Any, **kwargs: Any) -> None:
     """``model.save_pretrained(out)`` in the checkpoint layout every reader takes: for a family with fused expert
     weights (Qwen3-VL-MoE) transformers 5.19 writes them as it holds them, transposed from the hub's layout, which
     vLLM then loads transposed again (silently, when the expert's two sizes are equal); they are written back in the
-    hub's layout here (transformers reads either)."""
+    hub's layout here (transformers reads either), and so are the names of a family with ``renames``."""
     from pathlib import Path
 
     from safetensors.torch import load_file, save_file
 
     model.save_pretrained(out, **kwargs)
     family = family_of(inner_model(model).config)
-    if not family.fused_experts:
+    if not family.fused_experts and not family.renames:
         return
     for f in sorted(Path(out).glob("*.safetensors")):
         tensors = load_file(str(f))
-        fixed = {k: family.checkpoint_tensor(k, t).contiguous() for k, t in tensors.items()}
+        fixed = {family.checkpoint_name(k): family.checkpoint_tensor(k, t).contiguous() for k, t in tensors.items()}
         save_file(fixed, str(f), metadata={"format": "pt"})
+    index = Path(out) / "model.safetensors.index.json"
+    if family.renames and index.exists():  # a sharded checkpoint's index names the tensors too
+        import json
+
+        meta = json.loads(index.read_text())
+        meta["weight_map"] = {family.checkpoint_name(k): v for k, v in meta["weight_map"].items()}
+        index.write_text(json.dumps(meta, indent=2))

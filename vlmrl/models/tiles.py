@@ -18,10 +18,12 @@ import torch
 @dataclass
 class Tiled:
     """A prompt's images as tiles: ``pixel_values`` [tiles, 3, H, W] (every image's tiles in order), ``tiles`` [n]
-    per image, and ``grid`` [n, 2] (rows, cols) per image where the layout needs it (else None)."""
+    per image, ``rows`` [n]: the feature rows (pads) of each image, and ``grid`` [n, 2] per image where the layout
+    or the features need it (SmolVLM: rows, cols of tiles; LLaVA-OneVision: the image's height, width), else None."""
 
     pixel_values: torch.Tensor
     tiles: torch.Tensor
+    rows: torch.Tensor
     grid: torch.Tensor | None = None
 
 
@@ -36,7 +38,8 @@ class Tiling:
     def process(self, processor: Any, images: list[Any]) -> Tiled:
         """A prompt's images as the engine's processor tiles them."""
         enc = processor.image_processor(images=images, return_tensors="pt")
-        return Tiled(enc["pixel_values"], torch.as_tensor(enc["num_patches"], dtype=torch.long).reshape(-1))
+        tiles = torch.as_tensor(enc["num_patches"], dtype=torch.long).reshape(-1)
+        return Tiled(enc["pixel_values"], tiles, tiles * self.seq(processor))
 
     def seq(self, processor: Any) -> int:
         """Tokens per tile, from the processor."""
@@ -55,9 +58,10 @@ class Tiling:
         """The ids one image's pad becomes in the prompt, from its size alone (the dataset's prompt-length count)."""
         return 2 + self.seq(processor) * int(processor.image_processor.get_number_of_image_patches(height, width, {}))
 
-    def features(self, inner: Any, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The projected features of a batch of tiles, one row per pad ([tiles x seq, hidden]), as the model's own
-        forward computes them."""
+    def features(self, inner: Any, parts: list[Tiled], device: torch.device) -> torch.Tensor:
+        """The projected features of several prompts' tiles in ONE pass of the tower, one row per pad, as the model's
+        own forward computes them."""
+        pixel_values = torch.cat([p.pixel_values for p in parts]).to(device)
         cfg = inner.config
         out = inner.get_image_features(
             pixel_values=pixel_values,
@@ -66,16 +70,25 @@ class Tiling:
         )
         return out.pooler_output.reshape(-1, out.pooler_output.shape[-1])
 
+    def dummy_features(self, inner: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The features of one constant tile (a micro-batch without images runs the tower on it): ones, not zeros,
+        since Idefics3 drops a tile of zeros as its batches' padding."""
+        cfg = inner.config.vision_config
+        size = tile_size(inner.config)
+        pixels = torch.ones(1, int(getattr(cfg, "num_channels", 3)), size, size, device=device, dtype=dtype)
+        one = torch.ones(1, dtype=torch.long)
+        return self.features(inner, [Tiled(pixels, one, one)], device)
+
     def encoder_outputs(self, image_embeds: torch.Tensor, config: Any) -> dict[str, Any]:
         """Precomputed features as the model's forward takes them (``mm_encoder_outputs``: one tensor of rows)."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         return {"image": BaseModelOutputWithPooling(pooler_output=image_embeds)}
 
-    def generate_pixels(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-        """``generate``'s ``pixel_values`` for a batch of rows (each row's tiles, None without images)."""
-        kept = [p for p in parts if p is not None]
-        return torch.cat(kept) if kept else None
+    def generate_inputs(self, parts: list[Tiled | None]) -> dict[str, Any]:
+        """``generate``'s image inputs for a batch of rows (each row's tiles, None without images)."""
+        kept = [p.pixel_values for p in parts if p is not None]
+        return {"pixel_values": torch.cat(kept)} if kept else {}
 
     def plan(self, config: Any) -> str:
         """The dry run's words for the layout."""
@@ -104,7 +117,7 @@ class GridTiling(Tiling):
         tiles = torch.where(grid[:, 0] * grid[:, 1] > 0, grid[:, 0] * grid[:, 1] + 1, 1)
         if int(tiles.sum()) != pv.shape[0]:
             raise ValueError(f"the image processor made {pv.shape[0]} tiles for grids {grid.tolist()}")
-        return Tiled(pv, tiles, grid)
+        return Tiled(pv, tiles, tiles * self.seq(processor), grid)
 
     def seq(self, processor: Any) -> int:
         return int(processor.image_seq_len)
@@ -127,9 +140,10 @@ class GridTiling(Tiling):
         _, rows, cols = processor.image_processor.get_number_of_image_patches(height, width, {})
         return len(self.layout(processor, int(rows), int(cols)))
 
-    def features(self, inner: Any, pixel_values: torch.Tensor) -> torch.Tensor:
+    def features(self, inner: Any, parts: list[Tiled], device: torch.device) -> torch.Tensor:
         # the model's batch of one row of tiles; it drops tiles whose pixels are all exactly 0 (its padding), which
         # a normalised 8-bit image never is (0 lies between two pixel values)
+        pixel_values = torch.cat([p.pixel_values for p in parts]).to(device)
         out = inner.get_image_features(pixel_values=pixel_values[None])
         return out.pooler_output.reshape(-1, out.pooler_output.shape[-1])
 
@@ -139,23 +153,114 @@ class GridTiling(Tiling):
         rows = image_embeds.reshape(-1, self.seq_of_config(config), image_embeds.shape[-1])  # [tiles, seq, hidden]
         return {"image": BaseModelOutputWithPooling(pooler_output=rows)}
 
-    def generate_pixels(self, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    def generate_inputs(self, parts: list[Tiled | None]) -> dict[str, Any]:
         # the processor's batch layout: [rows, most tiles, 3, H, W], zero tiles after a row's own (the model drops
         # them), so generate's repeat of each row for its samples repeats its tiles with it
-        kept = [p for p in parts if p is not None]
+        kept = [p.pixel_values for p in parts if p is not None]
         if not kept:
-            return None
+            return {}
         width = max(p.shape[0] for p in kept)
         out = kept[0].new_zeros((len(parts), width, *kept[0].shape[1:]))
         for i, p in enumerate(parts):
             if p is not None:
-                out[i, : p.shape[0]] = p
-        return out
+                out[i, : p.pixel_values.shape[0]] = p.pixel_values
+        return {"pixel_values": out}
 
     def plan(self, config: Any) -> str:
         return (
             f"{tile_size(config)}-px tiles of {self.seq_of_config(config)} tokens in a grid of row/column tokens "
             "with a global view, 1-D positions"
+        )
+
+
+class AnyresTiling(Tiling):
+    """LLaVA-OneVision's tiles (``LlavaOnevisionImageProcessor``, "anyres"): a base view of the whole image plus the
+    image cut into ``size`` patches at the best of ``image_grid_pinpoints`` for its aspect ratio; the patches'
+    features are unpadded back to the image's aspect ratio, pooled when over ``vision_aspect_ratio``'s patches, and
+    followed by an ``image_newline`` row per feature row. Every image gets its patches, also in a prompt of several
+    images: the engine hands a prompt's images to the processor as a flat list, which transformers treats as one
+    image per sample (``batch_num_images`` of ones; a nested list would keep only the base view of each), and vlmrl
+    trains what the engine samples. Its pads are one token each, nothing around them; the processor counts them
+    (``replace_image_token``)."""
+
+    bounded_by = "image_grid_pinpoints and vision_aspect_ratio"
+
+    def process(self, processor: Any, images: list[Any]) -> Tiled:
+        from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+
+        ip = processor.image_processor
+        enc = ip(images=list(images), return_tensors="pt")  # flat: each image patched, as the engine's processor does
+        sizes = torch.as_tensor(enc["image_sizes"], dtype=torch.long).reshape(-1, 2)
+        side = int(enc["pixel_values"].shape[-1])
+        tiles = torch.tensor(
+            [image_size_to_num_patches(s.tolist(), ip.image_grid_pinpoints, side) for s in sizes], dtype=torch.long
+        )
+        pv = torch.cat([enc["pixel_values"][i, : int(t)] for i, t in enumerate(tiles)])
+        inputs = {"image_sizes": sizes, "pixel_values": enc["pixel_values"], "batch_num_images": [1] * len(images)}
+        rows = torch.tensor([self._count(processor, inputs, i) for i in range(len(images))], dtype=torch.long)
+        return Tiled(pv, tiles, rows, sizes)
+
+    @staticmethod
+    def _count(processor: Any, inputs: dict[str, Any], i: int) -> int:
+        return processor.replace_image_token(inputs, i).count(processor.image_token)
+
+    def seq(self, processor: Any) -> int:
+        return int(processor.num_image_tokens)
+
+    def seq_of_config(self, config: Any) -> int:
+        vc = config.vision_config
+        return (int(vc.image_size) // int(vc.patch_size)) ** 2
+
+    def layouts(self, tiled: Tiled, processor: Any, pads: Any) -> list[list[int]]:
+        return [[pads.image_pad] * int(n) for n in tiled.rows]
+
+    def image_tokens(self, processor: Any, width: int, height: int) -> int:
+        side = int(processor.image_processor.size["height"])
+        n = processor._get_number_of_features(height, width, side, side)
+        return n - (processor.vision_feature_select_strategy == "default")
+
+    def features(self, inner: Any, parts: list[Tiled], device: torch.device) -> torch.Tensor:
+        cfg = inner.config
+        out = inner.get_image_features(
+            pixel_values=torch.cat([p.pixel_values for p in parts]).to(device),
+            image_sizes=torch.cat([p.grid for p in parts]).to(device),  # type: ignore[misc]
+            vision_feature_layer=cfg.vision_feature_layer,
+            vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+            vision_aspect_ratio=cfg.vision_aspect_ratio,
+            batch_num_images=[1] * sum(len(p.tiles) for p in parts),
+        )
+        return torch.cat(list(out.pooler_output)) if isinstance(out.pooler_output, (list, tuple)) else out.pooler_output
+
+    def dummy_features(self, inner: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        # one square image of one tile's size: its base view and the patches its pinpoint takes
+        from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+
+        cfg = inner.config.vision_config
+        size = tile_size(inner.config)
+        n = image_size_to_num_patches([size, size], inner.config.image_grid_pinpoints, size)
+        pixels = torch.ones(n, int(getattr(cfg, "num_channels", 3)), size, size, device=device, dtype=dtype)
+        grid = torch.tensor([[size, size]], dtype=torch.long)
+        return self.features(inner, [Tiled(pixels, torch.tensor([n]), torch.tensor([0]), grid)], device)
+
+    def encoder_outputs(self, image_embeds: torch.Tensor, config: Any) -> dict[str, Any]:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        return {"image": BaseModelOutputWithPooling(pooler_output=(image_embeds,))}
+
+    def generate_inputs(self, parts: list[Tiled | None]) -> dict[str, Any]:
+        kept = [p for p in parts if p is not None]
+        if not kept:
+            return {}
+        return {
+            "pixel_values": torch.cat([p.pixel_values for p in kept]),
+            "image_sizes": torch.cat([p.grid for p in kept]),  # type: ignore[misc]
+            "batch_num_images": torch.ones(sum(len(p.tiles) for p in kept), dtype=torch.long),
+        }
+
+    def plan(self, config: Any) -> str:
+        return (
+            f"a {tile_size(config)}-px base view and anyres patches of {self.seq_of_config(config)} tokens with "
+            "newline rows, 1-D positions"
         )
 
 
@@ -165,18 +270,6 @@ def tile_size(config: Any) -> int:
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
-def tokens_per_image(tiles: torch.Tensor, seq: int) -> list[int]:
-    """Feature rows (pads) of each image."""
-    return [int(t) * seq for t in tiles.tolist()]
-
-
-def dummy_pixels(inner: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """One constant tile of the tower's input size (a micro-batch without images runs the tower on it): ones, not
-    zeros, since Idefics3 drops a tile of zeros as its batches' padding."""
-    cfg = inner.config.vision_config
-    size = tile_size(inner.config)
-    return torch.ones(1, int(getattr(cfg, "num_channels", 3)), size, size, device=device, dtype=dtype)
-
-
 INTERNVL = Tiling()
 GRID = GridTiling()
+ANYRES = AnyresTiling()

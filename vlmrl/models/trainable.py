@@ -59,6 +59,7 @@ def fsdp_wrap(
     for module in qwen_vl.vision_modules(model):
         fully_shard(module, **kw)
     fully_shard(model, **kw)
+    _keep_output_recording(model)
     # FSDP2 initialises lazily on the first ROOT forward; image features call the tower directly, so run one tiny
     # text-only forward through the root now (every rank does, so the collectives match)
     with torch.no_grad():
@@ -68,6 +69,21 @@ def fsdp_wrap(
     # gathered copies: an optimizer built now would step those (overwritten by the next gather) and never learn
     reshard_all(model)
     return model
+
+
+def _keep_output_recording(model: torch.nn.Module) -> None:
+    """transformers 5.19 looks up which layer outputs a submodel records (``output_hidden_states``) by the submodel's
+    class, which ``fully_shard`` replaces with an ``FSDP<Class>`` subclass: the subclass gets its base's entry, or a
+    sharded tower returns no hidden states (LLaVA-OneVision's features are a SigLIP layer's hidden states)."""
+    from torch.distributed.fsdp import FSDPModule
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+
+    for m in model.modules():
+        cls = type(m)
+        if isinstance(m, FSDPModule) and str(cls) not in _CAN_RECORD_REGISTRY:
+            base = next((b for b in cls.__mro__[1:] if str(b) in _CAN_RECORD_REGISTRY), None)
+            if base is not None:
+                _CAN_RECORD_REGISTRY[str(cls)] = _CAN_RECORD_REGISTRY[str(base)]
 
 
 def shard_mesh(device: str, fsdp_size: int) -> Any:

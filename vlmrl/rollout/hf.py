@@ -74,9 +74,7 @@ class HFRollout:
         keys = ["pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"]
         if family.tiles:  # the family's batch layout of tiles
             keys = keys[2:]
-            tiles = family.tiles.generate_pixels([v.pixel_values for v in vision])
-            if tiles is not None:
-                enc["pixel_values"] = tiles
+            enc |= family.tiles.generate_inputs([v.tiled() if v.tiles is not None else None for v in vision])
         for key in keys:
             value = cat(key)
             if value is not None:
@@ -203,8 +201,8 @@ class HFRollout:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Copy weights into the generating model, unless it is the trainer's own module (then nothing to do)."""
         sw = Timer.start()
-        params = dict(self.model.named_parameters())
         family = qwen_vl.family_of(qwen_vl.inner_model(self.model).config)
+        params = {family.checkpoint_name(n): p for n, p in self.model.named_parameters()}  # pushes: the hub's names
         with torch.no_grad():
             for name, tensor in named_tensors:
                 p = params.get(name)

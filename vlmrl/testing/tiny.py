@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from vlmrl.testing import tiny_glm4v, tiny_internvl, tiny_smolvlm
+from vlmrl.testing import tiny_glm4v, tiny_internvl, tiny_llava_onevision, tiny_smolvlm
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -188,6 +188,10 @@ TINY_IDEFICS3 = TinySpec(family="idefics3")
 """The tiny Idefics3 (SmolVLM v1's architecture): the tiny SmolVLM's shape and tiles through ``Idefics3Processor`` and
 ``Idefics3ForConditionalGeneration``, no video token (a model type of the SmolVLM family)."""
 
+TINY_LLAVA_ONEVISION = TinySpec(family="llava_onevision")
+"""The tiny LLaVA-OneVision: the tiny shape, its tokens and template on the same trained vocabulary, a 56-px base view
+of 16 tokens plus anyres patches (a prompt's only image: 2 to 4 patches and newline rows)."""
+
 TINY_GLM4V = TinySpec(family="glm4v")
 """The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
 28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
@@ -201,6 +205,7 @@ FAMILY_SPECS: dict[str, TinySpec] = {
     "internvl": TINY_INTERNVL,
     "smolvlm": TINY_SMOLVLM,
     "idefics3": TINY_IDEFICS3,
+    "llava_onevision": TINY_LLAVA_ONEVISION,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -251,7 +256,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     )
     tok.decoder = decoders.ByteLevel()
     glm = spec.family == "glm4v"
-    specials = tiny_glm4v.SPECIAL_TOKENS if glm else SPECIAL_TOKENS
+    # LLaVA-OneVision's tokenizer is Qwen2's (three special tokens, no vision ones) plus its own <image> / <video>
+    llava = spec.family == "llava_onevision"
+    specials = tiny_glm4v.SPECIAL_TOKENS if glm else SPECIAL_TOKENS[:3] if llava else SPECIAL_TOKENS
     added = specials + (TOOL_TOKENS if spec.tool_tokens else [])
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(added),
@@ -266,6 +273,8 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     internvl = spec.family == "internvl"
     if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
         tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
+    if llava:  # its tokenizer: Qwen2's and its <image> / <video> after them
+        tok.add_special_tokens(list(tiny_llava_onevision.EXTRA_TOKENS))
     smolvlm = spec.family in ("smolvlm", "idefics3")
     if smolvlm:  # SmolVLM's own tokens after the trained vocabulary and Qwen's special tokens
         tok.add_special_tokens(tiny_smolvlm.added_tokens(spec.family))
@@ -279,7 +288,9 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=SPECIAL_TOKENS[1:] + (tiny_smolvlm.added_tokens(spec.family) if smolvlm else []),
+        additional_special_tokens=specials[1:]
+        + (tiny_smolvlm.added_tokens(spec.family) if smolvlm else [])
+        + (list(tiny_llava_onevision.EXTRA_TOKENS) if llava else []),
         model_max_length=32768,
         padding_side="left",
         chat_template=_template(spec),
@@ -295,6 +306,8 @@ def _template(spec: TinySpec) -> str:
         return tiny_internvl.CHAT_TEMPLATE
     if spec.family in ("smolvlm", "idefics3"):
         return tiny_smolvlm.chat_template(spec.family)
+    if spec.family == "llava_onevision":
+        return tiny_llava_onevision.CHAT_TEMPLATE
     return CHAT_TEMPLATE if spec.family in ("qwen2_5_vl", "qwen2_vl") else CHAT_TEMPLATE_QWEN3_VL
 
 
@@ -310,6 +323,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_internvl.processor(tokenizer)
     if spec.family in ("smolvlm", "idefics3"):
         return tiny_smolvlm.processor(tokenizer, spec.family)
+    if spec.family == "llava_onevision":
+        return tiny_llava_onevision.processor(tokenizer)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -342,6 +357,8 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_internvl.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family in ("smolvlm", "idefics3"):
         return tiny_smolvlm.config(tokenizer, spec, text_shape(tokenizer, spec))
+    if spec.family == "llava_onevision":
+        return tiny_llava_onevision.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
@@ -499,6 +516,7 @@ def _model_class(spec: TinySpec):
         "internvl": "InternVL",
         "smolvlm": "SmolVLM",
         "idefics3": "Idefics3",
+        "llava_onevision": "LlavaOnevision",
     }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")

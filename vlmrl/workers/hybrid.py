@@ -510,8 +510,8 @@ class HybridWorker:
         sw = Timer.start()
         received = self.sync.receive()
         if self.plan.arr.rollout.name == "hf":
-            params = {qwen_vl.engine_weight_name(n): p for n, p in self.hf_model.named_parameters()}
             family = qwen_vl.family_of(qwen_vl.inner_model(self.hf_model).config)
+            params = {qwen_vl.engine_weight_name(n, family): p for n, p in self.hf_model.named_parameters()}
             with torch.no_grad():
                 for name, t in received:  # sent in the checkpoint's layout: back to the model's
                     params[name].copy_(family.checkpoint_tensor(name, t))

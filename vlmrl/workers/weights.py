@@ -71,7 +71,7 @@ def engine_weights(model: torch.nn.Module, keep_gathered: bool = False) -> Itera
                         a = _full(m.lora_A[adapter].weight).to(full.dtype)
                         b = _full(m.lora_B[adapter].weight).to(full.dtype)
                         full = full + m.scaling[adapter] * (b @ a)
-                engine_name = qwen_vl.engine_weight_name(name)
+                engine_name = qwen_vl.engine_weight_name(name, family)
                 yield (
                     engine_name,
                     family.checkpoint_tensor(

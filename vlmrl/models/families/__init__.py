@@ -1,5 +1,5 @@
-"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, InternVL and
-SmolVLM, chosen from the checkpoint's ``model_type``.
+"""Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, InternVL,
+SmolVLM / Idefics3 and LLaVA-OneVision, chosen from the checkpoint's ``model_type``.
 
 The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
 (``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
@@ -35,12 +35,15 @@ from typing import Any
 from vlmrl.models.families.base import Family
 from vlmrl.models.families.glm4v import GLM4V
 from vlmrl.models.families.internvl import INTERNVL
+from vlmrl.models.families.llava_onevision import LLAVA_ONEVISION
 from vlmrl.models.families.qwen2_vl import QWEN2_VL
 from vlmrl.models.families.qwen3_vl import QWEN3_VL
 from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
 from vlmrl.models.families.smolvlm import SMOLVLM
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL, SMOLVLM)}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL, SMOLVLM, LLAVA_ONEVISION)
+}
 """Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES.values() for t in f.model_types)

@@ -72,8 +72,15 @@ class Family:
     unit, since features are computed by calling them directly; ``freeze_vision_tower`` freezes them)."""
     text_model: str = "language_model"
     """The inner model's decoder module (SmolVLM's: ``text_model``): its layers are FSDP units and LoRA's targets."""
+    root_vision_params: bool = False
+    """The image features use parameters of the inner model itself, outside ``vision_modules`` (LLaVA-OneVision's
+    ``image_newline``): under FSDP they belong to the root's unit, which is gathered for the feature pass."""
     vision_blocks: str = "visual.blocks"
     """The vision tower's list of blocks under the inner model (FSDP shards each block)."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """(old, new) parts of parameter names that transformers writes and holds differently from the hub's
+    checkpoints, which the engine's loader reads (LLaVA-OneVision: transformers 5.19 drops the SigLIP tower's
+    ``vision_model.`` level); checkpoints and pushes carry the hub's names."""
     fused_experts: tuple[str, ...] = ()
     """Name endings of fused expert weights that transformers holds transposed from the checkpoint's layout (and
     vLLM's loader's): Qwen3-VL-MoE's ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I] in
@@ -91,6 +98,13 @@ class Family:
                     "model from it, transformers does not read it: the two would differ)"
                 )
         return None
+
+    def checkpoint_name(self, name: str) -> str:
+        """A parameter's name as the checkpoint (and the engine's loader) has it: ``renames`` applied (once)."""
+        for old, new in self.renames:
+            if new not in name:
+                name = name.replace(old, new)
+        return name
 
     def checkpoint_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """A parameter as the checkpoint (and the engine's loader) lays it out: fused experts transposed back, any
