@@ -3,9 +3,11 @@ image's aspect ratio takes, plus a thumbnail or a global view), each tile become
 pad per image becomes the family's layout of those tokens (the processor's and the engine's). ``models.qwen_vl``
 holds the patch-grid families' side.
 
-Two layouts, one class each: :class:`Tiling` (InternVL: ``<img>`` + tiles x ``seq`` pads + ``</img>``) and
+Three layouts, one class each: :class:`Tiling` (InternVL: ``<img>`` + tiles x ``seq`` pads + ``</img>``),
 :class:`GridTiling` (SmolVLM / Idefics3: each tile of a ``rows x cols`` grid behind ``<fake_token_around_image>``
-and its ``<row_r_col_c>`` token, a newline after each row, then the global view behind ``<global-img>``)."""
+and its ``<row_r_col_c>`` token, a newline after each row, then the global view behind ``<global-img>``) and
+:class:`AnyresTiling` (LLaVA-OneVision: a base view and anyres patches, as many pads as the processor counts, nothing
+around them). A micro-batch's tiles go through the tower in one pass (every FSDP rank runs the same collectives)."""
 
 from __future__ import annotations
 
@@ -216,8 +218,9 @@ class AnyresTiling(Tiling):
 
     def image_tokens(self, processor: Any, width: int, height: int) -> int:
         side = int(processor.image_processor.size["height"])
-        n = processor._get_number_of_features(height, width, side, side)
-        return n - (processor.vision_feature_select_strategy == "default")
+        shape_only = torch.empty(1, 1, 0, side, side)  # the processor reads the patches' size off the pixel values
+        inputs = {"image_sizes": [[height, width]], "pixel_values": shape_only, "batch_num_images": [1]}
+        return self._count(processor, inputs, 0)
 
     def features(self, inner: Any, parts: list[Tiled], device: torch.device) -> torch.Tensor:
         cfg = inner.config
@@ -229,7 +232,8 @@ class AnyresTiling(Tiling):
             vision_aspect_ratio=cfg.vision_aspect_ratio,
             batch_num_images=[1] * sum(len(p.tiles) for p in parts),
         )
-        return torch.cat(list(out.pooler_output)) if isinstance(out.pooler_output, (list, tuple)) else out.pooler_output
+        rows = out.pooler_output  # each image's packed rows, newlines included (a list in transformers 5.19)
+        return torch.cat(list(rows)) if isinstance(rows, (list, tuple)) else rows
 
     def dummy_features(self, inner: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         # one square image of one tile's size: its base view and the patches its pinpoint takes
