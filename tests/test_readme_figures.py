@@ -545,9 +545,10 @@ FAMILY_ROWS = {
     "glm4v": "GLM-4.1V",
     "internvl": "InternVL",
     "smolvlm": "SmolVLM",
+    "llava_onevision": "LLaVA-OneVision",
 }
 """The README's model-families table: its row label for each family of benchmarks/results/families.json."""
-NO_VIDEO_FAMILIES = ("glm4v", "internvl", "smolvlm")
+NO_VIDEO_FAMILIES = ("glm4v", "internvl", "smolvlm", "llava_onevision")
 """Families vlmrl trains without videos (``Family.videos``): no video run, ``no videos`` in their row."""
 
 
