@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlmrl.testing import tiny_parts
+
 EXTRA_TOKENS = {
     "start_image_token": "<img>",
     "end_image_token": "</img>",
@@ -55,22 +57,9 @@ def config(tok: Any, spec: Any, text_shape: dict) -> Any:
     """An ``InternVLConfig`` of the spec's shape (``text_shape``: ``tiny.text_shape``)."""
     from transformers import InternVLConfig
 
-    text = dict(
-        **text_shape,
-        model_type="qwen2",
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-        tie_word_embeddings=spec.tie_word_embeddings,
-    )
+    text = tiny_parts.qwen2_text(tok, spec, text_shape)
     vision = dict(
-        hidden_size=spec.vision_hidden,
-        num_hidden_layers=spec.vision_depth,
-        num_attention_heads=spec.vision_heads,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
+        **tiny_parts.vit_sizes(spec),
         image_size=[TILE, TILE],
         patch_size=[14, 14],
     )

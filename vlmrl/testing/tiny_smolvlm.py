@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlmrl.testing import tiny_parts
+
 EXTRA_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", "<video>")
 """SmolVLM's own added tokens (the tokenizer attributes ``SmolVLMProcessor`` reads them from default to these);
 ``tiny.build_tokenizer`` adds them and the grid's row / column tokens after Qwen's special tokens."""
@@ -90,10 +92,7 @@ def config(tok: Any, spec: Any, text_shape: dict) -> Any:
         tie_word_embeddings=spec.tie_word_embeddings,
     )
     vision = dict(
-        hidden_size=spec.vision_hidden,
-        num_hidden_layers=spec.vision_depth,
-        num_attention_heads=spec.vision_heads,
-        intermediate_size=spec.vision_intermediate or 2 * spec.vision_hidden,
+        **tiny_parts.vit_sizes(spec),
         image_size=TILE,
         patch_size=14,
     )
