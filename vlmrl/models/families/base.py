@@ -64,7 +64,8 @@ class Family:
     tiles: Tiling | None = None
     """The image processor cuts each image into tiles of one size (plus a thumbnail or a global view), each tile
     becomes ``seq`` pads, and the prompt's one pad per image becomes the family's layout of them (``models.tiles``:
-    InternVL's ``<img>`` + pads + ``</img>``; SmolVLM's grid of row / column tokens); None: Qwen's patch grid, the pad
+    InternVL's ``<img>`` + pads + ``</img>``; SmolVLM's grid of row / column tokens; LLaVA-OneVision's base view and
+    anyres patches, as many pads as its processor counts); None: Qwen's patch grid, the pad
     expanding to ``image_grid_thw``'s merged tokens inside the template's start and end. The dataset hands a tiled
     family's images to the processor as they are (the processor bounds the tiles)."""
     vision_modules: tuple[str, ...] = ("visual",)
