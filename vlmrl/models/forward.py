@@ -240,9 +240,9 @@ def _vision_features(model: torch.nn.Module, mb: ModelInputs) -> tuple[_Features
         dummy = dummy_vision_features(model)
         return _Features({}, {}, {}, qwen_vl.dummy_link(dummy)), qwen_vl.dummy_vision_loss_of(dummy)
     if tiling:
-        tiled = [mb.images[p].tiled() for p in with_images] + [mb.sample_images[r].tiled() for r in tool_rows]  # type: ignore[index]
+        tiled = [mb.images[p].tiled for p in with_images] + [mb.sample_images[r].tiled for r in tool_rows]  # type: ignore[index]
         _gather_root_for_features(model)
-        feats = tiling.features(qwen_vl.inner_model(model), tiled, device)
+        feats = tiling.features(qwen_vl.inner_model(model), tiled, device)  # type: ignore[arg-type]
         split = torch.split(feats, [int(t.rows.sum()) for t in tiled])
     else:
         parts = [(mb.images[p].pixel_values, mb.images[p].image_grid_thw) for p in with_images]

@@ -31,27 +31,16 @@ class PromptImages:
     """Seconds per temporal patch of each video (float32, as the processor gives it)."""
     video_fps: list[float] | None = None
     """The rate each video's frames were sampled at (Qwen3-VL writes timestamps from it)."""
-    tiles: torch.Tensor | None = None
-    """Tiles of each image (a tiled family, ``Family.tiles``; ``image_grid_thw`` is then None and ``pixel_values``
-    holds the tiles)."""
-    tile_grid: torch.Tensor | None = None
-    """Per image, what the family's layout or features need beside the tiles (``tiles.Tiled.grid``: SmolVLM's
-    rows and columns of tiles, LLaVA-OneVision's image height and width)."""
-    tile_rows: torch.Tensor | None = None
-    """Feature rows (pads) of each image (a tiled family)."""
+    tiled: tiles.Tiled | None = None
+    """The images as a tiled family's processor tiles them (``Family.tiles``: tiles, feature rows and what the
+    layout needs per image); ``image_grid_thw`` is then None and ``pixel_values`` is the tiles' tensor."""
 
     @property
     def num_images(self) -> int:
         """Images of the prompt."""
-        if self.tiles is not None:
-            return int(self.tiles.shape[0])
+        if self.tiled is not None:
+            return int(self.tiled.tiles.shape[0])
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
-
-    def tiled(self) -> tiles.Tiled:
-        """The prompt's tiles (a tiled family's images)."""
-        if self.tiles is None or self.pixel_values is None or self.tile_rows is None:
-            raise ValueError("these images are not tiled (a tiled family's processor makes tiles)")
-        return tiles.Tiled(self.pixel_values, self.tiles, self.tile_rows, self.tile_grid)
 
     @property
     def num_videos(self) -> int:
@@ -133,8 +122,8 @@ def process_images(processor: Any, prompts: list[PromptSample]) -> list[PromptIm
     for p in prompts:
         item = PromptImages(None, None)
         if p.images and tiling:
-            t = tiling.process(processor, p.images)
-            item.pixel_values, item.tiles, item.tile_grid, item.tile_rows = t.pixel_values, t.tiles, t.grid, t.rows
+            item.tiled = tiling.process(processor, p.images)
+            item.pixel_values = item.tiled.pixel_values
         elif p.images:
             enc = processor.image_processor(images=p.images, return_tensors="pt")
             item.pixel_values, item.image_grid_thw = enc["pixel_values"], enc["image_grid_thw"]
@@ -151,10 +140,10 @@ def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl
     ``build_inputs`` and ``generate`` take."""
     merge = int(getattr(processor.image_processor, "merge_size", 2))
     pads = qwen_vl.vision_token_ids(processor.tokenizer)
-    if v.tiles is not None:
+    if v.tiled is not None:
         if family.tiles is None:
             raise ValueError(f"expand_pads: tiled images for {family.label}, whose images are not tiled")
-        layouts = family.tiles.layouts(v.tiled(), processor, pads)
+        layouts = family.tiles.layouts(v.tiled, processor, pads)
         ids = qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image")
     elif v.num_images:
         ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))

@@ -74,7 +74,7 @@ class HFRollout:
         keys = ["pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"]
         if family.tiles:  # the family's batch layout of tiles
             keys = keys[2:]
-            enc |= family.tiles.generate_inputs([v.tiled() if v.tiles is not None else None for v in vision])
+            enc |= family.tiles.generate_inputs([v.tiled for v in vision])
         for key in keys:
             value = cat(key)
             if value is not None:
