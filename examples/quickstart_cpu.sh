@@ -11,6 +11,8 @@
 # FAMILY=internvl the tiny InternVL (tiled images, a Qwen2 decoder with 1-D RoPE; it takes the default 120 steps),
 # FAMILY=smolvlm the tiny SmolVLM (a grid of tiles behind row/column tokens, a Llama decoder with 1-D RoPE),
 # FAMILY=llava_onevision the tiny LLaVA-OneVision (anyres patches with newline rows, a Qwen2 decoder, 1-D RoPE).
+# QUICKSTART_DATA names a folder holding the task's train.parquet and test.parquet from an earlier run (its
+# $OUT/data): the script trains on them as they are and skips the data step.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -31,10 +33,22 @@ if [[ ${SMOKE:-0} == 1 ]]; then
   sizes=(--train-size 64 --test-size 16)
   smoke=(trainer.total_training_steps=2)
 fi
-"$PY" preprocess/synthetic.py --output-dir "$OUT/data" --families colour "${sizes[@]}" --image-size 112 --seed 0
+DATA=${QUICKSTART_DATA:-}
+if [[ -n $DATA ]]; then
+  for split in train test; do
+    if [[ ! -f $DATA/$split.parquet ]]; then
+      echo "[quickstart] QUICKSTART_DATA=$DATA holds no $split.parquet (a folder an earlier run wrote: its \$OUT/data)" >&2
+      exit 2
+    fi
+  done
+  echo "[quickstart] data: $DATA (QUICKSTART_DATA, as it is)"
+else
+  DATA=$OUT/data
+  "$PY" preprocess/synthetic.py --output-dir "$DATA" --families colour "${sizes[@]}" --image-size 112 --seed 0
+fi
 
 "$PY" -m vlmrl.train --config-name "${CONFIG:-tiny_cpu}" \
-  data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/test.parquet" \
+  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
   actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} "$@"
 
 "$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"

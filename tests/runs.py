@@ -40,11 +40,19 @@ def processes():  # noqa: ANN201 - a multiprocessing context
 
 
 def make_colour_data(out: Path) -> Path:
-    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it (``preprocess/synthetic.py``), copied
-    into ``out``: made once per version of the code that writes it (in $VLMRL_CACHE, atomically, so parallel test
-    processes share it), not once per test module (~15 s each)."""
-    import hashlib
+    """The quick start's data (``colour_data_dir``) copied into ``out``."""
     import shutil
+
+    shutil.copytree(colour_data_dir(), out, dirs_exist_ok=True)
+    return out
+
+
+def colour_data_dir() -> Path:
+    """The quick start's data, exactly as examples/quickstart_cpu.sh makes it (``preprocess/synthetic.py``; the
+    quick start's own test compares the bytes): made once per version of the code that writes it (in $VLMRL_CACHE,
+    atomically, so parallel test processes share it), not once per test (~15 s each). Read it, never write it: a run
+    of the quick start script takes it as ``QUICKSTART_DATA``."""
+    import hashlib
 
     from vlmrl.testing.tiny import cache_root, cached_build
 
@@ -65,8 +73,7 @@ def make_colour_data(out: Path) -> Path:
             cwd=repo,
         ),
     )
-    shutil.copytree(cached, out, dirs_exist_ok=True)
-    return out
+    return Path(cached)
 
 
 class Run:
@@ -174,7 +181,7 @@ def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, 
     keep = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "VLMRL_DRY_RUN", "RAY_ADDRESS")
+        if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "QUICKSTART_DATA", "VLMRL_DRY_RUN", "RAY_ADDRESS")
     }
     full = {
         **keep,

@@ -186,7 +186,7 @@ def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colo
     )
     plain, shaped = tmp_path / "plain", tmp_path / "shaped"
     train_here_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
-    log = run_example("length_aware_cpu.sh", shaped, *fast)
+    log = run_example("length_aware_cpu.sh", shaped, *fast, QUICKSTART_DATA=str(colour_data))
     tail = lambda rows, key: sum(r[key] for r in rows[-5:]) / 5  # noqa: E731
     plain_len, shaped_rows = tail(metrics(plain), "response_length/mean"), metrics(shaped)
     assert plain_len > 6.5, plain_len  # free length: near the 8-token cap

@@ -481,6 +481,23 @@ def test_the_quick_start_runs_end_to_end_in_smoke_mode(tmp_path: Path) -> None:
     assert "# Tools" not in gallery and "<div class='turn" not in gallery
 
 
+def test_the_quick_start_refuses_a_data_folder_without_its_parquet_files(tmp_path: Path) -> None:
+    """``QUICKSTART_DATA`` names a folder an earlier run drew; one without ``test.parquet`` stops the script before
+    training (exit status 2), naming the folder and the file (docs/quickstart.md)."""
+    import sys
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.parquet").write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "FAMILY", "CONFIG")}
+    env.update(QUICKSTART_DATA=str(data), OUT=str(tmp_path / "run"), VLMRL_VENV=str(Path(sys.executable).parents[1]))
+    script = Path(__file__).parents[1] / "examples" / "quickstart_cpu.sh"
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"QUICKSTART_DATA={data} holds no test.parquet" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SMOKE_SCRIPTS, ids=lambda p: p.name)
 def test_pipeline_runs_end_to_end_in_smoke_mode(script: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runs import base_args, make_colour_data, metrics, run_example, train_here_to_end
+from runs import base_args, colour_data_dir, make_colour_data, metrics, run_example, train_here_to_end
 
 
 def test_value_head_loads_from_a_critic_folder_and_saves_under_verls_name(tiny_model_dir: str, tmp_path: Path) -> None:
@@ -184,7 +184,9 @@ def test_the_ppo_example_learns_the_quick_start_task(tmp_path) -> None:
     20 / 40 / 60 on 2026-11-28, benchmarks/bench_ppo.py's seeds reach 0.9 by step 50); the critic's metrics in every
     step's line; the critic's panel in the report."""
     out = tmp_path / "ppo"
-    log = run_example("ppo_cpu.sh", out, "trainer.total_training_steps=60", timeout=1200)
+    log = run_example(
+        "ppo_cpu.sh", out, "trainer.total_training_steps=60", timeout=1200, QUICKSTART_DATA=str(colour_data_dir())
+    )
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert sorted(val) == [0, 60] and val[0] <= 0.05 and val[60] >= 0.9, val

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from runs import metrics, run_example
+from runs import colour_data_dir, metrics, run_example
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,10 @@ def test_grpo_on_a_learned_reward_alone_learns_the_colour_task(tmp_path):
     120 and 160 on 2026-11-26; 1.00 at 80 and 120, 0.84 at 160 after the model-family work): the test asks that the
     policy learns the task and keeps it, not a value at one step."""
     out = tmp_path / "reward_model"
-    log = run_example("reward_model_cpu.sh", out, "trainer.total_training_steps=120", timeout=1500)
+    data = colour_data_dir()  # the quick start's, which the GRPO run would make
+    log = run_example(
+        "reward_model_cpu.sh", out, "trainer.total_training_steps=120", timeout=1500, QUICKSTART_DATA=str(data)
+    )
     assert "[reward_model] step 600/600" in log and (out / "reward_model" / "model.safetensors").is_file()
     trained = json.loads((out / "reward_model" / "vlmrl_reward_model.json").read_text())
     assert trained["heldout_pair_accuracy"] >= 0.9 and trained["heldout_pairs"] == 96, trained

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from runs import ENV, Run, base_args, make_colour_data, metrics, run_example, run_to_end, wait_for_step
+from runs import (
+    ENV,
+    Run,
+    base_args,
+    colour_data_dir,
+    make_colour_data,
+    metrics,
+    run_example,
+    run_to_end,
+    wait_for_step,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +66,8 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     assert "id='panel-reward'" in report and "data:image/png;base64," in report and f"report written to {out}" in log
     assert (out / "report_panels" / "reward.png").is_file() and "[vlmrl] health:" in log
     assert "[quickstart] tiny model:" in log and not list(out.glob("global_step_*"))
+    for split in ("train", "test"):  # the data the other runs of the script take as QUICKSTART_DATA, made once
+        assert (out / "data" / f"{split}.parquet").read_bytes() == (colour_data_dir() / f"{split}.parquet").read_bytes()
     print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
@@ -70,12 +82,14 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     runs' first 40 steps are: the learning rate is constant), the engine's log-probs equal to the trainer's after
     every push.
     ``FAMILY=internvl`` trains the tiny InternVL (tiles, 1-D RoPE, a Qwen2 decoder), which learns slower: at least 0.9
-    at the quick start's own 120 steps. The last checkpoint of GLM-4.1V, of InternVL (whose checkpoints keep
-    InternVL's original layout, ``language_model.model.*``), of SmolVLM (``model.text_model.*``) and of
-    LLaVA-OneVision (the SigLIP tower under ``vision_tower.vision_model.*``, its image newline trained) exports
-    (``python -m vlmrl.export``) to a folder in the hub's layout that transformers loads with the trained weights
-    and vLLM serves: its greedy answers to the validation prompts score what the run's own last validation did (a
-    Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm)."""
+    at the quick start's own 120 steps. Each run trains on the quick start's data made once (``QUICKSTART_DATA``).
+    The last checkpoint of GLM-4.1V, of InternVL (whose checkpoints keep InternVL's original layout,
+    ``language_model.model.*``), of SmolVLM (``model.text_model.*``) and of LLaVA-OneVision (the SigLIP tower under
+    ``vision_tower.vision_model.*``, its image newline trained) exports (``python -m vlmrl.export``) to a folder in
+    the hub's layout: transformers loads it with the trained weights, and its tensors have the names, shapes and
+    dtypes of the checkpoint the run's vLLM engines loaded at their start. vLLM serves LLaVA-OneVision's export (the
+    family whose names vlmrl renames): its greedy answers to the validation prompts score what the run's own last
+    validation did (a Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm)."""
     import json
 
     import torch
@@ -83,7 +97,7 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
 
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
-    out = tmp_path / "quickstart"
+    out, data = tmp_path / "quickstart", colour_data_dir()
     steps = 120 if family == "internvl" else 40
     exports = family in ("glm4v", "internvl", "smolvlm", "llava_onevision")
     log = run_example(
@@ -94,7 +108,9 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
         f"trainer.save_freq={steps if exports else -1}",
         timeout=1200,
         FAMILY=family,
+        QUICKSTART_DATA=str(data),
     )
+    assert f"[quickstart] data: {data} (QUICKSTART_DATA, as it is)" in log and not (out / "data").exists()
     tag = family.replace("_", "")
     assert "[quickstart] tiny model: " in log and f"tiny-{tag}-" in log and f"({family})" in log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -105,13 +121,16 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
         return
     exported = tmp_path / "exported"
     export_checkpoint(out, exported)
+    model = ensure_tiny_model(0, FAMILY_SPECS[family])
     new = AutoModelForImageTextToText.from_pretrained(exported).state_dict()
-    base = AutoModelForImageTextToText.from_pretrained(ensure_tiny_model(0, FAMILY_SPECS[family])).state_dict()
+    base = AutoModelForImageTextToText.from_pretrained(model).state_dict()
     assert new.keys() == base.keys() and sum(not torch.equal(new[k], base[k]) for k in new) > len(new) // 2
-    if family == "llava_onevision":  # a parameter of the inner model itself, gathered for the feature pass
-        assert not torch.equal(new["model.image_newline"], base["model.image_newline"])
+    assert file_tensors(exported) == file_tensors(model)  # the names, shapes and dtypes the engines loaded
+    if family != "llava_onevision":
+        return
+    assert not torch.equal(new["model.image_newline"], base["model.image_newline"])  # the inner model's own
     served = subprocess.run(
-        [sys.executable, "-c", SERVE_THE_VALIDATION_SET, str(exported), str(out / "data" / "test.parquet")],
+        [sys.executable, "-c", SERVE_THE_VALIDATION_SET, str(exported), str(data / "test.parquet")],
         capture_output=True,
         text=True,
         env={**os.environ, **ENV},
@@ -120,6 +139,19 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     assert served.returncode == 0 and "SCORE" in served.stdout, served.stderr[-3000:]
     score = float(served.stdout.split("SCORE ", 1)[1].split()[0])
     assert abs(score - val[steps]) <= 0.02, (score, val[steps])  # the trained policy's own greedy answers
+
+
+def file_tensors(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor of a model folder's safetensors files, by the name the file gives it: (shape, dtype)."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                t = f.get_slice(name)
+                tensors[name] = (tuple(t.get_shape()), t.get_dtype())
+    return tensors
 
 
 def export_checkpoint(run_dir: Path, exported: Path) -> subprocess.CompletedProcess:
