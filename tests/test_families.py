@@ -506,6 +506,24 @@ def test_the_dataset_hands_a_tiled_familys_images_on_as_they_are_and_counts_thei
     assert len(short) == sum(n <= max(lengths) - 1 for n in lengths) and short.report["filtered"] > 0
 
 
+def test_the_tokenizers_processor_class_names_its_familys_vision_tokens() -> None:
+    """InternVL's tokenizer (Qwen2.5's with InternVL's tokens added) holds both families' vision tokens: its config's
+    ``processor_class`` decides whose they are; without one, the family whose tokens say the most (then a tiled
+    one) is taken."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model(0, FAMILY_SPECS["internvl"]))
+    as_ids = lambda ids: tok.convert_ids_to_tokens([ids.image_pad, ids.vision_start])  # noqa: E731
+    assert qwen_vl.tokenizer_processor_class(tok) == "InternVLProcessor"
+    assert as_ids(qwen_vl.vision_token_ids(tok)) == ["<IMG_CONTEXT>", "<img>"]
+    tok.init_kwargs["processor_class"] = "Qwen2_5_VLProcessor"
+    assert as_ids(qwen_vl.vision_token_ids(tok)) == ["<|image_pad|>", "<|vision_start|>"]
+    del tok.init_kwargs["processor_class"]
+    assert as_ids(qwen_vl.vision_token_ids(tok)) == ["<IMG_CONTEXT>", "<img>"]
+    tok.init_kwargs["processor_class"] = "SmolVLMProcessor"  # a class whose family's tokens it lacks: by tokens
+    assert as_ids(qwen_vl.vision_token_ids(tok)) == ["<IMG_CONTEXT>", "<img>"]
+
+
 def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
     """verl's ``data.image_patch_size`` (14 for Qwen2.5-VL, 16 for Qwen3-VL) is accepted with either (vlmrl reads the
     patch size from the model's processor); another value is refused naming the key."""

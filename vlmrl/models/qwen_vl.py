@@ -70,13 +70,20 @@ def _token_id(tokenizer: Any, tok: str) -> int | None:
 
 
 def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
-    """The vision token ids of a tokenizer of a supported family (the first family whose four vision tokens it
-    has); a clear error when it has no family's."""
+    """The vision token ids of a tokenizer of a supported family; a clear error when it has no family's. The family
+    is the one whose processor the tokenizer's own config names (``processor_class``, which a processor's
+    ``save_pretrained`` writes), when it has that family's tokens; else the first family whose vision tokens it has,
+    the family whose tokens say the most first."""
     from vlmrl.models.families import FAMILIES
 
-    # the family whose tokens say the most first (SmolVLM's grid tokens before LLaVA-OneVision's lone <image>, which
-    # SmolVLM's tokenizer holds too), then a tiled family: InternVL's tokenizer (Qwen2.5's) holds Qwen's tokens too
-    for fam in sorted(FAMILIES.values(), key=lambda f: (-len({*f.vision_tokens, *f.never_sample}), not f.tiles)):
+    named = tokenizer_processor_class(tokenizer)
+    # without a processor class: SmolVLM's grid tokens before LLaVA-OneVision's lone <image>, which SmolVLM's
+    # tokenizer holds too; then a tiled family, as InternVL's tokenizer (Qwen2.5's) holds Qwen's tokens too
+    order = sorted(
+        FAMILIES.values(),
+        key=lambda f: (named not in f.processor_classes, -len({*f.vision_tokens, *f.never_sample}), not f.tiles),
+    )
+    for fam in order:
         ids = [_token_id(tokenizer, t) for t in fam.vision_tokens]
         if ids[1] is None and not fam.videos:  # a family vlmrl trains without videos may lack the video pad
             ids[1] = NO_TOKEN
@@ -85,6 +92,12 @@ def vision_token_ids(tokenizer: Any) -> VisionTokenIds:
             return VisionTokenIds(*ids, extra=tuple(extra))  # type: ignore[arg-type]
     names = "; ".join(f"{f.label}: {' '.join(f.vision_tokens)}" for f in FAMILIES.values())
     raise ValueError(f"the tokenizer has no vision tokens of a supported family ({names})")
+
+
+def tokenizer_processor_class(tokenizer: Any) -> str | None:
+    """The processor class a tokenizer's config names (``tokenizer_config.json``'s ``processor_class``), if any."""
+    name = (getattr(tokenizer, "init_kwargs", None) or {}).get("processor_class")
+    return name if isinstance(name, str) else None
 
 
 def check_model_type(config: Any, where: str) -> Family:
