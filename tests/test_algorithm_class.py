@@ -176,20 +176,21 @@ def test_a_failing_class_stops_the_run_naming_it(tiny_model_dir, colour_data, tm
 @pytest.mark.slow
 def test_length_aware_example_moves_lengths_into_its_window(tiny_model_dir, colour_data: Path, tmp_path) -> None:
     """The quick start's task, where a response's length does not change its reward: without the class responses
-    stay near the length cap (8 tokens); with it (``bash examples/length_aware_cpu.sh``: window 1-5 tokens) most land
-    inside within 50 steps. Both runs: one worker in one process with the HF rollout, no validation."""
+    stay near the length cap of 8 tokens (the control: the quick start's own 120-step run,
+    tests/test_train_e2e.py::test_the_quick_start_script_learns_as_the_readme_says); with it (``bash
+    examples/length_aware_cpu.sh``: window 1-5 tokens) most land inside within 50 steps. One worker in one process
+    with the HF rollout, no validation."""
     fast = (
         "trainer.launcher=inline",
         "actor_rollout_ref.rollout.name=hf",
         "data.val_files=null",
         "trainer.total_training_steps=50",
     )
-    plain, shaped = tmp_path / "plain", tmp_path / "shaped"
-    train_here_to_end(base_args(tiny_model_dir, colour_data, plain, *fast))
+    shaped = tmp_path / "shaped"
     log = run_example("length_aware_cpu.sh", shaped, *fast, QUICKSTART_DATA=str(colour_data))
     tail = lambda rows, key: sum(r[key] for r in rows[-5:]) / 5  # noqa: E731
-    plain_len, shaped_rows = tail(metrics(plain), "response_length/mean"), metrics(shaped)
-    assert plain_len > 6.5, plain_len  # free length: near the 8-token cap
+    shaped_rows = metrics(shaped)
+    assert shaped_rows[0]["response_length/mean"] > 6.5, shaped_rows[0]  # it starts near the cap
     assert shaped_rows[0]["algorithm/in_window"] < 0.2 and tail(shaped_rows, "algorithm/in_window") >= 0.8
     assert tail(shaped_rows, "response_length/mean") < 5.0
     # the script's parameters reach the class (and its metrics the actor's lines), the quick start's pipeline ends

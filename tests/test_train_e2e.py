@@ -39,7 +39,8 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     """README, the quick start: ``bash examples/quickstart_cpu.sh`` itself (its own model, data and arguments; only
     its run folder, ``OUT``, points to a temporary folder) "visibly learns": greedy validation 0.00 before training
     and 1.00 at steps 60 and 120 (here: at most 0.05, at least 0.95), the 5-step mean training reward passes 0.9 at
-    step 61 (here: by step 80); it prints the ASCII reward curve and writes ``metrics.jsonl`` (one line per step),
+    step 61 (here: by step 80); responses stay near the 8-token cap (the reward does not depend on length: the
+    length-aware example's control); it prints the ASCII reward curve and writes ``metrics.jsonl`` (one line per step),
     ``reward_curve.png``, the validation gallery of each validation and ``report.html``, and no checkpoint."""
     import json
 
@@ -55,6 +56,8 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     train = [r["reward/mean"] for r in rows if r["step"] > 0]
     passed = next((k + 5 for k in range(len(train) - 4) if sum(train[k : k + 5]) / 5 >= 0.9), None)
     assert passed is not None and passed <= 80, f"5-step mean training reward passes 0.9 at step {passed}"
+    # a response's length does not change the reward: it stays near the 8-token cap (the length-aware test's control)
+    assert min(r["response_length/mean"] for r in rows if r["step"] > 0) > 6.5
     assert "reward/mean by step" in log and "  step   120 " in log  # the ASCII curve
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (out / "val_gallery").glob("*.html")) == [
