@@ -65,6 +65,8 @@ SCRIPT_VARS = (
     "OUT",
     "CONFIG",
     "NO_TOOLS",
+    "FAMILY",
+    "QUICKSTART_DATA",
 )
 
 
@@ -489,10 +491,15 @@ def test_the_quick_start_refuses_a_data_folder_without_its_parquet_files(tmp_pat
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.parquet").write_bytes(b"")
-    env = {k: v for k, v in os.environ.items() if k not in ("SMOKE", "FAMILY", "CONFIG")}
-    env.update(QUICKSTART_DATA=str(data), OUT=str(tmp_path / "run"), VLMRL_VENV=str(Path(sys.executable).parents[1]))
-    script = Path(__file__).parents[1] / "examples" / "quickstart_cpu.sh"
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    env = script_env(
+        tmp_path / "home",
+        QUICKSTART_DATA=str(data),
+        OUT=str(tmp_path / "run"),
+        VLMRL_VENV=str(Path(sys.executable).parents[1]),
+    )
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart_cpu.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"QUICKSTART_DATA={data} holds no test.parquet" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
