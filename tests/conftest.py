@@ -19,6 +19,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="vlmrl-ray-"))
+# vLLM's cache where vLLM puts it for the real HOME (``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``), fixed here for
+# the tests that give their commands a HOME of their own (verl's scripts read ``$HOME/data``): without it each of
+# their engines misses vLLM's model-class cache (``modelinfos``) and inspects the class in a new interpreter that
+# imports vLLM, about 18 s of each engine's start on 2 cores
+os.environ.setdefault(
+    "VLLM_CACHE_ROOT", os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
+)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -40,17 +47,14 @@ def shared_forkserver():
     """One forkserver for the whole session, preloaded as a rollout worker's is (its tool pool starts it) and with a
     CPU worker's imports (torch, transformers, the hybrid worker): the reward and tool pools of many tests and the
     tests' own worker processes (``runs.processes``) fork from it, and Python starts one forkserver per process,
-    with the preload of the first pool that asks."""
-    import multiprocessing as mp
-    from multiprocessing import forkserver
+    with the preload of the first pool that asks. Outside the contributor tier it preloads vLLM's engine modules
+    too, for the runs whose driver is the test process (``runs.run_here``): their workers fork from it."""
+    from vlmrl.workers.launch_local import start_forkserver
 
-    from vlmrl.supervise import PRELOAD
-    from vlmrl.workers.launch_local import WORKER_MODULES
-
-    mp.get_context("forkserver").set_forkserver_preload(
-        [*PRELOAD, "vlmrl.tools.runner", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process", *WORKER_MODULES]
+    start_forkserver(
+        vllm=os.environ.get("VLMRL_TEST_TIER") != "fast",
+        also=("vlmrl.tools.runner", "vlmrl.models.qwen_vl", "qwen_vl_utils.vision_process"),
     )
-    forkserver.ensure_running()
     yield
 
 

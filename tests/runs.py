@@ -173,6 +173,49 @@ def run_to_end(args: list[str], timeout: float = 600, env: dict[str, str] | None
     return run
 
 
+class HereRun:
+    """A run :func:`run_here` made: what it printed."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def output(self) -> str:
+        return self.text
+
+
+def run_here(args: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> HereRun:
+    """:func:`run_to_end`'s run with this test process as the driver: the launch command's code path
+    (``vlmrl.train.main``, :func:`cli_here`) with its worker processes forked from the session's forkserver
+    (tests/conftest.py), whose preload holds their imports. A new driver interpreter and its own forkserver import
+    torch, transformers and vLLM again (about 40 s of a run's start on 2 cores busy with the other test process);
+    here a run starts in a few seconds. For what a run does; how its processes start and end, and runs on Ray, are
+    tested on subprocesses (:func:`run_to_end`, :class:`Run`). Asserts a zero exit status (showing the output's
+    tail). Past ``timeout`` the processes the run started are ended, so the run stops naming the worker that
+    died."""
+    import threading
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+
+    def expire() -> None:
+        for p in me.children(recursive=True):
+            if p.pid not in before:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        code, text, _ = cli_here(args, env={**ENV, **(env or {})}, merged=True)
+    finally:
+        timer.cancel()
+    assert code == 0, f"exit status {code} (timeout {timeout} s):\n{text[-4000:]}"
+    return HereRun(text)
+
+
 def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, **env: str) -> str:
     """``bash examples/<script> <overrides>`` as a user runs it (its own model, data and defaults; only ``OUT`` points
     at ``out``, and ``env`` adds variables), in its own session with its own Ray temp dir; asserts a zero exit status

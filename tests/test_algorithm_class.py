@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import base_args, make_colour_data, metrics, run_example, run_to_end, train_here, train_here_to_end
+from runs import base_args, make_colour_data, metrics, run_example, run_here, train_here, train_here_to_end
 from vlmrl.config import ConfigError, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_hooks_state_and_metrics_through_the_launch_command(tiny_model_dir, colo
     ``compute_loss`` see in the same step; the hooks' metrics are logged; the state is in the checkpoint."""
     spy = _spy(tmp_path)
     out = tmp_path / "run"
-    run_to_end(
+    run_here(
         base_args(
             tiny_model_dir,
             colour_data,

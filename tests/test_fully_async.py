@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, run_here
 from vlmrl.batch import RolloutBatch
 from vlmrl.config import fully_async
 from vlmrl.config.checks import batch_problems
@@ -402,7 +402,7 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
         "trainer.val_before_train=false",
         "trainer.save_freq=60",
     )
-    run = run_to_end(
+    run = run_here(
         base_args(
             tiny_model_dir,
             data,
@@ -436,7 +436,7 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
     shutil.copytree(first / "global_step_60", resumed / "global_step_60")
     (resumed / "latest_checkpointed_iteration.txt").write_text("60")
     steps = -(-len(pending) // 16)
-    run_to_end(
+    run_here(
         base_args(
             tiny_model_dir,
             data,

@@ -532,11 +532,11 @@ def test_training_with_multi_turn_tools_runs_on_vllm(tmp_path) -> None:
     answers): the tools' schemas are in every prompt, and the calls really run through the agent loop and the
     tool: most trajectories call ``image_zoom`` and get its result (2 assistant turns), the tool's text comes back in
     the response as a masked tool turn, and the metrics count them (turns, calls per tool, called share)."""
-    from runs import metrics, run_to_end
+    from runs import metrics, run_here
 
     data, warm = always_zoom_policy()
     out, dump = tmp_path / "run", tmp_path / "dump"
-    run_to_end(
+    run_here(
         [
             "--config-name",
             "tool_zoom_cpu",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runs import base_args, make_colour_data, metrics, processes, run_to_end
+from runs import base_args, make_colour_data, metrics, processes, run_here
 from vlmrl.config.checks import batch_problems
 from vlmrl.config.command import load
 from vlmrl.config.plan import rollout_correction, rollout_plan, rollout_world, worker_plan
@@ -229,7 +229,7 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
     trains the stale batch (its KL trips the fallback) and step 5 waits for a fresh generation."""
     first, dumps = tmp_path / "first", tmp_path / "dumps_first"
     common = (*POOLS, "trainer.val_before_train=false", "trainer.save_freq=2", "trainer.test_freq=-1")
-    run = run_to_end(
+    run = run_here(
         base_args(
             tiny_model_dir,
             colour_data,
@@ -267,7 +267,7 @@ def test_one_step_off_policy_overlaps_resumes_exactly_and_falls_back(tiny_model_
 
     shutil.copytree(first / "global_step_2", resumed / "global_step_2")
     (resumed / "latest_checkpointed_iteration.txt").write_text("2")
-    run = run_to_end(
+    run = run_here(
         base_args(
             tiny_model_dir,
             colour_data,
@@ -374,7 +374,7 @@ def test_multi_turn_tools_run_in_the_rollout_pool(tmp_path, mode) -> None:
     data, warm = always_zoom_policy()
     out = tmp_path / "run"
     steps = 2 if mode == "one_step_off_policy" else 3
-    run_to_end(
+    run_here(
         [
             "--config-name",
             "tool_zoom_cpu",
@@ -436,7 +436,7 @@ def test_video_with_dynamic_sampling_off_policy(tiny_model_dir, tmp_path) -> Non
         cwd=Path(__file__).resolve().parents[1],
     )
     out = tmp_path / "run"
-    run = run_to_end(
+    run = run_here(
         base_args(
             tiny_model_dir,
             data,
@@ -530,7 +530,7 @@ def test_remax_with_lora_on_the_hf_rollout_and_two_trainers_runs_off_policy(
     meanwhile. (PPO with a critic and the in-reward KL off policy: tests/test_reward_model.py's
     test_the_models_score_alone_on_the_one_step_off_policy_trainer_with_a_critic, whose run holds a reward model.)"""
     out = tmp_path / "run"
-    run = run_to_end(
+    run = run_here(
         base_args(
             tiny_model_dir,
             colour_data,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runs import base_args, make_colour_data, metrics, run_to_end
+from runs import base_args, make_colour_data, metrics, run_here
 from vlmrl.algorithms import load_plugins
 from vlmrl.algorithms.estimators import ADV_ESTIMATORS, get_adv_estimator_fn
 from vlmrl.algorithms.losses import POLICY_LOSSES, LossConfig, get_policy_loss
@@ -95,7 +95,7 @@ def test_plugin_names_train_through_the_launch_command_in_worker_processes(tiny_
     data = make_colour_data(tmp_path / "data")
     f = _write(tmp_path / "plug", VLMRL_STYLE, "centred_e2e", "plain_pg_e2e")
     out = tmp_path / "run"
-    run_to_end(
+    run_here(
         base_args(
             tiny_model_dir,
             data,

@@ -537,7 +537,7 @@ def test_the_config_gate(tiny_model_dir, trained, colour, tmp_path):
 
 
 def _run(tiny_model_dir: str, data: Path, out: Path, *extra: str) -> list[dict]:
-    from runs import base_args, metrics, run_to_end
+    from runs import base_args, metrics, run_here
 
     args = base_args(
         tiny_model_dir,
@@ -549,7 +549,7 @@ def _run(tiny_model_dir: str, data: Path, out: Path, *extra: str) -> list[dict]:
         "data.val_batch_size=8",
         *extra,
     )
-    run_to_end(args, timeout=600)
+    run_here(args, timeout=600)
     return metrics(out)
 
 

@@ -143,12 +143,12 @@ def test_bad_settings_name_the_key(kw: dict, message: str) -> None:
 def test_verls_rollout_correction_keys_train_through_the_launch_command(tiny_model_dir, tmp_path) -> None:
     """verl's decoupled-mode keys on the quick start's launch (2 CPU workers, vLLM's own log-probs): token-level
     truncated weights plus sequence rejection, 2 steps, the ratio metrics logged every step."""
-    from runs import base_args, make_colour_data, metrics, run_to_end
+    from runs import base_args, make_colour_data, metrics, run_here
 
     data = make_colour_data(tmp_path / "data")
     out = tmp_path / "run"
     k = "algorithm.rollout_correction"
-    run_to_end(
+    run_here(
         base_args(
             tiny_model_dir,
             data,

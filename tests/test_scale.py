@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runs import ENV, Run, base_args, make_colour_data, metrics, processes, run_to_end, wait_for_step
+from runs import ENV, Run, base_args, make_colour_data, metrics, processes, run_here, run_to_end, wait_for_step
 
 # runs alone in a parallel suite: a Ray cluster of its own and a whole-machine process check
 pytestmark = pytest.mark.serial
@@ -111,7 +111,7 @@ def _tp_runs(tiny_model_dir: str, colour_data: Path, tmp_path: Path) -> dict[int
     runs = {}
     for tp in (1, 2):
         out = tmp_path / f"tp{tp}"
-        run = run_to_end(
+        run = run_here(
             base_args(
                 tiny_model_dir,
                 colour_data,
@@ -246,7 +246,7 @@ def test_two_node_ray_cluster_trains_like_one_machine(tiny_model_dir, colour_dat
 
     steps = ("trainer.total_training_steps=3", "trainer.val_before_train=false")
     one = tmp_path / "one"
-    run_to_end(base_args(tiny_model_dir, colour_data, one, *steps, "trainer.cpu_workers=2"))
+    run_here(base_args(tiny_model_dir, colour_data, one, *steps, "trainer.cpu_workers=2"))
     two = tmp_path / "two"
     cluster_args = ("trainer.nnodes=2", "trainer.cpu_workers=1", "trainer.ray_address=auto")
     run = run_to_end(base_args(tiny_model_dir, colour_data, two, *steps, *cluster_args), env=ray_cluster.env)

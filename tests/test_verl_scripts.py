@@ -60,6 +60,7 @@ PLAN_LINES = {
 QWEN3_VL = ["run_qwen3_vl-8b-megatron.sh", "run_qwen3_vl-30b-megatron.sh", "run_qwen3_vl-235b-megatron.sh"]
 """verl's Qwen3-VL scripts (all Megatron): refused as they are; their FSDP version (:func:`fsdp_version`) runs."""
 MULTI_TURN = "run_qwen2.5-3b_geo3k_multiturn.sh"
+LORA = "run_qwen2_5_vl-7b_lora.sh"
 """verl's multi-turn geo3k script: SGLang as shipped; with ``actor_rollout_ref.rollout.name=vllm`` appended (its
 ``$@``) it runs on vlmrl, its ``--config-name`` file (built on verl's ppo_trainer) read as overrides."""
 
@@ -120,11 +121,13 @@ def run_script(
 
 
 def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """:func:`run_script` for a command that starts no worker (a dry run, a refusal): bash runs the script as
-    ``run_verl`` does (its shims, HOME, the checkout's layout) with the trainer's command recorded
-    (``vlmrl.config.verl.scripts.commands``), then ``vlmrl.train`` runs it in this process (tests/runs.cli_here)
-    with the variables the script exported. The exit status is the trainer's, or bash's when the script goes on
-    after the trainer's command and fails (verl's 30B script)."""
+    """:func:`run_script` with the test process as the driver: bash runs the script as ``run_verl`` does (its
+    shims, HOME, the checkout's layout) with the trainer's command recorded (``vlmrl.config.verl.scripts.commands``),
+    then ``vlmrl.train`` runs it in this process (tests/runs.cli_here) with the variables the script exported: a dry
+    run, a refusal, or training whose workers fork from the session's forkserver (tests/runs.run_here), without a
+    new interpreter's imports (about 40 s of a run's start on 2 busy cores). ``run_verl``'s own process trains in
+    ``test_verl_script_trains_at_tiny_scale[LoRA]`` and the fully-async test. The exit status is the trainer's, or
+    bash's when the script goes on after the trainer's command and fails (verl's 30B script)."""
     from runs import cli_here
     from vlmrl.config.verl.scripts import commands
 
@@ -136,7 +139,10 @@ def script_here(script: str, home: Path, *args: str, env: dict[str, str] | None 
         here = os.getcwd()
         os.chdir(cwd)
         try:
-            code, out, err = cli_here(rec.commands[0].argv, env=rec.commands[0].exported)
+            # the trainer's environment as run_verl's process would have it: HOME, wandb offline, what the script
+            # exported
+            here_env = {"HOME": str(home), "WANDB_MODE": "offline", **(env or {}), **rec.commands[0].exported}
+            code, out, err = cli_here(rec.commands[0].argv, env=here_env)
         finally:
             os.chdir(here)
     rc = code if rec.returncode == 0 else rec.returncode
@@ -213,14 +219,13 @@ def test_verls_qwen3_vl_script_on_fsdp_trains_at_tiny_scale(verl_home: Path, tmp
 
     model = ensure_tiny_model(0, TINY_QWEN3_VL)
     out = tmp_path / "run"
-    proc = run_script(
+    proc = script_here(
         str(fsdp_version("run_qwen3_vl-8b-megatron.sh", tmp_path)),
         verl_home,
         *OVERRIDES,
         f"actor_rollout_ref.model.path={model}",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl,wandb]",
-        timeout=600,
         env={"GEN_TP": "2"},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -297,7 +302,7 @@ def test_verls_multi_turn_script_runs_on_vllm(verl_home: Path, tiny_model_dir: s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["run_qwen2_5_vl-7b_lora.sh", MULTI_TURN, GLM41V])
+@pytest.mark.parametrize("script", [LORA, MULTI_TURN, GLM41V])
 def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_model_dir: str, tmp_path: Path) -> None:
     """The same scripts, really training: 2 steps on 2 CPU workers (vlmrl.testing.smoke's scale-down appended, as a
     verl user appends overrides), validation before and after, the checkpoint at the last step. Their
@@ -306,14 +311,16 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
     its KL loss, packing and gradient checkpointing. verl's plain 7B script trains under
     ``test_verls_ppo_launch_line_trains_at_tiny_scale`` (the same lines and the critic's); its seq-balance script's
     token budgets (``use_dynamic_bsz``) train under the Qwen3-VL one (actor, reference and rollout log-prob
-    budgets) and pass the dry run here."""
+    budgets) and pass the dry run here. The LoRA script runs through ``python -m vlmrl.run_verl`` in its own
+    process, as a user runs it; the other two through :func:`script_here`."""
     from vlmrl.testing.smoke import OVERRIDES
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     out = tmp_path / "run"
     engine = ["actor_rollout_ref.rollout.name=vllm"] if script == MULTI_TURN else []
     model = ensure_tiny_model(0, FAMILY_SPECS["glm4v"]) if script == GLM41V else tiny_model_dir
-    proc = run_script(
+    runner = run_script if script == LORA else script_here  # the LoRA one through run_verl's own process
+    proc = runner(
         script,
         verl_home,
         *OVERRIDES,
@@ -321,7 +328,6 @@ def test_verl_script_trains_at_tiny_scale(script: str, verl_home: Path, tiny_mod
         f"actor_rollout_ref.model.path={model}",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl,wandb]",
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     if script == MULTI_TURN:  # its trainer.save_freq=-1: no checkpoint
@@ -384,7 +390,7 @@ def test_verls_ppo_launch_line_trains_at_tiny_scale(verl_home: Path, tiny_model_
     from vlmrl.testing.smoke import OVERRIDES
 
     out = tmp_path / "run"
-    proc = run_script(
+    proc = script_here(
         "run_qwen2_5_vl-7b.sh",
         verl_home,
         *OVERRIDES,
@@ -392,7 +398,6 @@ def test_verls_ppo_launch_line_trains_at_tiny_scale(verl_home: Path, tiny_model_
         *verl_ppo_lines(tiny_model_dir),
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl]",
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -490,7 +495,7 @@ def test_verls_one_step_script_trains_at_tiny_scale(verl_home: Path, tiny_model_
     from vlmrl.testing.smoke import OVERRIDES
 
     out = tmp_path / "run"
-    proc = run_script(
+    proc = script_here(
         ONE_STEP,
         verl_home,
         *OVERRIDES,
@@ -498,7 +503,6 @@ def test_verls_one_step_script_trains_at_tiny_scale(verl_home: Path, tiny_model_
         "rollout.cpu_workers=2",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl]",
-        timeout=600,
         env=one_step_env(verl_home, tiny_model_dir),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

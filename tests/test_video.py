@@ -324,16 +324,14 @@ def test_training_on_the_video_colour_family_learns_with_vllm(tiny_model_dir, vi
     one end-to-end learning run. (Qwen3-VL's video path, its frames behind text timestamps, is checked exactly in
     tests/test_families.py, and its learning on images by the Qwen3-VL quick start; benchmarks/bench_families.py
     measures its video learning.)"""
-    from runs import base_args, metrics, run_to_end
+    from runs import base_args, metrics, run_here
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     model = tiny_model_dir if family == "qwen2_5_vl" else str(ensure_tiny_model(0, FAMILY_SPECS[family]))
 
     data = video_colour_data
     out = tmp_path / "run"
-    run = run_to_end(
-        base_args(model, data, out, "trainer.total_training_steps=70", "trainer.test_freq=70"), timeout=900
-    )
+    run = run_here(base_args(model, data, out, "trainer.total_training_steps=70", "trainer.test_freq=70"), timeout=900)
     assert "videos/prompt 1" in run.output()
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}

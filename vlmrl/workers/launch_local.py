@@ -51,20 +51,21 @@ PRELOAD_VLLM = "VLMRL_PRELOAD_VLLM"
 """Set to 1 in the forkserver's environment: it imports :data:`VLLM_MODULES` too."""
 
 
-def start_forkserver(vllm: bool) -> None:
+def start_forkserver(vllm: bool, also: tuple[str, ...] = ()) -> None:
     """Start this process's forkserver now, if none runs yet, with the CPU workers' imports (``vlmrl.workers.
-    preload``) besides the supervised pools' (``vlmrl.supervise.PRELOAD``): it imports them in the background while
-    the caller goes on, and the workers, the reward and the tool workers forked from it start with them done
-    (``vllm``: vLLM's too, for a run whose rollout is vLLM's; else vLLM stays out of the run's processes). The
-    forkserver's environment is the workers' (``worker_env``: one thread, vLLM's CPU settings) from its start, since
-    the libraries read some of it at import. A process has one forkserver: where one runs already (a pool started
-    it), its preload stays and the workers import what it lacks themselves."""
+    preload``) besides the supervised pools' (``vlmrl.supervise.PRELOAD``) and the modules in ``also``: it imports
+    them in the background while the caller goes on, and the workers, the reward and the tool workers forked from it
+    start with them done (``vllm``: vLLM's too, for a run whose rollout is vLLM's; else vLLM stays out of the run's
+    processes). The forkserver's environment is the workers' (``worker_env``: one thread, vLLM's CPU settings) from
+    its start, since the libraries read some of it at import. A process has one forkserver: where one runs already
+    (a pool started it), its preload stays and the workers import what it lacks themselves."""
     from multiprocessing import forkserver
 
     from vlmrl.procs import FORKSERVER_PARENT
     from vlmrl.supervise import PRELOAD
 
-    mp.get_context("forkserver").set_forkserver_preload([*PRELOAD, "vlmrl.config.command", WORKER_PRELOAD])
+    preload = [*PRELOAD, "vlmrl.config.command", *also, WORKER_PRELOAD]
+    mp.get_context("forkserver").set_forkserver_preload(list(dict.fromkeys(preload)))
     env = {
         **worker_env("cpu"),
         "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
