@@ -353,4 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from vlmrl.procs import lean_exit
+
+    lean_exit()
     raise SystemExit(cli_main(main))

@@ -664,8 +664,8 @@ ALLOWED: list[tuple[str, str]] = [
     ("weight: 0.2}]'", "an example setting"),
     ("weight-0 rule component", "a setting"),
     ("asserts at least 0.9", "the bound tests/test_reward_model_train.py asserts"),
-    ("at least 0.6 at step 120", "the bound tests/test_reward_model_train.py asserts (a claim below checks it)"),
-    ("stopped at step 120)", "the test's trainer.total_training_steps override, a setting"),
+    ("at least 0.6 at step 80.", "the bound tests/test_reward_model_train.py asserts (a claim below checks it)"),
+    ("stopped at step 80)", "the test's trainer.total_training_steps override, a setting"),
     ("is {*} at step 160, against", "bench_reward_model's last step, a setting"),
     ("Runs end below 1.00 when", "the best value of the rule check, a bound"),
     ("no right answer by step 160", "bench_reward_model's last step, a setting (its seed's row in reward_model.json)"),
@@ -872,11 +872,11 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
         lambda: _default("vlmrl.config.schema:TrainerConfig", "worker_startup_timeout_s") == 3600,
     ),
     (
-        "validations and at least 0.6 at step 120",
+        "validations and at least 0.6 at step 80",
         "the bounds tests/test_reward_model_train.py asserts",
         lambda: (
-            "max(rule[s] for s in (40, 80, 120)) >= 0.9 and rule[120] >= 0.6"
-            in _source("tests/test_reward_model_train.py")
+            "max(rule[40], rule[80]) >= 0.9 and rule[80] >= 0.6" in _source("tests/test_reward_model_train.py")
+            and '"trainer.total_training_steps=80"' in _source("tests/test_reward_model_train.py")
         ),
     ),
     (

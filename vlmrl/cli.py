@@ -27,6 +27,10 @@ COMMANDS = ("train", "report", "export", "analyze")
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to the subcommand; returns its exit status."""
+    if argv is None:  # the command line's process
+        from vlmrl.procs import lean_exit
+
+        lean_exit()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
         print(__doc__.strip().split("\n\n")[0] + "\n" + __doc__.split("\n\n")[1], file=sys.stderr)

@@ -29,3 +29,22 @@ def die_with_parent() -> None:
 def parent_is(pid: int) -> bool:
     """Whether this process's parent is still ``pid`` (not gone, leaving this one to init)."""
     return os.getppid() == pid
+
+
+def lean_exit() -> None:
+    """A command's process skips the interpreter's last garbage collection at exit: ``gc.freeze()`` as the last exit
+    handler (registered first; exit handlers run last-in first-out), so the final pass no longer walks every object
+    torch, transformers and vLLM made (measured: 2.4-2.7 s of a process's exit on 2 cores, 0.4-0.5 s with it).
+    Exit handlers, flushes and the deallocation of what is no longer referenced still run; only objects in
+    reference cycles are left to the operating system, as Python does not promise their finalizers at exit anyway.
+    For command-line entry points only (idempotent)."""
+    global _LEAN_EXIT
+    if not _LEAN_EXIT:
+        import atexit
+        import gc
+
+        atexit.register(gc.freeze)
+        _LEAN_EXIT = True
+
+
+_LEAN_EXIT = False

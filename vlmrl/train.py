@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     from vlmrl.timing import StartupClock
 
     clock = StartupClock(from_process_start=argv is None)  # from the command line: the interpreter's start counts
+    if argv is None:  # the command line's process (python -m vlmrl.train, vlmrl-train)
+        from vlmrl.procs import lean_exit
+
+        lean_exit()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cmd = parse(sys.argv[1:] if argv is None else argv)
     if cmd.help:

@@ -68,7 +68,19 @@ class Pairs:
         return int(p.uid.rsplit(":", 1)[1])
 
     def ids(self, text: str) -> list[int]:
+        """``text``'s token ids."""
         return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def word_ids(self, text: str) -> list[int]:
+        """A candidate's words' token ids, memoised (candidates are drawn from a task's few answers thousands of times a
+        run) for the first 4096 distinct phrases."""
+        cache = self.__dict__.setdefault("_word_ids", {})
+        ids = cache.get(text)
+        if ids is None:
+            ids = self.ids(text)
+            if len(cache) < 4096:
+                cache[text] = ids
+        return list(ids)
 
     def pair(self, p: PromptSample, rng: random.Random) -> tuple[tuple[list[int], bool], tuple[list[int], bool]]:
         """((chosen ids, ends), (rejected ids, ends)) for one record; ``ends``: the response ends with the
@@ -127,12 +139,12 @@ class Pairs:
             return [rng.choice(plain)] * k
 
         word = truth if (want_right and rng.random() < 0.5) else rng.choice(answers)
-        ids = self.ids(word if rng.random() < 0.5 else " " + word)
+        ids = self.word_ids(word if rng.random() < 0.5 else " " + word)
         kind = rng.random()
         if want_right and kind < 0.3:  # the answer alone, or said again and again
-            ids = ids if rng.random() < 0.5 else self.ids(" ".join([word] * rng.randint(2, 6)))
+            ids = ids if rng.random() < 0.5 else self.word_ids(" ".join([word] * rng.randint(2, 6)))
         elif kind < 0.4:
-            ids = noise(rng.randint(0, 3)) + self.ids(" " + word + " ") + noise(rng.randint(0, 3))
+            ids = noise(rng.randint(0, 3)) + self.word_ids(" " + word + " ") + noise(rng.randint(0, 3))
         elif kind < 0.65:  # a near-miss of the answer
             op = rng.randrange(5)
             k = rng.randrange(len(ids))
@@ -144,7 +156,7 @@ class Pairs:
                 a = rng.randrange(len(ids))
                 ids = ids[a : rng.randint(a + 1, len(ids))] * rng.randint(2, 8)
             elif op == 3:  # pieces of two answers glued together, repeated
-                other = self.ids(rng.choice(answers))
+                other = self.word_ids(rng.choice(answers))
                 ids = (ids[rng.randrange(len(ids)) :] + other[rng.randrange(len(other)) :]) * rng.randint(1, 4)
             else:
                 ids = noise(rng.randint(1, 3)) + ids
@@ -154,7 +166,7 @@ class Pairs:
             words = [rng.choice(answers) for _ in range(rng.randint(2, 8))]
             if len(answers) > 1 and len(set(words)) == 1:
                 words[rng.randrange(len(words))] = rng.choice([a for a in answers if a != words[0]])
-            ids = self.ids(" " + " ".join(words))
+            ids = self.word_ids(" " + " ".join(words))
         return ids[:12]
 
 
@@ -325,9 +337,9 @@ def train_reward_model(
         out.update(heldout_pair_accuracy=accuracy, heldout_pairs=float(len(val.ds)))
         print(f"[reward_model] held-out pair accuracy {accuracy:.3f} ({len(val.ds)} pairs)", flush=True)
     info = {
-        "base": model_path,
-        "data": data,
-        "val_data": val_data,
+        "base": str(model_path),
+        "data": str(data),
+        "val_data": None if val_data is None else str(val_data),
         "batch_size": batch_size,
         "lr": lr,
         "label": label,
@@ -403,4 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from vlmrl.procs import lean_exit
+
+    lean_exit()
     sys.exit(main())

@@ -149,4 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from vlmrl.procs import lean_exit
+
+    lean_exit()
     sys.exit(main())

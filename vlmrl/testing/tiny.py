@@ -675,4 +675,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from vlmrl.procs import lean_exit
+
+    lean_exit()
     main()

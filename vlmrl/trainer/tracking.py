@@ -201,4 +201,7 @@ def ascii_curve(jsonl_path: str | os.PathLike, key: str = "reward/mean", width: 
 
 
 if __name__ == "__main__":
+    from vlmrl.procs import lean_exit
+
+    lean_exit()
     main()
