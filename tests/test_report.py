@@ -57,8 +57,8 @@ def _scrape(url: str, token: str | None = None) -> dict[str, tuple[dict[str, str
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two real runs: A (30 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, an algorithm class
-    and rollout correction, validation every 10, the Prometheus exporter on a free port, scraped while it trains)
+    """Two real runs: A (12 steps of PPO with a critic and the adaptive in-reward KL, KL loss on, an algorithm class
+    and rollout correction, validation every 4, the Prometheus exporter on a free port, scraped while it trains)
     and B (3 steps of GRPO, another learning rate; one worker in this process with the HF rollout)."""
     base = tmp_path_factory.mktemp("report")
     data = base / "data"
@@ -91,8 +91,8 @@ def runs(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
             data,
             a,
             *SMALL,
-            "trainer.total_training_steps=30",
-            "trainer.test_freq=10",
+            "trainer.total_training_steps=12",
+            "trainer.test_freq=4",
             "trainer.logger=[console,jsonl,prometheus]",
             "trainer.prometheus.port=0",
             "trainer.project_name=obs",
@@ -238,7 +238,7 @@ def test_a_report_of_one_run_has_every_panel_inline_and_opens_without_network(ru
     (frame,) = page.iframes
     assert "sandbox" in frame and "Validation gallery" in frame["srcdoc"]
     assert "data:image/jpeg;base64," in frame["srcdoc"]
-    assert "step 30" in frame["srcdoc"]
+    assert "step 12" in frame["srcdoc"]
     assert "health" in page.ids
 
 
