@@ -20,6 +20,11 @@ import pytest
 
 from runs import ENV, Run, base_args, make_colour_data, metrics, processes, run_here, run_to_end, wait_for_step
 
+# runs alone in a parallel suite: a Ray cluster of its own and a whole-machine process check. Measured beside other
+# tests (2026-11-29) the two cluster tests took 250 s and 141 s (107 s and 60 s alone) and slowed the tests beside
+# them: the cluster's daemons keep using the CPU while it stands
+pytestmark = pytest.mark.serial
+
 # ----------------------------------------------------------------------------------- tensor-parallel engines
 
 
@@ -42,7 +47,6 @@ def _guard_rank(rank: int, rendezvous: str, drift: bool, out: dict) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.serial  # runs alone in a parallel suite: two processes' collective with a 120 s bound
 @pytest.mark.parametrize("drift", [False, True], ids=["in-step", "one-rank-drew"])
 def test_an_engine_groups_workers_must_hold_the_same_random_state(tmp_path: Path, drift: bool) -> None:
     """vLLM samples from each process's torch generator: the workers sharing a tensor-parallel engine must hold the
@@ -75,7 +79,6 @@ def _val_responses(folder: Path, step: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # runs alone in a parallel suite: it checks every engine's shared-memory segments on the machine
 def test_tensor_parallel_engine_samples_and_trains_exactly(tiny_model_dir, colour_data, tmp_path: Path) -> None:
     """2 CPU workers sharing one vLLM engine of tensor-parallel size 2 (each holding half of it): greedy validation
     before training answers exactly as two engines of size 1 do, and after every weight push the engine's log-probs
@@ -194,9 +197,8 @@ class RayCluster:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One 2-node cluster for the module's tests in this pytest process (each test's processes are told apart by the
-    cluster's temp dir, so they run beside other tests): the pools test runs first, the two-node test (which ends by
-    killing the second node) last."""
+    """One 2-node cluster for the module: the pools test runs first, the two-node test (which ends by killing the
+    second node) last."""
     cluster = RayCluster()
     try:
         yield cluster
