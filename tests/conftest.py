@@ -159,12 +159,32 @@ def durations() -> dict[str, float]:
     return json.loads(_DURATIONS.read_text()) if _DURATIONS.exists() else {}
 
 
+def _may_hold_serial_tests(path: Path) -> bool:
+    """Whether a test module's source mentions ``serial`` (any case): a module that does not holds no serial test."""
+    return "serial" in path.read_text(encoding="utf-8").lower()
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The serial phase (``VLMRL_TEST_PHASE=serial``) does not import the test modules that never mention ``serial``:
+    they hold no serial test, and importing all ~90 modules to deselect them took ~8 s of each serial pytest's start.
+    The other phases collect every module and check that rule (``pytest_collection_modifyitems``)."""
+    p = Path(collection_path)
+    if os.environ.get("VLMRL_TEST_PHASE") == "serial" and p.suffix == ".py" and p.name.startswith("test_"):
+        return None if _may_hold_serial_tests(p) else True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """``VLMRL_TEST_TIER`` (scripts/test.sh) keeps the contributor tier (``fast``: the tests not marked ``slow``) or
     the rest (``slow``); ``VLMRL_TEST_PHASE`` keeps the tests not marked ``serial`` (``parallel``: the modules that
     took longest in the last measured run first, tests/durations.json) or only those (``serial``); ``gpu`` tests
     skip themselves where CUDA is absent (CI has none); with neither variable set everything runs."""
     config.stash[MARKS] = {i.nodeid: i.get_closest_marker("slow") is not None for i in items}
+    hidden = sorted(
+        {str(i.path) for i in items if i.get_closest_marker("serial") and not _may_hold_serial_tests(Path(i.path))}
+    )
+    if hidden:  # the serial phase would never import them (pytest_ignore_collect): their serial tests would not run
+        raise pytest.UsageError(f"serial tests in modules whose source never says 'serial': {hidden}")
     tier = os.environ.get("VLMRL_TEST_TIER", "")
     phase = os.environ.get("VLMRL_TEST_PHASE", "")
     if tier and tier not in TIERS:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import MARKS, SLOW_AFTER_S, durations, pytest_collection_modifyitems
+from conftest import MARKS, SLOW_AFTER_S, durations, pytest_collection_modifyitems, pytest_ignore_collect
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "benchmarks" / "results" / "suite.json"
@@ -40,8 +40,8 @@ def _last_run() -> dict:
 class _Item:
     """What the selection reads of a collected test."""
 
-    def __init__(self, nodeid: str, *marks: str) -> None:
-        self.nodeid, self.marks = nodeid, set(marks)
+    def __init__(self, nodeid: str, *marks: str, path: Path = Path(__file__)) -> None:
+        self.nodeid, self.marks, self.path = nodeid, set(marks), path
         self.keywords = set(marks)
 
     def get_closest_marker(self, name: str) -> object | None:
@@ -84,6 +84,25 @@ def test_the_runs_of_scripts_test_sh_cover_every_test_once(monkeypatch: pytest.M
         with pytest.raises(pytest.UsageError, match=var):
             pytest_collection_modifyitems(SimpleNamespace(stash={}), list(items))
         monkeypatch.delenv(var)
+
+
+def test_the_serial_phase_skips_modules_without_serial_tests_and_the_others_check_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``VLMRL_TEST_PHASE=serial`` does not import a test module whose source never says "serial" (any case); a
+    serial test in such a module (its mark applied from elsewhere) stops the other phases' collection, naming it, so
+    no serial test is left out unnoticed."""
+    plain, marked = tmp_path / "test_plain.py", tmp_path / "test_marked.py"
+    plain.write_text("def test_a():\n    pass\n")
+    marked.write_text("import pytest\n\n\n@pytest.mark.SERIAL_ALIAS\ndef test_b():\n    pass\n")
+    monkeypatch.setenv("VLMRL_TEST_PHASE", "serial")
+    assert pytest_ignore_collect(plain, None) is True
+    assert pytest_ignore_collect(marked, None) is None and pytest_ignore_collect(tmp_path / "helper.py", None) is None
+    monkeypatch.setenv("VLMRL_TEST_PHASE", "parallel")
+    assert pytest_ignore_collect(plain, None) is None
+    items = [_Item("test_plain.py::test_a", "serial", path=plain)]
+    with pytest.raises(pytest.UsageError, match="never says 'serial'.*test_plain.py"):
+        _select(monkeypatch, "fast", "parallel", items)
 
 
 def test_the_test_command_runs_the_contributor_tier_and_all_runs_both() -> None:
