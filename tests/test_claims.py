@@ -92,6 +92,53 @@ def test_a_cluster_address_or_several_nodes_make_the_default_launcher_ray(
     assert started.value.args == (launcher,)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "driver_files", "env", "early"),
+    [
+        (["trainer.device=cpu"], True, {}, True),  # asked for: whatever the machine has
+        (["trainer.device=auto"], False, {}, True),  # no GPU driver's files: auto is the CPU
+        (["trainer.device=auto"], True, {}, False),  # the gate decides, with torch
+        (["trainer.device=cuda"], False, {}, False),
+        (["trainer.device=cpu", "trainer.nnodes=2"], False, {}, False),  # Ray
+        (["trainer.device=cpu"], False, {"RAY_ADDRESS": "10.0.0.1:6379"}, False),
+        (["trainer.device=cpu", "trainer.launcher=inline"], False, {}, False),
+        (["trainer.device=cpu", "trainer.dry_run=True"], False, {}, False),
+    ],
+    ids=["cpu", "auto-no-gpu", "auto-gpu-driver", "cuda", "nnodes=2", "RAY_ADDRESS", "inline", "dry-run"],
+)
+def test_a_local_cpu_run_starts_its_workers_imports_before_the_config_checks(
+    overrides: list[str], driver_files: bool, env: dict[str, str], early: bool, monkeypatch, tmp_path
+) -> None:
+    """``python -m vlmrl.train`` starts the forkserver its CPU workers fork from (their imports, ~20 s on one core)
+    as soon as Hydra composed the config, before the checks import torch, where the composition says for sure that
+    the workers are this machine's CPU processes (``config.plan.surely_local_cpu``): ``trainer.device=cpu``, or
+    ``auto`` on a machine without NVIDIA's or ROCm's driver files, on the local launcher; vLLM's modules where the
+    rollout is vLLM's. Nothing starts early for a dry run, a Ray or inline run, or a command line with problems."""
+    import vlmrl.config.command as command
+    import vlmrl.config.plan as plan
+    import vlmrl.workers.launch_local as launch_local
+    from vlmrl import train
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    present = tmp_path / "nvidiactl"
+    present.touch()
+    monkeypatch.setattr(plan, "GPU_DRIVER_FILES", (str(present) if driver_files else str(tmp_path / "none"),))
+    events: list[object] = []
+    monkeypatch.setattr(launch_local, "start_forkserver", lambda vllm, also=(): events.append(("forkserver", vllm)))
+    build = command.build
+    monkeypatch.setattr(command, "build", lambda raw: (events.append("checks"), build(raw))[1])
+    for rollout in ("vllm", "hf"):
+        events.clear()
+        cmd = command.parse([*BASE, *overrides, f"actor_rollout_ref.rollout.name={rollout}"])
+        command.compose(cmd, composed=train._start_workers_imports)
+        assert events == ([("forkserver", rollout == "vllm")] if early else []) + ["checks"], events
+    events.clear()  # a command line with a problem composes nothing early
+    command.compose(command.parse([*BASE, *overrides, "trainer.no_such_key=1"]), composed=train._start_workers_imports)
+    assert ("forkserver", True) not in events
+
+
 # ------------------------------------------------------------------------------------------------------- export
 
 

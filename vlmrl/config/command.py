@@ -15,6 +15,7 @@ primary config folder; relative to the working folder), ``--config-dir`` / ``-cd
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,11 +194,14 @@ def _hydra_compose(cmd: Command, overrides: list[str]) -> tuple[DictConfig | Non
         return None, [f"the config cannot be composed: {text}"]
 
 
-def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
+def compose(
+    argv: list[str] | Command, machine: bool = False, composed: Callable[[DictConfig], None] | None = None
+) -> Composed:
     """The typed, checked config of a command line (or a parsed ``Command``), with every problem found: config
     files, overrides (``vlmrl.config.translate``), composition, types and values (``build``) and, with ``machine``
     (``python -m vlmrl.train``), the machine it would start on (``checks.machine_problems``; a dry run checks it
-    itself, with the GPU plan too)."""
+    itself, with the GPU plan too). ``composed`` is called with Hydra's composition as soon as there is one, before
+    the checks (which import torch, seconds): the trainer starts its workers' imports there."""
     cmd = argv if isinstance(argv, Command) else parse(list(argv))
     file_overrides, file_problems = _config_files(cmd)
     t = translate(file_overrides + cmd.overrides)
@@ -206,6 +210,8 @@ def compose(argv: list[str] | Command, machine: bool = False) -> Composed:
     dry = _wants_dry_run(cmd.overrides)
     raw, composition = (None, []) if file_problems else _hydra_compose(cmd, t.overrides)  # never compose bad files
     problems += composition
+    if raw is not None and composed is not None and not problems:
+        composed(raw)
     cfg, plan = None, None
     if raw is not None:
         cfg, value_problems = build(raw)

@@ -40,6 +40,25 @@ def planned_device(cfg: VLMRLConfig, cuda_available: bool | None = None) -> str:
     return dev
 
 
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd")
+"""Files a machine whose torch may see a GPU has (NVIDIA's driver, ROCm's): on a machine with none of them
+``trainer.device=auto`` is the CPU."""
+
+
+def surely_local_cpu(cfg: Any) -> bool:
+    """Whether ``cfg`` (the typed config, or Hydra's composition of it before the checks) runs its workers on this
+    machine's CPU with the local launcher, told without importing torch: ``trainer.device=cpu``, or ``auto`` on a
+    machine without a GPU driver's files (:data:`GPU_DRIVER_FILES`). False where it cannot be told so; the gate's
+    :func:`run_plan` decides for certain."""
+    try:
+        device = cfg.trainer.device
+        if device == "auto" and not any(os.path.exists(f) for f in GPU_DRIVER_FILES):
+            device = "cpu"
+        return device == "cpu" and launcher_of(cfg) == "local"
+    except Exception:  # noqa: BLE001 - a composition the checks will refuse: the plan decides after them
+        return False
+
+
 def per_node(cfg: VLMRLConfig, cuda_available: bool | None = None) -> int:
     """Workers on each machine: n_gpus_per_node on GPU, cpu_workers on CPU."""
     gpu = planned_device(cfg, cuda_available) == "cuda"
