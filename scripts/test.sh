@@ -7,7 +7,8 @@
 # It installs what it needs (scripts/install.sh; a headless Chromium where apt can, for the report test:
 # scripts/install_browser.sh; both idempotent), then runs each tier on CPU, vLLM tests included: first the tier's
 # tests not marked `serial` in 2 processes (pytest-xdist; VLMRL_TEST_PROCS sets how many), then its serial ones (a
-# bound on elapsed time, a whole-machine check) alone on a quiet machine. VLMRL_TEST_PROCS=0 runs the tier's tests in
+# bound on elapsed time, a whole-machine check) alone on a quiet machine (their pytest starts beside the parallel one
+# and collects meanwhile, then waits for its end). VLMRL_TEST_PROCS=0 runs the tier's tests in
 # one pytest, in order. First, tests/prepare.py builds what many tests share (the tiny models, the quick start's data,
 # verl's preprocessed data; cached in $VLMRL_CACHE). Which tier a test is in is decided by measurement: tests/durations.json (each test's seconds
 # in the last measured run, benchmarks/bench_suite.py) puts a test over 10 s in `slow` (tests/test_suite_tiers.py).
@@ -54,15 +55,26 @@ for tier in "${tiers[@]}"; do
     codes+=($?)
     continue
   fi
+  # the serial pytest starts now and collects (its imports: ~15-25 s of one core) beside the parallel phase, where a
+  # core is often idle, then waits for the parallel pytest to end (VLMRL_TEST_START_AFTER: tests/conftest.py) before
+  # its first test
+  turn=$(mktemp -d)
+  mapfile -d '' run_args < <(args_for "$tag.serial" "$@")
+  VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial VLMRL_TEST_START_AFTER="$turn/go" "${pytest[@]}" \
+    ${run_args[@]+"${run_args[@]}"} &
+  serial=$!
+  trap 'kill "$serial" 2>/dev/null' EXIT
   echo "[tests] $name, not serial, $procs processes"
   mapfile -d '' run_args < <(args_for "$tag" "$@")
   VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=parallel "${pytest[@]}" -n "$procs" --dist worksteal \
     ${run_args[@]+"${run_args[@]}"}
   codes+=($?)
   echo "[tests] $name, serial, one at a time"
-  mapfile -d '' run_args < <(args_for "$tag.serial" "$@")
-  VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial "${pytest[@]}" ${run_args[@]+"${run_args[@]}"}
+  touch "$turn/go"
+  wait "$serial"
   codes+=($?)
+  trap - EXIT
+  rm -rf "$turn"
 done
 # 5: pytest collected nothing (a -k that leaves one of the runs empty)
 for rc in "${codes[@]}"; do

@@ -214,6 +214,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+START_AFTER = "VLMRL_TEST_START_AFTER"
+"""A file whose appearance this pytest waits for after its collection, before its first test: scripts/test.sh starts
+each tier's serial pytest beside the parallel one (its collection's imports use the time a core is idle there) and
+creates the file when the parallel pytest ended, so the serial tests still run alone."""
+
+
+def pytest_collection_finish(session):
+    """Wait for ``VLMRL_TEST_START_AFTER``'s file, where set (scripts/test.sh's serial phase); a pytest whose parent
+    ended meanwhile (the test command was stopped) stops too."""
+    flag = os.environ.get(START_AFTER)
+    if not flag:
+        return
+    parent = os.getppid()
+    while not os.path.exists(flag):
+        if os.getppid() != parent:
+            pytest.exit("the test command that started this pytest ended before its turn", returncode=2)
+        time.sleep(0.2)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """In the contributor tier, name the tests that took longer than ``SLOW_AFTER_S`` in this run: once measured
     (benchmarks/bench_suite.py), such a test fails tests/test_suite_tiers.py until it is faster or marked ``slow``."""

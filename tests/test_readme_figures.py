@@ -882,7 +882,10 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
     (
         "then\nthose marked `serial` (a bound on elapsed time, a whole-machine check) one at a time",
         "scripts/test.sh: a second pytest per tier, VLMRL_TEST_PHASE=serial, no -n (tests/test_suite_tiers.py)",
-        lambda: 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial "${pytest[@]}"' in _source("scripts/test.sh"),
+        lambda: (
+            'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial VLMRL_TEST_START_AFTER="$turn/go" "${pytest[@]}"'
+            in _source("scripts/test.sh")
+        ),
     ),
     (
         "took over 10 s of its own in the last measured run",

@@ -110,8 +110,42 @@ def test_the_test_command_runs_the_contributor_tier_and_all_runs_both() -> None:
     assert re.search(r'if \[ "\$\{1:-\}" = "--all" \]; then\s+tiers=\(fast slow\)', script)
     assert "tiers=(fast)\n" in script
     assert 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=parallel "${pytest[@]}" -n "$procs"' in script
-    assert 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial "${pytest[@]}"' in script
+    serial = 'VLMRL_TEST_TIER=$tier VLMRL_TEST_PHASE=serial VLMRL_TEST_START_AFTER="$turn/go" "${pytest[@]}"'
+    assert serial in script
+    # the serial pytest starts (in the background) before the parallel one, its turn comes after it
+    order = [serial, "serial=$!", "VLMRL_TEST_PHASE=parallel", 'touch "$turn/go"', 'wait "$serial"']
+    assert [script.index(s) for s in order] == sorted(script.index(s) for s in order)
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("bash scripts/test.sh --all")
+
+
+def test_the_serial_pytest_waits_for_its_turn_and_stops_with_the_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``VLMRL_TEST_START_AFTER``: after its collection the serial pytest waits for the file scripts/test.sh creates
+    when the parallel pytest ended, and stops (exit status 2) if the command that started it ended first; unset, it
+    does not wait."""
+    import os
+    import threading
+    import time
+
+    from conftest import START_AFTER, pytest_collection_finish
+
+    flag = tmp_path / "go"
+    monkeypatch.setenv(START_AFTER, str(flag))
+    t0 = time.monotonic()
+    threading.Timer(0.6, flag.touch).start()
+    pytest_collection_finish(None)
+    assert flag.exists() and time.monotonic() - t0 >= 0.6
+    flag.unlink()
+    parents = iter([os.getppid(), os.getppid(), 1])
+    monkeypatch.setattr(os, "getppid", lambda: next(parents, 1))
+    with pytest.raises(pytest.exit.Exception) as stopped:
+        pytest_collection_finish(None)
+    assert stopped.value.returncode == 2 and "ended before its turn" in str(stopped.value)
+    monkeypatch.delenv(START_AFTER)
+    t0 = time.monotonic()
+    pytest_collection_finish(None)
+    assert time.monotonic() - t0 < 0.1
 
 
 # ------------------------------------------------------------------------------------------- the measurement
