@@ -78,3 +78,41 @@ def test_every_command_line_entry_point_exits_lean() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
     )
     assert "missing []" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _huge_page_kb(q) -> None:  # noqa: ANN001 - a multiprocessing queue
+    """A worker-side allocation the size of a decoder layer's gathered weights (64 MB, touched), and the process's
+    memory on transparent huge pages."""
+    import re
+
+    import torch
+
+    t = torch.ones(64 * 2**20 // 4)
+    smaps = Path("/proc/self/smaps_rollup").read_text()
+    q.put((float(t.sum()), int(re.search(r"AnonHugePages:\s+(\d+) kB", smaps).group(1))))
+
+
+def test_cpu_workers_malloc_on_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU workers start with glibc's malloc asking for transparent huge pages (``GLIBC_TUNABLES``, added to the
+    caller's; a ``glibc.malloc.hugetlb`` the caller sets is kept; GPU workers get none), and it takes effect: a
+    process forked from the forkserver the CPU workers fork from (the session's, started with ``worker_env``) holds a
+    64 MB tensor on huge pages where the kernel lends them (``transparent_hugepage`` not ``never``)."""
+    from runs import processes
+    from vlmrl.workers.group import HUGE_PAGES, worker_env
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert worker_env("cpu")["GLIBC_TUNABLES"] == HUGE_PAGES and "GLIBC_TUNABLES" not in worker_env("cuda")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert worker_env("cpu")["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGE_PAGES}"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    assert worker_env("cpu")["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        return  # the kernel lends none: nothing more to see
+    ctx = processes()
+    q = ctx.Queue()
+    p = ctx.Process(target=_huge_page_kb, args=(q,))
+    p.start()
+    total, huge_kb = q.get(timeout=60)
+    p.join(30)
+    assert total == 64 * 2**20 // 4 and huge_kb >= 32 * 1024, huge_kb
