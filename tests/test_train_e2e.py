@@ -39,7 +39,7 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     """README, the quick start: ``bash examples/quickstart_cpu.sh`` itself (its own model, data and arguments; only
     its run folder, ``OUT``, points to a temporary folder) "visibly learns": greedy validation 0.00 before training
     and 1.00 at steps 60 and 120 (here: at most 0.05, at least 0.95), the 5-step mean training reward passes 0.9 at
-    step 61 (here: by step 80); responses stay near the 8-token cap (the reward does not depend on length: the
+    step 70 (here: by step 80); responses stay near the 8-token cap (the reward does not depend on length: the
     length-aware example's control); it prints the ASCII reward curve and writes ``metrics.jsonl`` (one line per step),
     ``reward_curve.png``, the validation gallery of each validation and ``report.html``, and no checkpoint."""
     import json
