@@ -92,20 +92,18 @@ def _huge_page_kb(q) -> None:  # noqa: ANN001 - a multiprocessing queue
     q.put((float(t.sum()), int(re.search(r"AnonHugePages:\s+(\d+) kB", smaps).group(1))))
 
 
-def test_cpu_workers_malloc_on_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU workers start with glibc's malloc asking for transparent huge pages (``GLIBC_TUNABLES``, added to the
-    caller's; a ``glibc.malloc.hugetlb`` the caller sets is kept; GPU workers get none), and it takes effect: a
+def test_cpu_workers_put_large_tensors_on_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU workers start with torch's CPU allocator putting tensors of 2 MB or more on transparent huge pages
+    (``THP_MEM_ALLOC_ENABLE=1``; a value the caller sets is kept; GPU workers get none), and it takes effect: a
     process forked from the forkserver the CPU workers fork from (the session's, started with ``worker_env``) holds a
     64 MB tensor on huge pages where the kernel lends them (``transparent_hugepage`` not ``never``)."""
     from runs import processes
     from vlmrl.workers.group import HUGE_PAGES, worker_env
 
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    assert worker_env("cpu")["GLIBC_TUNABLES"] == HUGE_PAGES and "GLIBC_TUNABLES" not in worker_env("cuda")
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    assert worker_env("cpu")["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGE_PAGES}"
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
-    assert worker_env("cpu")["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+    monkeypatch.delenv(HUGE_PAGES, raising=False)
+    assert worker_env("cpu")[HUGE_PAGES] == "1" and HUGE_PAGES not in worker_env("cuda")
+    monkeypatch.setenv(HUGE_PAGES, "0")
+    assert worker_env("cpu")[HUGE_PAGES] == "0"
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[never]" in thp.read_text():
         return  # the kernel lends none: nothing more to see

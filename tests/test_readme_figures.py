@@ -622,6 +622,7 @@ FIGURES += [
 ALLOWED: list[tuple[str, str]] = [
     # the weight push and FSDP2's gathers (docs/speed.md)
     ("and on 4 KB pages the kernel's", "the kernel's base page size, a platform fact"),
+    ("CPU workers put tensors of 2 MB or more", "torch's CPU allocator's huge-page threshold (c10), a setting"),
     # fully asynchronous training (docs/async.md)
     ("`staleness_threshold` (0.1)", "verl's default (vlmrl.config.fully_async.VERL_DEFAULTS), a setting"),
     ("reach the 1.3x over the one-step", "issue 46's goal, a target"),
