@@ -224,7 +224,8 @@ def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, 
     keep = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "QUICKSTART_DATA", "VLMRL_DRY_RUN", "RAY_ADDRESS")
+        if k
+        not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "MODEL_SIZE", "QUICKSTART_DATA", "VLMRL_DRY_RUN", "RAY_ADDRESS")
     }
     full = {
         **keep,

@@ -66,6 +66,7 @@ SCRIPT_VARS = (
     "CONFIG",
     "NO_TOOLS",
     "FAMILY",
+    "MODEL_SIZE",
     "QUICKSTART_DATA",
 )
 
@@ -409,10 +410,11 @@ FULL_RUNS = {
     "reward_model_cpu.sh": (
         "tests/test_reward_model_train.py::test_grpo_on_a_learned_reward_alone_learns_the_colour_task"
     ),
+    "real_images_cpu.sh": "tests/test_real_images.py::test_grpo_raises_the_held_out_accuracy_over_the_warm_start",
 }
 """CPU pipelines a test runs whole, as the README's figures were made (``bash examples/<script>``: the model, the
 data, the training and the report), in the slow tier; the quick start's smoke mode is also the contributor tier's
-one end-to-end run (``test_the_quick_start_runs_end_to_end_in_smoke_mode``; the other three run its commands)."""
+one end-to-end run (``test_the_quick_start_runs_end_to_end_in_smoke_mode``; three of the others run its commands)."""
 SAME_AS_3B = ("geo3k_qwen2_5_vl_7b.sh", "geo3k_qwen3_vl_8b.sh")
 """geo3k pipelines whose smoke-mode commands are the 3B script's but for the model (the tiny one of the model's
 family) and the run name (``test_the_7b_smoke_run_is_the_3b_pipeline``,

