@@ -25,8 +25,9 @@ echo "[real_images] random model: $MODEL ($SIZE)"
 steps=100 # GRPO steps: 100 for the tiny model, 200 for the larger ones (they learn slower per step)
 [[ $SIZE == tiny ]] || steps=200
 "$PY" preprocess/digits.py --output-dir "$OUT/data" --image-size 56 --warm-size 200 --test-size 360 --seed 0
-# the warm start is one process: it takes every core's thread (2 threads on 2 cores: 1.7x faster at 20m)
-OMP_NUM_THREADS=$(nproc) "$PY" -m vlmrl.testing.warm_start --model "$MODEL" --output "$OUT/warm" \
+# the warm start is one process: it takes a thread per core (2 on 2 cores: 1.7x faster at 20m); nproc counts
+# OMP_NUM_THREADS, hence env -u
+OMP_NUM_THREADS=$(env -u OMP_NUM_THREADS nproc) "$PY" -m vlmrl.testing.warm_start --model "$MODEL" --output "$OUT/warm" \
   --data "$OUT/data/warm.parquet" --teacher "$ROOT/examples/real_images/teacher.py:write_turn" --steps 200 \
   --max-response-length 8 --max-assistant-turns 1
 

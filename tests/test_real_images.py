@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -152,6 +153,8 @@ def test_grpo_raises_the_held_out_accuracy_over_the_warm_start(tmp_path: Path) -
     out = tmp_path / "real_images"
     log = run_example("real_images_cpu.sh", out, timeout=1200)
     assert "[warm_start] step 200/200" in log and (out / "warm" / "model.safetensors").is_file()
+    # the warm start, one process, takes a thread per core it may run on (the GRPO workers one each)
+    assert f"[warm_start] wrote {out / 'warm'} (trained on {len(os.sched_getaffinity(0))} thread(s))" in log
     rows = metrics(out)
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert sorted(val) == [0, 25, 50, 75, 100], val

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         max_assistant_turns=a.max_assistant_turns,
         seed=a.seed,
     )
-    print(f"[warm_start] wrote {a.output}")
+    print(f"[warm_start] wrote {a.output} (trained on {torch.get_num_threads()} thread(s))")
     return 0
 
 
