@@ -611,6 +611,41 @@ FIGURES += [
     F(LI, _li("20m", "step_s", "sharded"), "`20m` {*} against {v}; one run of", ".1f", " s"),
 ]
 FIGURES += _family_figures()
+
+RI = "real_images.json"
+
+
+def _real_images_figures() -> list[Figure]:
+    """docs/real-images.md's table: size (parameters) | GRPO seeds | held-out accuracy after the warm start | after
+    GRPO | gain in points | warm start s | GRPO's steps s | the script's s, a row per size the results file holds."""
+    out = []
+    for size in ("tiny", "20m"):
+        row = f"| {size} ("
+        cells = ["{*} M) | ", "{*} | ", "{*} | ", "{*} | ", "{*} | ", "{*} | ", "{*} | ", "{*} |"]
+
+        def ctx(k: int, cells: list[str] = cells, row: str = row) -> str:
+            return row + "".join(("{v}" + c[3:]) if i == k else c for i, c in enumerate(cells[: k + 1]))
+
+        sm = ("summary", size)
+        out += [
+            F(RI, at(*sm, "params"), ctx(0), ".2f" if size == "tiny" else ".1f", scale=1e-6),
+            F(
+                RI,
+                computed(f"number of {size} seeds", lambda d, size=size: len(d["summary"][size]["seeds"])),
+                ctx(1),
+                "d",
+            ),
+            F(RI, at(*sm, "warm_start_accuracy"), ctx(2), ".3f", kind="spread"),
+            F(RI, at(*sm, "final_accuracy"), ctx(3), ".3f", kind="spread"),
+            F(RI, at(*sm, "gain"), ctx(4), ".1f", kind="spread", scale=100),
+            F(RI, at(*sm, "warm_start_s"), ctx(5), "d", " s", kind="spread"),
+            F(RI, at(*sm, "train_s"), ctx(6), "d", " s", kind="spread"),
+            F(RI, at(*sm, "wall_s"), ctx(7), "d", " s", kind="spread"),
+        ]
+    return out
+
+
+FIGURES += _real_images_figures()
 FIGURES += [
     F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one ends at {v} and the MoE"),
     F(FA, at("families", "qwen3_vl_moe", "video", "val", "70"), "and the MoE one at {v} (their training"),
