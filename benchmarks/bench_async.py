@@ -90,6 +90,15 @@ def warm_model(work: Path, model: Path, data: Path) -> Path:
     return out
 
 
+def samples_per_step() -> int:
+    """Responses a step trains (configs/tiny_cpu.yaml: data.train_batch_size groups of actor_rollout_ref.rollout.n;
+    the fully asynchronous trainer's step takes as many groups)."""
+    import yaml
+
+    cfg = yaml.safe_load((common.ROOT / "configs" / "tiny_cpu.yaml").read_text())
+    return int(cfg["data"]["train_batch_size"]) * int(cfg["actor_rollout_ref"]["rollout"]["n"])
+
+
 def qwen25_vl_7b_params() -> int:
     """Qwen2.5-VL-7B-Instruct's parameter count, from its published config (built on the meta device)."""
     import torch
@@ -164,6 +173,8 @@ def one(
         "val_end": val[-1] if val else None,
         "response_length_mean": sum(r["response_length/mean"] for r in rows) / len(rows),
         "response_length_max": max(r["response_length/max"] for r in rows),
+        # responses' tokens trained per second: a step trains train_batch_size groups of n (each mode the same)
+        "response_tokens_per_s": sum(r["response_length/mean"] for r in later) * samples_per_step() / sum(step_s),
         "generate_s_median": med("timing/gen_s") if mode == "async" else med("timing/rollout_s"),
         "update_s_median": med("timing/update_s"),
         "attempts": res.get("attempts", 1),
@@ -220,6 +231,7 @@ def summarise(runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] 
                 "val_end",
                 "response_length_mean",
                 "response_length_max",
+                "response_tokens_per_s",
                 "generate_s_median",
                 "update_s_median",
                 "wait_prev_gen_s_median",
@@ -243,6 +255,9 @@ def summarise(runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] 
     out["speedup"] = round(out["async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
     out["fully_async_speedup"] = round(out["fully_async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
     out["fully_async_over_one_step"] = round(out["fully_async"]["steps_per_s"] / out["async"]["steps_per_s"], 3)
+    if all("response_tokens_per_s" in out[m] for m in ("async", "fully_async")):  # (files before the column)
+        tokens = out["fully_async"]["response_tokens_per_s"] / out["async"]["response_tokens_per_s"]
+        out["fully_async_tokens_over_one_step"] = round(tokens, 3)
     return out
 
 
@@ -260,6 +275,7 @@ def markdown(res: dict[str, Any]) -> str:
         "mode",
         "steps/s",
         "speed-up",
+        "response tokens/s",
         "generation (s)",
         "update (s)",
         "waited (s)",
@@ -279,6 +295,7 @@ def markdown(res: dict[str, Any]) -> str:
                     LABELS[mode],
                     f"{m['steps_per_s']:.2f}",
                     f"{s[SPEEDUPS[mode]]:.2f}x" if mode in SPEEDUPS else "1.00x",
+                    f"{m['response_tokens_per_s']:.0f}",
                     m.get("generate_s_median") or "-",
                     m.get("update_s_median"),
                     m.get("wait_prev_gen_s_median", "-"),
@@ -300,7 +317,8 @@ def markdown(res: dict[str, Any]) -> str:
         shown = ", ".join(f"{v} at {k}" for k, v in sorted(hist.items()))
         streamed.append(
             f"{w.replace('_', '-')}: fully async makes {s['fully_async_over_one_step']:.2f}x the one-step "
-            f"off-policy trainer's steps/s; its groups train {f['staleness_mean']:.2f} updates stale on average "
+            f"off-policy trainer's steps/s and {s['fully_async_tokens_over_one_step']:.2f}x its trained response "
+            "tokens/s; its groups train {f['staleness_mean']:.2f} updates stale on average "
             f"(steps of all seeds by their stalest group: {shown}), {f['partial_groups']:.0f} groups a run (median) "
             "were continued across a "
             f"sync, and {f['queue_depth_median']:.0f} groups (median) were queued when a step took its own"
@@ -312,8 +330,10 @@ def markdown(res: dict[str, Any]) -> str:
         "+ 1 rollout worker. Quickstart: the tiny Qwen2.5-VL on the colour task (responses <= 8 tokens). Long-tail: "
         "the same model warm-started to answer and then write a filler word a log-normal number of times (median 6, "
         "at most 16x), lengths sampled by the model up to 128 tokens; lr 2e-4, no entropy bonus. Steps/s over the "
-        "steps after the first; generation, update, the off-policy step's wait for its batch and the weight sync: "
-        "medians per step; reward and validation: median [min-max] over the seeds. Fully async: "
+        "steps after the first; response tokens/s: the trained responses' tokens over the same steps' time (a step "
+        "trains as many responses in every mode, but not as long ones); generation, update, the off-policy step's "
+        "wait for its batch and the weight sync: medians per step; reward and validation: median [min-max] over the "
+        "seeds. Fully async: "
         "async_training.mode=fully_async, staleness_threshold 1, a sync after every step, partial rollouts (its "
         "'waited' is the step's wait for its groups).\n\n"
         + common.table(head, rows)
