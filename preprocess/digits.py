@@ -1,18 +1,17 @@
 """Real images without a download: scikit-learn's handwritten digits → parquet in verl's record schema.
 
-The source is ``sklearn.datasets.load_digits``: 1,797 scans of digits written by 43 people (the UCI "optical
-recognition of handwritten digits" set: 32x32 bitmaps counted into 8x8 blocks of 17 grey levels), shipped inside
-scikit-learn's wheel, so it installs from the package registry and reads offline. Each scan is drawn dark on white
-and enlarged without smoothing (``--image-size``, default 56: 7x7 pixels a block); the question is the same for
-every record ("Which digit is written in the image?"), so the image is the only signal; the answer is the digit and
-``extra_info.choices`` lists the ten (the ``synthetic`` reward's label rule: 1.0 when the answer names exactly one
-digit and it is the right one).
+The source is ``sklearn.datasets.load_digits``: the 1,797 scans of the test set of the UCI "optical recognition of
+handwritten digits" data (written by 13 people; 32x32 bitmaps counted into 8x8 blocks of 17 grey levels), shipped
+inside scikit-learn's wheel, so it installs from the package registry and reads offline. Each scan is drawn dark on
+white and enlarged without smoothing (``--image-size``, default 56: 7x7 pixels a block); the question is the same
+for every record ("Which digit is written in the image?"), so the image is the only signal; the answer is the digit
+and ``extra_info.choices`` lists the ten (the ``synthetic`` reward's label rule: 1.0 when the answer names exactly
+one digit and it is the right one).
 
 Three splits of one seeded, stratified shuffle of the whole set (each class within a record or two of its share):
-``warm``
-(``--warm-size``, default 200: the small labelled part a supervised warm start imitates), ``test``
+``warm`` (``--warm-size``, default 200: the small labelled part a supervised warm start imitates), ``test``
 (``--test-size``, default 360: held out) and ``train`` (the rest, 1,237 by default: the RL prompts, whose labels
-only the reward reads).
+only the reward reads). The data does not say who wrote which scan, so the splits share writers.
 
     python preprocess/digits.py --output-dir data/digits [--image-size 56] [--warm-size 200] [--test-size 360]
 """

@@ -216,17 +216,16 @@ def run_here(args: list[str], timeout: float = 600, env: dict[str, str] | None =
     return HereRun(text)
 
 
+EXAMPLE_VARS = ("SMOKE", "OUT", "CONFIG", "FAMILY", "MODEL_SIZE", "QUICKSTART_DATA", "VLMRL_DRY_RUN", "RAY_ADDRESS")
+"""Variables of the caller's environment that would change what an example script does: ``run_example`` drops them."""
+
+
 def run_example(script: str, out: Path, *overrides: str, timeout: float = 1200, **env: str) -> str:
     """``bash examples/<script> <overrides>`` as a user runs it (its own model, data and defaults; only ``OUT`` points
     at ``out``, and ``env`` adds variables), in its own session with its own Ray temp dir; asserts a zero exit status
     (showing the log's tail) and returns what it printed. Past ``timeout`` every process of its session ends."""
     repo = Path(__file__).parents[1]
-    keep = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in ("SMOKE", "OUT", "CONFIG", "FAMILY", "MODEL_SIZE", "QUICKSTART_DATA", "VLMRL_DRY_RUN", "RAY_ADDRESS")
-    }
+    keep = {k: v for k, v in os.environ.items() if k not in EXAMPLE_VARS}
     full = {
         **keep,
         "OUT": str(out),

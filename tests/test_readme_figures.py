@@ -352,7 +352,12 @@ FIGURES: list[Figure] = [
       kind="spread"),
     F(AS, at("summary", "long_tail", "fully_async", "response_length_mean"), "Its responses average {v} against",
       ".0f", " tokens"),
-    F(AS, at("summary", "long_tail", "async", "response_length_mean"), "against the one-step\ntrainer's {v} (a step", ".0f"),
+    F(
+        AS,
+        at("summary", "long_tail", "async", "response_length_mean"),
+        "against the one-step\ntrainer's {v} (a step",
+        ".0f",
+    ),
     F(
         AS,
         at("summary", "long_tail", "fully_async_tokens_over_one_step"),

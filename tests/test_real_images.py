@@ -18,10 +18,9 @@ import pytest
 from PIL import Image
 
 from runs import metrics, run_example
+from vlmrl.preprocess import digits
 
 REPO = Path(__file__).parents[1]
-sys.path.insert(0, str(REPO / "preprocess"))
-import digits  # noqa: E402
 
 
 @pytest.fixture(scope="module")
