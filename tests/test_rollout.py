@@ -307,3 +307,19 @@ def test_a_streamed_group_continues_across_a_weight_push_with_each_tokens_own_lo
             assert float((want - torch.tensor(rb.logprobs[k])).abs().max()) <= 1e-4
             # the other weights' log-probs differ: each token's own version is what matched
             assert float((torch.where(v == 0, new[k], old[k]) - want).abs().max()) > 1e-3
+
+
+def test_a_cpu_engine_groups_shared_memory_names_are_removed_once_mapped(tmp_path) -> None:
+    """A tensor-parallel CPU engine's segments (``<group name>_<rank>``) lose their names once every rank mapped them
+    (``vllm._unlink_group_shm``, run after vLLM's set-up barrier): a killed run leaves nothing in /dev/shm. Only that
+    group's names go: another run's group, whose name this one's starts, stays."""
+    from vlmrl.rollout.vllm import _unlink_group_shm
+
+    group = "vlmrl-0123456789-tp:0-[0-1]-cpushm"
+    for name in (f"{group}_0", f"{group}_1", f"{group}_x", f"{group}-other_0", "vlmrl-9-tp:0-[0-1]-cpushm_0"):
+        (tmp_path / name).write_bytes(b"\0")
+    assert sorted(_unlink_group_shm(group, str(tmp_path))) == [f"{group}_0", f"{group}_1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{group}_x", f"{group}-other_0", "vlmrl-9-tp:0-[0-1]-cpushm_0"]
+    )
+    assert _unlink_group_shm(group, str(tmp_path)) == []  # already gone: nothing to do, no error

@@ -85,7 +85,8 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     runs' first 40 steps are: the learning rate is constant), the engine's log-probs equal to the trainer's after
     every push.
     ``FAMILY=internvl`` trains the tiny InternVL (tiles, 1-D RoPE, a Qwen2 decoder), which learns slower: at least 0.9
-    at step 80 (its benchmark curve: 0.67 from step 20 to 60, 1.00 at 80). Each run trains on the quick start's data
+    at step 120, the quick start's default (its benchmark curve: 0.67 from step 20 to 60, 1.00 at 80; a run on
+    another machine's arithmetic was still at 0.65 at step 80). Each run trains on the quick start's data
     made once (``QUICKSTART_DATA``). LLaVA-OneVision's run is the script's, as a user runs it; the others run the
     script's training command (its config, data and the family's tiny model) with the test process as the driver
     (``runs.run_here``: its imports done, about 40 s less of start-up each), the script's ``FAMILY`` switch being
@@ -105,7 +106,7 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     out, data = tmp_path / "quickstart", colour_data_dir()
-    steps = 80 if family == "internvl" else 40
+    steps = 120 if family == "internvl" else 40
     exports = family in ("glm4v", "internvl", "smolvlm", "llava_onevision")
     model = ensure_tiny_model(0, FAMILY_SPECS[family])
     schedule = (
@@ -253,7 +254,8 @@ def test_a_dead_worker_stops_the_run_and_resume_matches_uninterrupted(
     assert took < 90, f"driver took {took:.0f} s to notice the dead worker"
     assert "vlmrl: run stopped at step" in text and "worker 1 died during" in text, text[-3000:]
     assert "(killed by SIGKILL)" in text and "last complete checkpoint:" in text and "Traceback" not in text
-    assert any(f"during {stage}" in text for stage in ("rollout", "update", "checkpoint save")), text[-3000:]
+    step_stages = ("rollout", "log-probs and values", "update", "engine sleep", "weight push", "checkpoint save")
+    assert any(f"during {stage}" in text for stage in step_stages), text[-3000:]
     last = int((out / "latest_checkpointed_iteration.txt").read_text())
     assert last in (2, 4), last
     # a crash while writing the next checkpoint leaves only a .tmp folder behind

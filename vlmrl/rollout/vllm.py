@@ -74,8 +74,11 @@ def per_run_shm_names() -> None:
     the distributed init method, which inside the trainer's process group (``env://``) is the same for every run:
     two runs on one machine would share the segments, and those a killed run leaves behind stop every later
     tensor-parallel engine on the machine from starting ("create shm in SHMManager failed. errno: 17"). The names get
-    a token rank 0 draws and broadcasts over the trainer's process group: the same on every rank, new each run.
-    Called by every rank (a collective)."""
+    a token rank 0 draws and broadcasts over the trainer's process group: the same on every rank, new each run. Once
+    every rank of a group has mapped the group's segments, their names are removed (:func:`_unlink_group_shm`): the
+    memory lives on while mapped and goes with the last process that maps it, however the run ends (vLLM's own
+    clean-up runs at a normal interpreter exit only, which worker processes do not take). Called by every rank (a
+    collective)."""
     global _SHM_RUN
     import secrets
 
@@ -88,6 +91,34 @@ def per_run_shm_names() -> None:
     shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
     if shm is not None and hasattr(shm, "make_group_name"):
         shm.make_group_name = staticmethod(_shm_group_name)
+    init = getattr(shm, "_init_cpu_shm", None)
+    if init is not None and not getattr(init, "vlmrl_unlinks", False):
+
+        def init_then_unlink(self: Any) -> int:
+            handle = init(self)  # ends with a barrier of the group: every rank has mapped every segment
+            _unlink_group_shm(self.group_name)
+            return handle
+
+        init_then_unlink.vlmrl_unlinks = True  # type: ignore[attr-defined]
+        shm._init_cpu_shm = init_then_unlink
+
+
+def _unlink_group_shm(group_name: str, folder: str = "/dev/shm") -> list[str]:
+    """Remove the names of a CPU engine group's shared-memory segments (``<group name>_<rank>``, one per rank; any
+    rank may remove all: a name already gone is skipped); the names removed."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(f"{group_name}_") and name[len(group_name) + 1 :].isdigit():
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def translate_engine_kwargs(user: dict[str, Any]) -> dict[str, Any]:
