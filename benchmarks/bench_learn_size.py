@@ -39,9 +39,9 @@ RECIPES: dict[str, list[str]] = {
 }
 """Each size's recipe: Hydra overrides of ``configs/tiny_cpu.yaml`` (the quick start's: 16 prompts x 8 samples a
 step, 8-token answers, temperature 1, KL off, AdamW without weight decay, gradient clip 1). The 20m one came from
-three single runs of 150-160 steps (the default seed): lr 5e-4 with 10 warm-up steps and the quick start's entropy
-bonus 0.03 reached 1.0 held out at step 60 (212 s of training) and was at 1.0 at every validation from step 100 to
-160; lr 1e-3 (the same bonus) reached 1.0 only at step 120 (437 s) and then fell apart (0.60 at step 150: with every
+three single runs (validation every 20 steps): lr 5e-4 with 10 warm-up steps and the quick start's entropy bonus
+0.03 reached 1.0 held out at step 60 (212 s of training) and was at 1.0 at every validation from step 100 to 160;
+lr 1e-3 (the same bonus) reached 1.0 only at step 120 (437 s) and then fell apart (0.60 at step 150: with every
 answer right the advantages are zero and only the bonus acts, raising the entropy of the answers' free tokens until
 they name a second colour, which scores 0); lr 1e-3 with a bonus of 0.01 (seed 1) rose to 0.67 and fell back to
 0.33 by step 100. The tiny model's lr, 2e-3, is what bench_trl.py's time-to-learn runs at this size use."""

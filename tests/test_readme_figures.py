@@ -657,6 +657,35 @@ def _real_images_figures() -> list[Figure]:
 
 
 FIGURES += _real_images_figures()
+
+LS = "learn_size.json"
+
+
+def _after_hit_low(d: dict[str, Any]) -> float:
+    """Seed 1's lowest held-out accuracy after it first reached the mark."""
+    run = d["runs"][0]
+    return min(c["val"] for c in run["curve"] if c["step"] > run["hit_step"])
+
+
+FIGURES += [  # docs/speed.md, "Learning at size"
+    F(LS, at("runs", 0, "params"), "`20m` preset ({v} M parameters, random", ".1f", scale=1e-6),
+    F(LS, at("runs", 0, "budget_s"), "budget of {v} of training.", "d", " s"),
+    F(LS, at("runs", 0, "best_val"), "seed 1 reached {v} at step", ".2f"),
+    F(LS, at("runs", 0, "hit_step"), "reached {*} at step {v},\nafter", "d"),
+    F(LS, at("runs", 0, "hit_train_s"), "after {v}, and seed 2", "d", " s"),
+    F(LS, at("runs", 1, "hit_step"), "seed 2 at step {v}, after", "d"),
+    F(LS, at("runs", 1, "hit_train_s"), "seed 2 at step {*}, after {v}; both", "d", " s"),
+    F(
+        LS,
+        computed("the last validation of both seeds (equal)", lambda d: [r["final_val"] for r in d["runs"]]),
+        "both were at {v} at their last",
+        ".2f",
+        kind="spread",
+    ),
+    F(LS, computed("seed 1's lowest accuracy after the mark", _after_hit_low), "dipped to {v} once", ".2f"),
+    F(LS, at("runs", 0, "step_s"), "A step took {v} and", ".2f", " s"),
+    F(LS, at("runs", 1, "step_s"), "took {*} and {v} (medians)", ".2f", " s"),
+]
 FIGURES += [
     F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one ends at {v} and the MoE"),
     F(FA, at("families", "qwen3_vl_moe", "video", "val", "70"), "and the MoE one at {v} (their training"),
@@ -772,6 +801,10 @@ ALLOWED: list[tuple[str, str]] = [
     ("in steps 151-200;", "the benchmark's 50-step ranges"),
     ("and 200 steps, multi-turn off", "configs/tool_zoom_cpu.yaml"),
     ("(the config uses 3e-4)", "configs/tool_zoom_cpu.yaml"),
+    (
+        "a learning rate of 5e-4\nafter 10 warm-up steps (the quick start's is 2e-3)",
+        "the 20m recipe's settings (bench_learn_size.py's RECIPES; checked in CLAIMS)",
+    ),
     ("`lr` 1e-3 broke", "the setting that was tried"),
     ("at step 300 and 600", "the temporal runs' validation steps (half and all of --temporal-steps)"),
     ("({*} of 96)", "the validation set's size (bench_video.py: 96 test records)"),
@@ -875,6 +908,28 @@ def _default(where: str, name: str) -> Any:
 
 
 CLAIMS: list[tuple[str, str, Callable[[], bool]]] = [
+    (
+        "a learning rate of 5e-4\nafter 10 warm-up steps (the quick start's is 2e-3), the quick start's entropy "
+        "bonus kept",
+        "benchmarks/bench_learn_size.py: RECIPES['20m']; configs/tiny_cpu.yaml",
+        lambda: (
+            _literal("benchmarks/bench_learn_size.py", "RECIPES")["20m"]
+            == [
+                "actor_rollout_ref.actor.optim.lr=5e-4",
+                "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+                f"actor_rollout_ref.actor.entropy_coeff={_yaml('configs/tiny_cpu.yaml')['actor_rollout_ref']['actor']['entropy_coeff']}",
+            ]
+            and _yaml("configs/tiny_cpu.yaml")["actor_rollout_ref"]["actor"]["optim"]["lr"] == 2e-3
+        ),
+    ),
+    (
+        "Single runs at twice that learning rate,\nwith that bonus or a third of it",
+        "benchmarks/bench_learn_size.py: RECIPES' docstring (lr 1e-3 with bonus 0.03 and 0.01)",
+        lambda: (
+            "lr 1e-3 (the same bonus)" in _source("benchmarks/bench_learn_size.py")
+            and "lr 1e-3 with a bonus of 0.01" in _source("benchmarks/bench_learn_size.py")
+        ),
+    ),
     (
         "H200, 28 Nov 2026",
         "benchmarks/results/gpu.json: machine.gpu and date (the README's status table names that session)",
