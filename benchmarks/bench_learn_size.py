@@ -36,6 +36,11 @@ RECIPES: dict[str, list[str]] = {
         "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
         "actor_rollout_ref.actor.entropy_coeff=0.03",
     ],
+    "100m": [
+        "actor_rollout_ref.actor.optim.lr=2.5e-4",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+        "actor_rollout_ref.actor.entropy_coeff=0.03",
+    ],
 }
 """Each size's recipe: Hydra overrides of ``configs/tiny_cpu.yaml`` (the quick start's: 16 prompts x 8 samples a
 step, 8-token answers, temperature 1, KL off, AdamW without weight decay, gradient clip 1). The 20m one came from
@@ -44,7 +49,8 @@ three single runs (validation every 20 steps): lr 5e-4 with 10 warm-up steps and
 lr 1e-3 (the same bonus) reached 1.0 only at step 120 (437 s) and then fell apart (0.60 at step 150: with every
 answer right the advantages are zero and only the bonus acts, raising the entropy of the answers' free tokens until
 they name a second colour, which scores 0); lr 1e-3 with a bonus of 0.01 (seed 1) rose to 0.67 and fell back to
-0.33 by step 100. The tiny model's lr, 2e-3, is what bench_trl.py's time-to-learn runs at this size use."""
+0.33 by step 100. The tiny model's lr, 2e-3, is what bench_trl.py's time-to-learn runs at this size use. The 100m
+recipe halves the 20m learning rate, as its hidden width doubles (1,024 against 512), without a run to tune it."""
 BUDGET_S = {"20m": 600.0, "100m": 1200.0}
 """Training seconds per run (issue 47: 20m to validation >= 0.9 within 600 s; 100m a rising curve within 1,200 s)."""
 TEST_FREQ = {"20m": 10, "100m": 10}
