@@ -143,6 +143,7 @@ def test_a_model_size_the_presets_lack_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the warm start takes a thread per core: beside another test it took 303 s (alone: ~80 s)
 def test_grpo_raises_the_held_out_accuracy_over_the_warm_start(tmp_path: Path) -> None:
     """``bash examples/real_images_cpu.sh`` as a user runs it (the tiny model): the warm start imitates the 200
     labelled records, then 100 GRPO steps on the 1,237 others raise the greedy accuracy on the 360 held-out scans by
