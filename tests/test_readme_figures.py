@@ -667,6 +667,21 @@ def _after_hit_low(d: dict[str, Any]) -> float:
     return min(c["val"] for c in run["curve"] if c["step"] > run["hit_step"])
 
 
+def _hundred(key: str) -> Field:
+    """A figure of the 100m run (``first_best_step`` / ``first_best_s``: where its curve first reached its best)."""
+
+    def get(d: dict[str, Any]) -> Any:
+        run = next(r for r in d["runs"] if r["size"] == "100m")
+        if key == "start_val":
+            return run["curve"][0]["val"]
+        if key.startswith("first_best"):
+            first = next(c for c in run["curve"] if c["val"] == run["best_val"])
+            return first["step" if key.endswith("step") else "train_s"]
+        return run[key]
+
+    return computed(f"the 100m run's {key}", get)
+
+
 FIGURES += [  # docs/speed.md, "Learning at size"
     F(LS, at("runs", 0, "params"), "`20m` preset ({v} M parameters, random", ".1f", scale=1e-6),
     F(LS, at("runs", 0, "budget_s"), "budget of {v} of training.", "d", " s"),
@@ -677,7 +692,10 @@ FIGURES += [  # docs/speed.md, "Learning at size"
     F(LS, at("runs", 1, "hit_train_s"), "seed 2 at step {*}, after {v}; both", "d", " s"),
     F(
         LS,
-        computed("the last validation of both seeds (equal)", lambda d: [r["final_val"] for r in d["runs"]]),
+        computed(
+            "the last validation of both 20m seeds (equal)",
+            lambda d: [r["final_val"] for r in d["runs"] if r["size"] == "20m"],
+        ),
         "both were at {v} at their last",
         ".2f",
         kind="spread",
@@ -685,6 +703,14 @@ FIGURES += [  # docs/speed.md, "Learning at size"
     F(LS, computed("seed 1's lowest accuracy after the mark", _after_hit_low), "dipped to {v} once", ".2f"),
     F(LS, at("runs", 0, "step_s"), "A step took {v} and", ".2f", " s"),
     F(LS, at("runs", 1, "step_s"), "took {*} and {v} (medians)", ".2f", " s"),
+    F(LS, _hundred("params"), "At `100m` ({v} M parameters)", ".1f", scale=1e-6),
+    F(LS, _hundred("start_val"), "accuracy rose from {v} to", ".2f"),
+    F(LS, _hundred("best_val"), "rose from {*} to {v} by step", ".2f"),
+    F(LS, _hundred("first_best_step"), "to {*} by step {v}, after", "d"),
+    F(LS, _hundred("first_best_s"), "by step {*}, after {v}, and was", "d", " s"),
+    F(LS, _hundred("final_val"), "and was {v}\nat its last validation", ".2f"),
+    F(LS, _hundred("budget_s"), "past the budget of {v}; a step", ",d", " s"),
+    F(LS, _hundred("step_s"), "a step took {v}.", ".2f", " s"),
 ]
 FIGURES += [
     F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one ends at {v} and the MoE"),
