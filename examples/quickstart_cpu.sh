@@ -10,7 +10,9 @@
 # interleaved M-RoPE) on the same task, FAMILY=glm4v the tiny GLM-4.1V (GLM's tokens, chat template and decoder),
 # FAMILY=internvl the tiny InternVL (tiled images, a Qwen2 decoder with 1-D RoPE; it takes the default 120 steps),
 # FAMILY=smolvlm the tiny SmolVLM (a grid of tiles behind row/column tokens, a Llama decoder with 1-D RoPE),
-# FAMILY=llava_onevision the tiny LLaVA-OneVision (anyres patches with newline rows, a Qwen2 decoder, 1-D RoPE).
+# FAMILY=llava_onevision the tiny LLaVA-OneVision (anyres patches with newline rows, a Qwen2 decoder, 1-D RoPE),
+# FAMILY=gemma3 the tiny Gemma 3 (image tokens attending both ways, a sliding-window layer) with the HF rollout
+# (vLLM's CPU attention cannot attend both ways inside an image).
 # QUICKSTART_DATA names a folder holding the task's train.parquet and test.parquet from an earlier run (its
 # $OUT/data): the script trains on them as they are and skips the data step.
 set -euo pipefail
@@ -27,6 +29,10 @@ FAMILY=${FAMILY:-qwen2_5_vl}
 MODEL=$("$PY" -c "import sys; from vlmrl.testing.tiny import FAMILY_SPECS as F, ensure_tiny_model as m
 print(m(seed=0, spec=F[sys.argv[1]]))" "$FAMILY")
 echo "[quickstart] tiny model: $MODEL ($FAMILY)"
+family=()
+if [[ $FAMILY == gemma3 ]]; then
+  family=(actor_rollout_ref.rollout.name=hf)
+fi
 sizes=(--train-size 4096 --test-size 96)
 smoke=()
 if [[ ${SMOKE:-0} == 1 ]]; then
@@ -49,7 +55,7 @@ fi
 
 "$PY" -m vlmrl.train --config-name "${CONFIG:-tiny_cpu}" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" \
-  actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} "$@"
+  actor_rollout_ref.model.path="$MODEL" trainer.default_local_dir="$OUT" ${smoke[@]+"${smoke[@]}"} ${family[@]+"${family[@]}"} "$@"
 
 "$PY" -m vlmrl.trainer.tracking "$OUT/metrics.jsonl" "$OUT/reward_curve.png"
 "$PY" -m vlmrl.report "$OUT" --output "$OUT/report.html"

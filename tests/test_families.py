@@ -36,6 +36,7 @@ FAMILY_NAMES = [
     "smolvlm",
     "idefics3",
     "llava_onevision",
+    "gemma3",
 ]
 """The tiny models (``FAMILY_SPECS``): Qwen2-VL is a model type of the Qwen2.5-VL family and Idefics3 one of the
 SmolVLM family, checked all the same."""
@@ -182,6 +183,43 @@ def test_the_tiny_model_of_each_family_is_its_real_architecture(tiny: Tiny, tmp_
         assert tower and all(k.startswith("vision_tower.vision_model.") for k in tower)
         sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
         assert sizes == [2, FAMILY_SPECS["llava_onevision"].vision_depth]
+    elif tiny.name == "gemma3":  # one 56-px image of 14-px patches pooled to 4 tokens; Gemma 3's decoder, 1-D RoPE
+        assert (type(model).__name__, type(proc).__name__) == ("Gemma3ForConditionalGeneration", "Gemma3Processor")
+        assert (vision.patch_size, vision.image_size, proc.image_seq_length, model.config.mm_tokens_per_image) == (
+            14,
+            56,
+            4,
+            4,
+        )
+        text_cfg = model.config.text_config
+        assert text_cfg.layer_types == ["sliding_attention", "full_attention"] and text_cfg.sliding_window == 24
+        assert not tiny.family.mrope and tiny.family.bidirectional_images and not proc.image_processor.do_pan_and_scan
+        text = proc.apply_chat_template(
+            [
+                {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )  # Gemma 3's template: the system text opens the first user turn
+        assert text == "<bos><start_of_turn>user\nBe brief.\n\n<start_of_image>hi<end_of_turn>\n<start_of_turn>model\n"
+        tok = proc.tokenizer  # newline runs are single tokens, as in Gemma's vocabulary
+        assert [len(tok("\n" * k, add_special_tokens=False)["input_ids"]) for k in (1, 2, 3, 4)] == [1, 1, 1, 1]
+        ids = qwen_vl.vision_token_ids(tok)
+        assert tok.convert_ids_to_tokens([ids.image_pad, ids.vision_end, *ids.extra]) == [
+            "<start_of_image>",
+            "<end_of_image>",
+            "<image_soft_token>",
+        ]
+        ends = {tok.convert_tokens_to_ids(t) for t in ("<end_of_turn>", "<eos>")}
+        assert set(model.generation_config.eos_token_id) == ends
+        from safetensors import safe_open
+
+        with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
+            tower = [k for k in f.keys() if k.startswith("vision_tower.")]
+        assert tower and all(k.startswith("vision_tower.vision_model.") for k in tower)  # the hub's names
+        sizes = [len(qwen_vl.vision_modules(model)), len(qwen_vl.vision_blocks(model))]
+        assert sizes == [2, FAMILY_SPECS["gemma3"].vision_depth]
     elif tiny.family.tiles:  # InternVL: 56-px tiles of 14-px patches, 4 tokens each; a Qwen2 decoder, 1-D RoPE
         assert type(model).__name__ == "InternVLForConditionalGeneration" and type(proc).__name__ == "InternVLProcessor"
         assert list(vision.patch_size) == [tiny.family.patch_size] * 2 and list(vision.image_size) == [56, 56]
@@ -264,6 +302,11 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
 
     proc = tiny.processor
     model = tiny.model().eval()
+    if tiny.family.bidirectional_images:  # Gemma 3: vLLM's CPU attention would attend causally over its images
+        with pytest.raises(ValueError, match="attend to each other both ways.*rollout.name=hf"):
+            tiny.engine()
+        hf_rollout_equals_the_trainer(model, tiny, prompts_of(proc))
+        return
     engine = tiny.engine()
     try:
         prompts = prompts_of(proc)
@@ -275,10 +318,7 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
         print(f"{tiny.name} vLLM vs trainer: {gaps}")
         assert max(gaps.values()) <= 1e-4, gaps
 
-        torch.manual_seed(0)
-        hf_rb = HFRollout(model, proc).generate(prompts, SamplingSpec(n=2, max_tokens=8))
-        hf_gaps = trainer_gaps(model, tiny, prompts, hf_rb)
-        assert max(hf_gaps.values()) <= 1e-4, hf_gaps
+        hf_rollout_equals_the_trainer(model, tiny, prompts)
 
         greedy = SamplingSpec(n=1, max_tokens=8, temperature=0.0)
         probe = [prompts[2], prompts[3]]
@@ -312,6 +352,16 @@ def test_engine_hf_rollout_and_trainer_agree_and_a_push_equals_fresh_weights(tin
             assert max(trainer_gaps(weights.eval(), tiny, probe, again).values()) <= 1e-4
     finally:
         engine.close()
+
+
+def hf_rollout_equals_the_trainer(model: torch.nn.Module, tiny: Tiny, prompts: list[PromptSample]) -> None:
+    """The HF rollout's log-probs equal the trainer's shared-prompt, full-sequence and packed forwards (<= 1e-4)."""
+    torch.manual_seed(0)
+    hf_rb = HFRollout(model, tiny.processor).generate(prompts, SamplingSpec(n=2, max_tokens=8))
+    assert len({tuple(r) for r in hf_rb.response_ids}) > 4
+    hf_gaps = trainer_gaps(model, tiny, prompts, hf_rb)
+    print(f"{tiny.name} HF rollout vs trainer: {hf_gaps}")
+    assert max(hf_gaps.values()) <= 1e-4, hf_gaps
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -378,6 +428,41 @@ def test_checkpointing_lora_packing_and_token_budgets_give_the_same_gradients(ti
         assert grads.keys() == ref_g.keys(), what
         worst = max(float((grads[k] - ref_g[k]).abs().max()) for k in ref_g)
         assert worst <= 1e-5, (what, worst)
+
+
+def test_gemma3s_image_tokens_attend_both_ways_in_every_forward() -> None:
+    """Gemma 3's image tokens see their whole image, and its sliding-window layer 24 tokens back: the trainer's
+    shared-prompt, full-sequence and packed forwards give the log-probs of the model fed as its processor feeds it
+    (``token_type_ids`` from ``Gemma3Processor``), on a two-image prompt longer than the window, and a causal reading
+    of the same ids differs (so the check can fail)."""
+    path = str(ensure_tiny_model(0, FAMILY_SPECS["gemma3"]))
+    proc = AutoProcessor.from_pretrained(path)
+    tiny = Tiny("gemma3", path, proc, FAMILIES["gemma3"])
+    model = tiny.model().eval()
+    prompt = prompts_of(proc)[0]  # two images
+    response = [11, 12, 13, 14, 15, 16]
+    rb = RolloutBatch([expanded(proc, prompt)], [response], [[0.0] * len(response)], ["length"], n=1)
+    enc = proc(text=[prompt.prompt_text], images=[prompt.images], return_tensors="pt")
+    assert enc["input_ids"][0].tolist() == rb.prompt_ids[0] and int(enc["token_type_ids"].sum()) == 8
+    ids = torch.cat([enc["input_ids"], torch.tensor([response])], dim=1)
+    assert ids.shape[1] > model.config.text_config.sliding_window  # the window acts
+    types = torch.cat([enc["token_type_ids"], torch.zeros(1, len(response), dtype=torch.long)], dim=1)
+
+    def reference(**kw: Any) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(input_ids=ids, pixel_values=enc["pixel_values"], **kw).logits
+        P = enc["input_ids"].shape[1]
+        return forward.token_logprobs(logits[:, P - 1 : -1], torch.tensor([response]))
+
+    want, causal = reference(token_type_ids=types), reference()
+    assert float((want - causal).abs().max()) > 1e-3  # the images' two-way attention shows in the response
+    x = inputs(tiny, [prompt], rb)
+    vision_ids = qwen_vl.vision_token_ids(proc.tokenizer)
+    for fn in (forward.shared_sample_logits, forward.full_sequence_logits, forward.packed_logits):
+        with torch.no_grad():
+            logits, _ = fn(model, x, vision_ids)
+        got = forward.token_logprobs(logits, x.responses)
+        assert float((got - want).abs().max()) <= 1e-5, fn.__name__
 
 
 def test_a_text_only_micro_batch_runs_the_dummy_vision_pass(tiny: Tiny) -> None:
@@ -538,8 +623,9 @@ def test_verls_image_patch_size_key_takes_each_familys_patch_size() -> None:
 
 
 def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) -> None:
-    """GLM-4.1V, InternVL, SmolVLM and LLaVA-OneVision (``Family.videos`` / ``tool_turns`` false): multi-turn tool
-    rollouts and video limits are refused at the config gate naming the family; a record with a video is refused by
+    """GLM-4.1V, InternVL, SmolVLM, LLaVA-OneVision and Gemma 3 (``Family.videos`` / ``tool_turns`` false): multi-turn
+    tool rollouts and video limits are refused at the config gate naming the family (Gemma 3 on CPU also with the
+    vLLM rollout, whose CPU attention cannot attend both ways inside an image); a record with a video is refused by
     the dataset naming the file and row; pixel bounds are refused for a tiled family; the dry run names each tiled
     family's layout; a
     GLM-4.1V config without ``text_config.attention_bias`` (vLLM would build the decoder without the q/k/v biases
@@ -577,8 +663,22 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
         assert len(problems) == 2 * refused, problems
         assert not refused or "multi_turn.enable=True: vlmrl writes tool turns in Qwen's hermes format" in problems[0]
         assert not refused or f"limit_videos=1: vlmrl trains {name} on images and text" in problems[1]
+    gemma = ensure_tiny_model(0, FAMILY_SPECS["gemma3"])  # also: its images attend both ways, which vLLM's CPU
+    name = "Gemma 3 (gemma3)"  # attention does not do (the default rollout.name=vllm is refused on CPU)
+    cfg = load([*base, f"actor_rollout_ref.model.path={gemma}", *turns, "actor_rollout_ref.rollout.limit_videos=1"])
+    problems = [p for p in check_environment(cfg) if name in p]
+    assert len(problems) == 3 and "actor_rollout_ref.rollout.name=vllm: Gemma 3 (gemma3)'s image tokens" in problems[2]
+    assert problems[2].endswith("on CPU set actor_rollout_ref.rollout.name=hf."), problems[2]
+    cfg = load([*base, f"actor_rollout_ref.model.path={gemma}", "actor_rollout_ref.rollout.name=hf"])
+    assert not [p for p in check_environment(cfg) if name in p]
     from vlmrl import dry_run
 
+    dry_run.run(cfg, [], [])
+    plan = capsys.readouterr().out
+    assert (
+        "model family: Gemma 3 (one 56-px image of 4 tokens (no pan-and-scan), attending both ways inside each image, "
+        "1-D positions, its own vision tokens <start_of_image>, " in plan
+    )
     dry_run.run(load([*base, f"actor_rollout_ref.model.path={internvl}"]), [], [])  # (its videos: refused)
     plan = capsys.readouterr().out
     assert (
@@ -600,12 +700,21 @@ def test_what_a_family_is_not_trained_on_is_refused_by_name(tmp_path, capsys) ->
         (internvl, "InternVL (internvl)"),
         (smolvlm, "SmolVLM (smolvlm)"),
         (llava, "LLaVA-OneVision (llava_onevision)"),
+        (gemma, "Gemma 3 (gemma3)"),
     )
     for path, label in tiled:  # tiles: no pixel bounds
-        cfg = load([*base, f"actor_rollout_ref.model.path={path}", "data.max_pixels=50176"])
+        cfg = load(
+            [
+                *base,
+                f"actor_rollout_ref.model.path={path}",
+                "data.max_pixels=50176",
+                "actor_rollout_ref.rollout.name=hf",
+            ]
+        )
         [problem] = [p for p in check_environment(cfg) if label in p]
         assert problem.startswith(f"data.max_pixels=50176: {label}'s processor cuts each image into tiles")
-    for path, label in ((glm, "GLM-4.1V"), (internvl, "InternVL"), (smolvlm, "SmolVLM"), (llava, "LLaVA-OneVision")):
+    families = ((glm, "GLM-4.1V"), (internvl, "InternVL"), (smolvlm, "SmolVLM"), (llava, "LLaVA-OneVision"))
+    for path, label in (*families, (gemma, "Gemma 3")):
         proc = AutoProcessor.from_pretrained(path)
         with pytest.raises(
             DataError, match=rf"train.parquet.*row 0.*holds 1 video\(s\); vlmrl trains {label} on images"

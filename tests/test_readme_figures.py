@@ -730,7 +730,10 @@ ALLOWED: list[tuple[str, str]] = [
     # model families (README, "Model families")
     ("a token per merged 2 x 2)", "Qwen-VL's spatial merge, an architecture setting"),
     ("at least 0.9 at step 40 for each),", "the bound and steps tests/test_train_e2e.py asserts"),
-    ("(at least 0.9 at\nstep 120, the quick start's default)", "the bound and step tests/test_train_e2e.py asserts"),
+    ("(at least 0.9 at step 120, the quick\nstart's default)", "the bound and step tests/test_train_e2e.py asserts"),
+    ("one 56-pixel square of 4 tokens", "the tiny Gemma 3's processor (vlmrl/testing/tiny_gemma3.py), settings"),
+    ("layer with a 24-token window", "the tiny Gemma 3's sliding window (vlmrl/testing/tiny_gemma3.py), a setting"),
+    ("longer than the tiny model's 24-token window", "the tiny Gemma 3's sliding window, a setting"),
     ("(the InternVL3 / 3.5 `-hf` checkpoints)", "model version names"),
     (
         "(1 to 4 and a thumbnail, 4 tokens each)",

@@ -74,7 +74,7 @@ def test_the_quick_start_script_learns_as_the_readme_says(tmp_path):
     print(f"quick start: {took:.0f} s, validation {val}, 5-step mean > 0.9 at step {passed}")
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v", "internvl", "smolvlm", "llava_onevision"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "glm4v", "internvl", "smolvlm", "llava_onevision", "gemma3"])
 def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     """README, model families: ``FAMILY=qwen3_vl bash examples/quickstart_cpu.sh`` trains the tiny Qwen3-VL (16-px
     patches, DeepStack, interleaved M-RoPE), ``FAMILY=glm4v`` the tiny GLM-4.1V (GLM's tokens, template and
@@ -86,12 +86,15 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     every push.
     ``FAMILY=internvl`` trains the tiny InternVL (tiles, 1-D RoPE, a Qwen2 decoder), which learns slower: at least 0.9
     at step 120, the quick start's default (its benchmark curve: 0.67 from step 20 to 60, 1.00 at 80; a run on
-    another machine's arithmetic was still at 0.65 at step 80). Each run trains on the quick start's data
-    made once (``QUICKSTART_DATA``). LLaVA-OneVision's run is the script's, as a user runs it; the others run the
+    another machine's arithmetic was still at 0.65 at step 80), and so does ``FAMILY=gemma3``, the tiny Gemma 3
+    (image tokens attending both ways, a sliding-window layer), which the script rolls out with the HF rollout
+    (vLLM's CPU attention is refused for it). Each run trains on the quick start's data
+    made once (``QUICKSTART_DATA``). LLaVA-OneVision's and Gemma 3's runs are the script's, as a user runs it; the
+    others run the
     script's training command (its config, data and the family's tiny model) with the test process as the driver
     (``runs.run_here``: its imports done, about 40 s less of start-up each), the script's ``FAMILY`` switch being
     the same line for every family.
-    The last checkpoint of GLM-4.1V, of InternVL (whose checkpoints keep InternVL's original layout,
+    The last checkpoint of GLM-4.1V, of Gemma 3 (its tower under ``vision_tower.vision_model.*``), of InternVL (whose checkpoints keep InternVL's original layout,
     ``language_model.model.*``), of SmolVLM (``model.text_model.*``) and of LLaVA-OneVision (the SigLIP tower under
     ``vision_tower.vision_model.*``, its image newline trained) exports (``python -m vlmrl.export``) to a folder in
     the hub's layout: transformers loads it with the trained weights, and its tensors have the names, shapes and
@@ -106,15 +109,15 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     out, data = tmp_path / "quickstart", colour_data_dir()
-    steps = 120 if family == "internvl" else 40
-    exports = family in ("glm4v", "internvl", "smolvlm", "llava_onevision")
+    steps = 120 if family in ("internvl", "gemma3") else 40
+    exports = family in ("glm4v", "internvl", "smolvlm", "llava_onevision", "gemma3")
     model = ensure_tiny_model(0, FAMILY_SPECS[family])
     schedule = (
         f"trainer.total_training_steps={steps}",
         f"trainer.test_freq={steps}",
         f"trainer.save_freq={steps if exports else -1}",
     )
-    if family == "llava_onevision":
+    if family in ("llava_onevision", "gemma3"):
         log = run_example("quickstart_cpu.sh", out, *schedule, timeout=1200, FAMILY=family, QUICKSTART_DATA=str(data))
         assert f"[quickstart] data: {data} (QUICKSTART_DATA, as it is)" in log and not (out / "data").exists()
         tag = family.replace("_", "")

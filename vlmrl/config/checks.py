@@ -22,7 +22,7 @@ from typing import Any
 from vlmrl.config import fully_async
 from vlmrl.config.errors import ConfigError
 from vlmrl.config.network import prometheus_problems, ray_auth_problem
-from vlmrl.config.plan import RunPlan, critic_plan, needs_of, run_plan, token_budgets
+from vlmrl.config.plan import RunPlan, critic_plan, needs_of, planned_device, run_plan, token_budgets
 from vlmrl.config.reward_model import reward_model_environment, reward_model_problems
 from vlmrl.config.schema import TOTAL_SCORE_NAMES, RewardConfig, RolloutConfig, VLMRLConfig
 from vlmrl.userfiles import short_name
@@ -699,6 +699,12 @@ def family_problems(cfg: VLMRLConfig, model_type: str) -> list[str]:
         p.append(
             f"actor_rollout_ref.rollout.limit_videos={ro.limit_videos}: vlmrl trains {fam.label} ({model_type}) on "
             "images and text, not videos; set it to 0 or null."
+        )
+    if fam.bidirectional_images and ro.name == "vllm" and planned_device(cfg) == "cpu":
+        p.append(
+            f"actor_rollout_ref.rollout.name=vllm: {fam.label} ({model_type})'s image tokens attend to each other both "
+            "ways, which vLLM's CPU attention does not do (it would attend causally, and its log-probs would not be "
+            "the trainer's); on CPU set actor_rollout_ref.rollout.name=hf."
         )
     if fam.tiles:
         for key in ("min_pixels", "max_pixels"):

@@ -59,6 +59,23 @@ def model_positions(model: torch.nn.Module, positions: torch.Tensor) -> torch.Te
     return positions if family(model).mrope else positions[0]
 
 
+def image_token_types(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"token_type_ids": 1 on image tokens}`` for a family whose image tokens attend both ways
+    (``Family.bidirectional_images``: transformers' Gemma 3 builds its masks from them), else ``{}``."""
+    if not family(model).bidirectional_images:
+        return {}
+    image = int(qwen_vl.inner_model(model).config.image_token_id)
+    return {"token_type_ids": (input_ids == image).long()}
+
+
+def image_blocks(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """A packed row's image blocks (``packing.Segments.image_blocks``): each run of image tokens numbered from 0, -1
+    elsewhere (transformers' ``get_block_sequence_ids_for_mask`` on one row)."""
+    is_image = input_ids == image_token_id
+    starts = is_image & ~torch.nn.functional.pad(is_image, (1, 0))[:-1]
+    return torch.where(is_image, starts.long().cumsum(0) - 1, -1)
+
+
 def forward_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -85,6 +102,7 @@ def forward_logits(
         "attention_mask": attention_mask,
         "use_cache": False,
         "position_ids": model_positions(model, rope_position_ids(model, input_ids, attention_mask, vision_ids, vision)),
+        **image_token_types(model, input_ids),
     }
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
@@ -153,6 +171,7 @@ def shared_prompt_logits(
     p_pos, r_pos = shared_prompt_positions(model, input_ids, attention_mask, P, rows, inv, vision_ids, vision)
     p_pos, r_pos = model_positions(model, p_pos), model_positions(model, r_pos)
     kwargs: dict[str, Any] = {"attention_mask": p_mask, "position_ids": p_pos, "use_cache": True, "logits_to_keep": 1}
+    kwargs.update(image_token_types(model, p_ids))  # (responses hold no image tokens: their pass is causal)
     if (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
     out = model(input_ids=p_ids, **kwargs)
@@ -392,6 +411,9 @@ def packed_logits(
     if (outputs := vision.encoder_outputs(model)) is not None:
         kwargs["mm_encoder_outputs"] = outputs
     ids = mb.input_ids.flatten()[layout.tokens.to(mb.input_ids.device)].unsqueeze(0)
+    layout.segments.positions = positions[0].to(ids.device)
+    if family(model).bidirectional_images:
+        layout.segments.image_blocks = image_blocks(ids[0], int(qwen_vl.inner_model(model).config.image_token_id))
     logits = model(input_ids=ids, **kwargs).logits[0]
     out = logits.new_zeros(B * R, logits.shape[-1])  # the response padding's columns: zeros, which the mask drops
     out[layout.predicted.to(out.device)] = logits

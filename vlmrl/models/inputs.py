@@ -144,7 +144,7 @@ def expand_pads(ids: list[int], v: PromptImages, processor: Any, family: qwen_vl
         if family.tiles is None:
             raise ValueError(f"expand_pads: tiled images for {family.label}, whose images are not tiled")
         layouts = family.tiles.layouts(v.tiled, processor, pads)
-        ids = qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image")
+        ids = family.tiles.join(qwen_vl.replace_pads(ids, pads.image_pad, layouts, "image"), processor)
     elif v.num_images:
         ids = qwen_vl.expand_image_pads(ids, pads.image_pad, qwen_vl.tokens_per_image(v.image_grid_thw, merge))
     if v.num_videos:

@@ -10,10 +10,12 @@ attention function through transformers' keyword arguments (``vlmrl_segments``; 
 another attention implementation would read without the shared prompts). The attention function is vlmrl's
 :data:`VARLEN`, registered with transformers and used by every model vlmrl loads (``models.trainable.load_model``):
 
-- a packed row, on CUDA in half precision with ``flash_attn`` installed: flash-attention's varlen kernel;
+- a packed row, on CUDA in half precision with ``flash_attn`` installed: flash-attention's varlen kernel (causal
+  segments only: a Gemma 3 row, with image tokens attending both ways and sliding-window layers, takes the next
+  path);
 - a packed row otherwise: the segments gathered into padded blocks (prompts, responses; segments of similar length
   together), one masked ``scaled_dot_product_attention`` per block, the real positions gathered back: only attention
-  sees some padding, and the linear layers none;
+  sees some padding, and the linear layers none (each block's mask: :meth:`Segments.masks`);
 - any other call (a padded forward, the vision tower, generation): exactly transformers' ``sdpa``.
 
 Log-probs, losses and gradients equal the padded forwards' (tests/test_packing.py).
@@ -34,11 +36,13 @@ VARLEN = "vlmrl_varlen"
 class Block:
     """Segments of one kind gathered into a padded batch [S, L] for attention: ``queries`` [S, L] the row positions of
     each segment's tokens (0 past its end), ``keys`` [S, Lk] those of its keys (its prefix's, then its own), ``mask``
-    [S, 1, L, Lk] which keys each query sees (all of its prefix, then itself causally)."""
+    [S, 1, L, Lk] which keys each query sees (all of its prefix, then itself causally), ``key_valid`` [S, Lk] which
+    keys are real."""
 
     queries: torch.Tensor
     keys: torch.Tensor
     mask: torch.Tensor
+    key_valid: torch.Tensor
 
 
 @dataclass
@@ -54,7 +58,38 @@ class Segments:
     query_index: torch.Tensor
     key_index: torch.Tensor
     out: torch.Tensor
+    positions: torch.Tensor | None = None
+    """[T] each row position's 1-D position (set by the forward; a sliding-window layer reads it)."""
+    image_blocks: torch.Tensor | None = None
+    """[T] for a family whose image tokens attend both ways (``Family.bidirectional_images``): each row position's
+    image (a number per run of image tokens), -1 elsewhere; None: causal everywhere."""
     _flash: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _masks: dict[int, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def masks(self, sliding_window: int | None = None) -> list[torch.Tensor]:
+        """Each block's mask [S, 1, L, Lk] as a layer sees it: the causal one, OR a query's own image's keys
+        (``image_blocks``), AND, in a sliding-window layer, the keys less than ``sliding_window`` positions back
+        (transformers' Gemma 3 masks: ``AND(sliding window, OR(causal, image block))``). Computed once per forward
+        and window."""
+        window = int(sliding_window or 0)
+        if self.image_blocks is None and not window:
+            return [b.mask for b in self.blocks]
+        if window not in self._masks:
+            out = []
+            for b in self.blocks:
+                mask = b.mask
+                if self.image_blocks is not None:
+                    qb, kb = self.image_blocks[b.queries], self.image_blocks[b.keys]
+                    same = (qb[:, :, None] == kb[:, None, :]) & (qb[:, :, None] >= 0) & b.key_valid[:, None, :]
+                    mask = mask | same[:, None]
+                if window:
+                    if self.positions is None:
+                        raise ValueError("a sliding-window layer in a packed forward needs the segments' positions")
+                    qp, kp = self.positions[b.queries], self.positions[b.keys]
+                    mask = mask & (kp[:, None, :] > qp[:, :, None] - window)[:, None]
+                out.append(mask)
+            self._masks[window] = out
+        return self._masks[window]
 
     def flash_keys(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """flash-attention's varlen layout of the keys: the row positions of each segment's keys (its prefix's, then
@@ -94,7 +129,9 @@ def varlen_attention(
     # the segments delimit the sequences, prefixes included; a mask transformers built is not needed (with 1-D
     # positions that restart in the packed row, a plain decoder infers "packed sequences" and masks each alone)
     seg = vlmrl_segments
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
+    window = kwargs.get("sliding_window")  # Gemma 3's local layers pass theirs (None in a global layer)
+    plain = seg.image_blocks is None and not window  # flash's varlen kernel: causal segments only
+    if plain and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         return _flash(query, key, value, seg, dropout, scaling), None
     groups = query.shape[1] // key.shape[1]
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
@@ -105,13 +142,13 @@ def varlen_attention(
     sizes = [b.keys.numel() for b in seg.blocks]
     ks, vs = k[:, seg.key_index].split(sizes, dim=1), v[:, seg.key_index].split(sizes, dim=1)
     out = []
-    for b, qb, kb, vb in zip(seg.blocks, qs, ks, vs):
+    for b, mask, qb, kb, vb in zip(seg.blocks, seg.masks(window), qs, ks, vs):
         (S, L), Lk = b.queries.shape, b.keys.shape[1]
         o = F.scaled_dot_product_attention(
             qb.view(H, S, L, D).transpose(0, 1),
             kb.view(H, S, Lk, D).transpose(0, 1),
             vb.view(H, S, Lk, D).transpose(0, 1),
-            attn_mask=b.mask,
+            attn_mask=mask,
             dropout_p=dropout,
             scale=scaling,
         )
@@ -285,13 +322,15 @@ def _block(
     valid = cols[None, :] < lens[:, None]
     queries = torch.where(valid, starts[:, None] + cols[None, :], 0)
     keys, mask = queries, torch.ones(L, L, dtype=torch.bool, device=lens.device).tril()[None] & valid[:, None, :]
+    key_valid = valid
     if prefix_starts is not None and prefix_lens is not None:
         Lp = int(prefix_lens.max())
         pcols = torch.arange(Lp, device=lens.device)
         pvalid = pcols[None, :] < prefix_lens[:, None]
         keys = torch.cat([torch.where(pvalid, prefix_starts[:, None] + pcols[None, :], 0), queries], dim=1)
         mask = torch.cat([pvalid[:, None, :].expand(-1, L, -1), mask], dim=-1)
-    return Block(queries, keys, mask.unsqueeze(1)), valid
+        key_valid = torch.cat([pvalid, valid], dim=1)
+    return Block(queries, keys, mask.unsqueeze(1), key_valid), valid
 
 
 def _columns(response_lens: torch.Tensor, response_len: int) -> tuple[torch.Tensor, torch.Tensor]:

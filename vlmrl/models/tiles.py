@@ -7,7 +7,8 @@ Three layouts, one class each: :class:`Tiling` (InternVL: ``<img>`` + tiles x ``
 :class:`GridTiling` (SmolVLM / Idefics3: each tile of a ``rows x cols`` grid behind ``<fake_token_around_image>``
 and its ``<row_r_col_c>`` token, a newline after each row, then the global view behind ``<global-img>``) and
 :class:`AnyresTiling` (LLaVA-OneVision: a base view and anyres patches, as many pads as the processor counts, nothing
-around them). A micro-batch's tiles go through the tower in one pass (every FSDP rank runs the same collectives)."""
+around them), and :class:`GemmaTiling` (Gemma 3: one square image, its newlines merged with the prompt's).
+A micro-batch's tiles go through the tower in one pass (every FSDP rank runs the same collectives)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ class Tiling:
         """The ids each image's single pad becomes (``pads``: ``qwen_vl.VisionTokenIds``)."""
         seq = self.seq(processor)
         return [[pads.vision_start] + [pads.image_pad] * (int(t) * seq) + [pads.vision_end] for t in tiled.tiles]
+
+    def join(self, ids: list[int], processor: Any) -> list[int]:
+        """A prompt's ids once its pads are replaced by their layouts, as the processor's tokenizer writes the whole
+        text (every family but Gemma 3: as they are)."""
+        return ids
 
     def image_tokens(self, processor: Any, width: int, height: int) -> int:
         """The ids one image's pad becomes in the prompt, from its size alone (the dataset's prompt-length count)."""
@@ -268,6 +274,95 @@ class AnyresTiling(Tiling):
         )
 
 
+class GemmaTiling(Tiling):
+    """Gemma 3's images (``Gemma3ImageProcessor``, pan-and-scan off): each image resized to one square of the tower's
+    ``image_size``, ``mm_tokens_per_image`` tokens after the projector's pooling, written as the processor's
+    ``full_image_sequence``: ``\\n\\n<start_of_image>`` + pads + ``<end_of_image>\\n\\n``. Gemma's vocabulary has
+    runs of newlines as single tokens, so the processor's text tokenizes the layout's newlines together with the
+    prompt's own around it (``\\n`` + ``\\n\\n`` is one ``\\n\\n\\n``): :meth:`join` merges them as the tokenizer
+    does (vLLM's Gemma 3 processor merges the same pairs)."""
+
+    bounded_by = "size (one square image; pan-and-scan crops are not trained)"
+
+    def process(self, processor: Any, images: list[Any]) -> Tiled:
+        enc = processor.image_processor(images=list(images), return_tensors="pt")
+        crops = [int(c) for c in torch.as_tensor(enc.get("num_crops", [0] * len(images))).reshape(-1).tolist()]
+        if any(crops):
+            raise ValueError(
+                "the Gemma 3 image processor made pan-and-scan crops (do_pan_and_scan=True): vlmrl trains one square "
+                "image per image; set do_pan_and_scan to false in the checkpoint's preprocessor_config.json"
+            )
+        n = enc["pixel_values"].shape[0]
+        tiles = torch.ones(n, dtype=torch.long)
+        return Tiled(enc["pixel_values"], tiles, tiles * self.seq(processor))
+
+    def seq(self, processor: Any) -> int:
+        return int(processor.image_seq_length)
+
+    def seq_of_config(self, config: Any) -> int:
+        return int(config.mm_tokens_per_image)
+
+    def layout(self, processor: Any) -> list[int]:
+        """The ids of one image: the processor's own text for it, tokenized alone."""
+        return list(processor.tokenizer(processor.full_image_sequence, add_special_tokens=False)["input_ids"])
+
+    def layouts(self, tiled: Tiled, processor: Any, pads: Any) -> list[list[int]]:
+        return [self.layout(processor)] * len(tiled.tiles)
+
+    def join(self, ids: list[int], processor: Any) -> list[int]:
+        """Each run of two or more newline tokens (the layout's beside the prompt's) as the tokenizer writes that
+        many newlines."""
+        tok = processor.tokenizer
+        newlines = newline_tokens(tok)
+        out: list[int] = []
+        run = 0  # newlines in the run of newline tokens at the end of `out`
+        count = 0  # tokens in it
+        for t in [*ids, -1]:
+            k = newlines.get(t, 0)
+            if k:
+                out.append(t)
+                run, count = run + k, count + 1
+                continue
+            if count > 1:
+                del out[-count:]
+                out.extend(tok("\n" * run, add_special_tokens=False)["input_ids"])
+            run = count = 0
+            if t >= 0:
+                out.append(t)
+        return out
+
+    def image_tokens(self, processor: Any, width: int, height: int) -> int:
+        # an upper bound: the layout's outer newlines may merge into the prompt's (one token fewer on each side)
+        return len(self.layout(processor))
+
+    def features(self, inner: Any, parts: list[Tiled], device: torch.device) -> torch.Tensor:
+        pixel_values = torch.cat([p.pixel_values for p in parts]).to(device)
+        out = inner.get_image_features(pixel_values=pixel_values)
+        return out.pooler_output.reshape(-1, out.pooler_output.shape[-1])
+
+    def plan(self, config: Any) -> str:
+        return (
+            f"one {tile_size(config)}-px image of {self.seq_of_config(config)} tokens (no pan-and-scan), attending "
+            "both ways inside each image, 1-D positions"
+        )
+
+
+_NEWLINES: dict[tuple[str, int], dict[int, int]] = {}
+
+
+def newline_tokens(tokenizer: Any) -> dict[int, int]:
+    """{token id: newlines} of the tokens that are a run of newlines alone in this tokenizer (Gemma's: 1 to 31)."""
+    key = (str(getattr(tokenizer, "name_or_path", "")), len(tokenizer))
+    if key not in _NEWLINES:
+        found = {}
+        for k in range(1, 33):
+            ids = tokenizer("\n" * k, add_special_tokens=False)["input_ids"]
+            if len(ids) == 1:
+                found[int(ids[0])] = k
+        _NEWLINES[key] = found
+    return _NEWLINES[key]
+
+
 def tile_size(config: Any) -> int:
     """Pixels a side of a tile (the vision tower's input size)."""
     size = config.vision_config.image_size
@@ -277,3 +372,4 @@ def tile_size(config: Any) -> int:
 INTERNVL = Tiling()
 GRID = GridTiling()
 ANYRES = AnyresTiling()
+GEMMA = GemmaTiling()

@@ -71,6 +71,8 @@ class HFRollout:
             enc["position_ids"] = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
             enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
         # (1-D RoPE: generate counts positions over the attention mask, as the trainer does)
+        if family.bidirectional_images:  # Gemma 3: generate's first pass attends both ways inside each image
+            enc["token_type_ids"] = (input_ids == int(config.image_token_id)).long()
         keys = ["pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"]
         if family.tiles:  # the family's batch layout of tiles
             keys = keys[2:]

@@ -183,6 +183,23 @@ def _mm_processor_kwargs(
     return None
 
 
+def refuse_on_cpu(model_path: str, trust_remote_code: bool = False) -> None:
+    """A ValueError for a model whose family vLLM's CPU attention cannot run as transformers does: Gemma 3's image
+    tokens attend to each other both ways (vLLM's ``mm_prefix``, which its CPU backend lacks: it would attend
+    causally without a word, and sample from other log-probs than the trainer's)."""
+    from transformers import AutoConfig
+
+    from vlmrl.models.families import family_of
+
+    fam = family_of(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code))
+    if fam.bidirectional_images:
+        raise ValueError(
+            f"{model_path}: {fam.label}'s image tokens attend to each other both ways, which vLLM's CPU attention "
+            "does not do (it would attend causally, and its log-probs would not be the trainer's); on CPU roll "
+            f"{fam.label} out with actor_rollout_ref.rollout.name=hf."
+        )
+
+
 def _pixel_frames(model_path: str, trust_remote_code: bool) -> int:
     """The frames the model's family's image processor counts an image as (``Family.pixel_frames``)."""
     from transformers import AutoConfig
@@ -278,6 +295,7 @@ class VLLMRollout:
         from vllm import LLM
 
         if device == "cpu":
+            refuse_on_cpu(model_path, trust_remote_code)
             skip_rank_compile()
             if distributed:
                 per_run_shm_names()

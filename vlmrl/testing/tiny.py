@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from vlmrl.testing import tiny_glm4v, tiny_internvl, tiny_llava_onevision, tiny_smolvlm
+from vlmrl.testing import tiny_gemma3, tiny_glm4v, tiny_internvl, tiny_llava_onevision, tiny_smolvlm
 
 # bump when the builder's output changes, so cached copies are rebuilt
 BUILDER_VERSION = 1
@@ -192,6 +192,10 @@ TINY_LLAVA_ONEVISION = TinySpec(family="llava_onevision")
 """The tiny LLaVA-OneVision: the tiny shape, its tokens and template on the same trained vocabulary, a 56-px base view
 of 16 tokens plus anyres patches (a prompt's only image: 2 to 4 patches and newline rows)."""
 
+TINY_GEMMA3 = TinySpec(family="gemma3")
+"""The tiny Gemma 3: the tiny shape, Gemma's tokens, newline tokens and template on the same trained vocabulary, one
+56-px image of 4 tokens per image (bidirectional inside), a sliding-window layer (24 tokens) and a global one."""
+
 TINY_GLM4V = TinySpec(family="glm4v")
 """The tiny GLM-4.1V: the tiny shape, GLM's special tokens and chat template on the same trained vocabulary,
 28-px merged tokens (4 to 16 tokens per image, as the tiny Qwen2.5-VL)."""
@@ -206,6 +210,7 @@ FAMILY_SPECS: dict[str, TinySpec] = {
     "smolvlm": TINY_SMOLVLM,
     "idefics3": TINY_IDEFICS3,
     "llava_onevision": TINY_LLAVA_ONEVISION,
+    "gemma3": TINY_GEMMA3,
 }
 """The tiny model of each family (``--family``; Qwen2-VL is a model type of the Qwen2.5-VL family)."""
 
@@ -258,8 +263,17 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     glm = spec.family == "glm4v"
     # LLaVA-OneVision's tokenizer is Qwen2's (three special tokens, no vision ones) plus its own <image> / <video>
     llava = spec.family == "llava_onevision"
-    specials = tiny_glm4v.SPECIAL_TOKENS if glm else SPECIAL_TOKENS[:3] if llava else SPECIAL_TOKENS
-    added = specials + (TOOL_TOKENS if spec.tool_tokens else [])
+    gemma = spec.family == "gemma3"
+    specials = (
+        tiny_glm4v.SPECIAL_TOKENS
+        if glm
+        else tiny_gemma3.SPECIAL_TOKENS
+        if gemma
+        else SPECIAL_TOKENS[:3]
+        if llava
+        else SPECIAL_TOKENS
+    )
+    added = specials + (TOOL_TOKENS if spec.tool_tokens else []) + (list(tiny_gemma3.NEWLINES) if gemma else [])
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(added),
         show_progress=False,
@@ -270,6 +284,8 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
     tok.add_special_tokens(specials)  # appended at the end of the vocabulary, like Qwen's
     if glm:
         return tiny_glm4v.tokenizer(tok)
+    if gemma:
+        return tiny_gemma3.tokenizer(tok)
     internvl = spec.family == "internvl"
     if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
         tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
@@ -325,6 +341,8 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_smolvlm.processor(tokenizer, spec.family)
     if spec.family == "llava_onevision":
         return tiny_llava_onevision.processor(tokenizer)
+    if spec.family == "gemma3":
+        return tiny_gemma3.processor(tokenizer)
     if spec.family in ("qwen2_5_vl", "qwen2_vl"):
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -359,6 +377,8 @@ def model_config(tokenizer, spec: TinySpec = TinySpec()):  # noqa: B008
         return tiny_smolvlm.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family == "llava_onevision":
         return tiny_llava_onevision.config(tokenizer, spec, text_shape(tokenizer, spec))
+    if spec.family == "gemma3":
+        return tiny_gemma3.config(tokenizer, spec, text_shape(tokenizer, spec))
     if spec.family not in ("qwen2_5_vl", "qwen2_vl"):
         return _qwen3_vl_config(tokenizer, spec)
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
@@ -517,6 +537,7 @@ def _model_class(spec: TinySpec):
         "smolvlm": "SmolVLM",
         "idefics3": "Idefics3",
         "llava_onevision": "LlavaOnevision",
+        "gemma3": "Gemma3",
     }
     name = names[spec.family]
     return getattr(transformers, f"{name}ForConditionalGeneration")
@@ -531,8 +552,9 @@ def generation_config(tokenizer, family: str = "qwen2_5_vl"):
         "glm4v": tiny_glm4v.END_TOKENS,
         "smolvlm": tiny_smolvlm.END_TOKENS,
         "idefics3": tiny_smolvlm.END_TOKENS,
+        "gemma3": tiny_gemma3.END_TOKENS,
     }.get(family, ("<|im_end|>", "<|endoftext|>"))
-    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    pad = tokenizer.convert_tokens_to_ids("<pad>" if family == "gemma3" else "<|endoftext|>")
     return GenerationConfig(
         bos_token_id=pad,
         eos_token_id=[tokenizer.convert_tokens_to_ids(t) for t in ends],
@@ -552,6 +574,8 @@ def build_model(tokenizer, spec: TinySpec = TinySpec(), seed: int = 0):  # noqa:
     config = model_config(tokenizer, spec)
     torch.manual_seed(seed)
     model = _model_class(spec)(config).float()
+    if spec.family == "gemma3":
+        tiny_gemma3.init_weights(model)
     with torch.no_grad():  # small head: a near-uniform first policy that explores
         model.lm_head.weight.normal_(0.0, spec.head_init_std)
     model.generation_config = generation_config(tokenizer, spec.family)

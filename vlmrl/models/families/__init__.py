@@ -1,5 +1,5 @@
 """Model families as data: what differs between Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, InternVL,
-SmolVLM / Idefics3 and LLaVA-OneVision, chosen from the checkpoint's ``model_type``.
+SmolVLM / Idefics3, LLaVA-OneVision and Gemma 3, chosen from the checkpoint's ``model_type``.
 
 The rest of vlmrl runs one code path for every family; where the families differ it reads a field of :class:`Family`
 (``models.qwen_vl`` holds what they share: tokens, images, video sampling, positions, features, weight names):
@@ -17,6 +17,8 @@ The rest of vlmrl runs one code path for every family; where the families differ
   images into tiles laid out in the prompt as each family writes them (``models.tiles``); ``vision_modules`` /
   ``vision_blocks`` name their towers' modules (not Qwen's ``visual``);
 - ``videos``, ``tool_turns``: what vlmrl trains the family on (the config gate refuses the rest by name);
+- ``bidirectional_images``: Gemma 3's image tokens attend to each other both ways (``token_type_ids`` in every
+  forward; the packed forward's segments carry the image blocks and the sliding window);
 - ``text_model``: the inner model's decoder module (SmolVLM's ``text_model``, not ``language_model``);
 - ``moe``, ``moe_not_implemented`` and ``fused_experts``: a mixture-of-experts language model, what vlmrl leaves out
   for it, and the expert weights transformers holds transposed from the checkpoint's layout.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from vlmrl.models.families.base import Family
+from vlmrl.models.families.gemma3 import GEMMA3
 from vlmrl.models.families.glm4v import GLM4V
 from vlmrl.models.families.internvl import INTERNVL
 from vlmrl.models.families.llava_onevision import LLAVA_ONEVISION
@@ -42,7 +45,7 @@ from vlmrl.models.families.qwen3_vl_moe import QWEN3_VL_MOE
 from vlmrl.models.families.smolvlm import SMOLVLM
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL, SMOLVLM, LLAVA_ONEVISION)
+    f.name: f for f in (QWEN2_VL, QWEN3_VL, QWEN3_VL_MOE, GLM4V, INTERNVL, SMOLVLM, LLAVA_ONEVISION, GEMMA3)
 }
 """Every family vlmrl trains, by name (``python -m vlmrl.testing.tiny --family NAME``)."""
 

@@ -68,6 +68,10 @@ class Family:
     anyres patches, as many pads as its processor counts); None: Qwen's patch grid, the pad
     expanding to ``image_grid_thw``'s merged tokens inside the template's start and end. The dataset hands a tiled
     family's images to the processor as they are (the processor bounds the tiles)."""
+    bidirectional_images: bool = False
+    """The decoder attends both ways inside each image's tokens (Gemma 3: an image token sees its whole image, the
+    rest is causal); every forward marks the image tokens (``token_type_ids``, as transformers' Gemma 3 takes them),
+    and an engine whose attention cannot do it is refused (vLLM's CPU attention)."""
     vision_modules: tuple[str, ...] = ("visual",)
     """The inner model's modules that image features run through outside the language model (FSDP shards each as a
     unit, since features are computed by calling them directly; ``freeze_vision_tower`` freezes them)."""
