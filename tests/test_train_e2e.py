@@ -94,7 +94,8 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     script's training command (its config, data and the family's tiny model) with the test process as the driver
     (``runs.run_here``: its imports done, about 40 s less of start-up each), the script's ``FAMILY`` switch being
     the same line for every family.
-    The last checkpoint of GLM-4.1V, of Gemma 3 (its tower under ``vision_tower.vision_model.*``), of InternVL (whose checkpoints keep InternVL's original layout,
+    The last checkpoint of GLM-4.1V, of Gemma 3 (its tower under ``vision_tower.vision_model.*``), of InternVL
+    (whose checkpoints keep InternVL's original layout,
     ``language_model.model.*``), of SmolVLM (``model.text_model.*``) and of LLaVA-OneVision (the SigLIP tower under
     ``vision_tower.vision_model.*``, its image newline trained) exports (``python -m vlmrl.export``) to a folder in
     the hub's layout: transformers loads it with the trained weights, and its tensors have the names, shapes and
