@@ -5,12 +5,14 @@
 
 Per family (its tiny model: ``python -m vlmrl.testing.tiny --family NAME``):
 
-- exactness: vLLM (CPU) samples 3 responses to each of an image, a two-image, a video, an image + video and a
+- exactness: vLLM (CPU; Gemma 3: the HF rollout, as vLLM's CPU attention is refused for it) samples 3 responses to
+  each of an image, a two-image, a video, an image + video and a
   text-only prompt (a family vlmrl trains without videos: images in the video prompts' places, as the tests do);
   the largest |engine - trainer| log-prob over the sampled tokens for the trainer's shared-prompt, full-sequence
   and packed forwards; then every weight is perturbed and pushed into the running engine, and the same gap measured
   on new samples (tests/test_families.py asserts <= 1e-4 for both);
-- learning: the quick start's recipe (``configs/tiny_cpu.yaml``, vLLM rollout, 2 worker processes) on the colour task
+- learning: the quick start's recipe (``configs/tiny_cpu.yaml``, vLLM rollout, Gemma 3 the HF rollout, 2 worker
+  processes) on the colour task
   for ``--steps`` steps and on the video colour task for ``--video-steps`` (the families vlmrl trains on videos):
   greedy validation before, in the middle and at the end, the first step where the 5-step mean training reward
   reaches 0.9, and the median step time.
@@ -46,7 +48,7 @@ from common import (  # noqa: E402
 )
 
 SECTION = "Model families"
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm", "llava_onevision")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "internvl", "smolvlm", "llava_onevision", "gemma3")
 
 
 def exactness(family: str) -> dict[str, Any]:
@@ -59,6 +61,7 @@ def exactness(family: str) -> dict[str, Any]:
 
     from vlmrl.models.families import FAMILIES as FAMS
     from vlmrl.rollout.base import SamplingSpec
+    from vlmrl.rollout.hf import HFRollout
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model, param_counts
     from vlmrl.workers.weights import engine_weights
 
@@ -66,10 +69,12 @@ def exactness(family: str) -> dict[str, Any]:
     proc = AutoProcessor.from_pretrained(path)
     tiny = Tiny(family, path, proc, FAMS[family])
     model = tiny.model().eval()
-    engine = tiny.engine()  # the tests' engine
+    hf = tiny.family.bidirectional_images  # Gemma 3: vLLM's CPU engine is refused, the HF rollout samples
+    engine = HFRollout(model, proc) if hf else tiny.engine()  # the tests' engine
     try:
         prompts = prompts_of(proc)
         spec = SamplingSpec(n=3, max_tokens=10)
+        torch.manual_seed(0)
         fresh = trainer_gaps(model, tiny, prompts, engine.generate(prompts, spec))
         g = torch.Generator().manual_seed(7)
         with torch.no_grad():
@@ -79,21 +84,29 @@ def exactness(family: str) -> dict[str, Any]:
         engine.update_weights(engine_weights(model))
         pushed = trainer_gaps(model, tiny, prompts, engine.generate(prompts, spec))
     finally:
-        engine.close()
-    return {"fresh_gap": fresh, "pushed_gap": pushed, "params": param_counts(FAMILY_SPECS[family])}
+        if not hf:
+            engine.close()
+    return {
+        "sampler": "hf" if hf else "vllm",
+        "fresh_gap": fresh,
+        "pushed_gap": pushed,
+        "params": param_counts(FAMILY_SPECS[family]),
+    }
 
 
 def learn(family: str, data: Path, out: Path, steps: int, test_freq: int) -> dict[str, Any]:
     """A quick-start run on ``data``: validation by step, the 0.9 mark, the median step time."""
+    from vlmrl.models.families import FAMILIES as FAMS
     from vlmrl.testing.tiny import FAMILY_SPECS, ensure_tiny_model
 
     model = ensure_tiny_model(0, FAMILY_SPECS[family])
+    hf = ["actor_rollout_ref.rollout.name=hf"] if FAMS[family].bidirectional_images else []  # as the quick start
     run = vlmrl_train(
         out,
         data,
         model,
         steps,
-        [f"data.val_files={data / 'test.parquet'}", f"trainer.test_freq={test_freq}"],
+        [f"data.val_files={data / 'test.parquet'}", f"trainer.test_freq={test_freq}", *hf],
         timeout_s=1800,
     )
     rows = run["rows"]
@@ -135,7 +148,8 @@ def markdown(res: dict[str, Any]) -> str:
             f"`python benchmarks/bench_families.py` ({res['date']}). Each family's tiny model. Exactness: the largest "
             "|vLLM - trainer| log-prob over 3 samples of an image, two-image, video, image + video and text-only "
             "prompt (shared-prompt, full-sequence and packed forwards), on a fresh engine and after a push of "
-            "perturbed weights. "
+            "perturbed weights (Gemma 3: the HF rollout's samples, vLLM's CPU attention being refused for it; its "
+            "push is the policy's own weights). "
             f"Learning: the quick start's recipe on the colour task ({c['steps']} steps) and the video colour task "
             f"({c['video_steps']} steps), greedy validation at the steps shown.",
             "",
@@ -167,6 +181,7 @@ README_LABELS = {
     "internvl": "InternVL",
     "smolvlm": "SmolVLM",
     "llava_onevision": "LLaVA-OneVision",
+    "gemma3": "Gemma 3 (HF rollout)",
 }
 NO_VIDEO = {"val": {}, "step_s": None}
 """A family vlmrl trains without videos (``Family.videos``): no video run."""
