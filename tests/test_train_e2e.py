@@ -85,8 +85,9 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     runs' first 40 steps are: the learning rate is constant), the engine's log-probs equal to the trainer's after
     every push.
     ``FAMILY=internvl`` trains the tiny InternVL (tiles, 1-D RoPE, a Qwen2 decoder), which learns slower: at least 0.9
-    at step 120, the quick start's default (its benchmark curve: 0.67 from step 20 to 60, 1.00 at 80; a run on
-    another machine's arithmetic was still at 0.65 at step 80), and so does ``FAMILY=gemma3``, the tiny Gemma 3
+    at step 120, the quick start's default (its benchmark curves: 0.67 from step 20 to 60, then 1.00 at 80 in one
+    run and 0.65 in the next, as a run on another machine's arithmetic was), and so does ``FAMILY=gemma3``, the tiny
+    Gemma 3
     (image tokens attending both ways, a sliding-window layer), which the script rolls out with the HF rollout
     (vLLM's CPU attention is refused for it). Each run trains on the quick start's data
     made once (``QUICKSTART_DATA``). LLaVA-OneVision's and Gemma 3's runs are the script's, as a user runs it; the
@@ -101,7 +102,9 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     the hub's layout: transformers loads it with the trained weights, and its tensors have the names, shapes and
     dtypes of the checkpoint the run's vLLM engines loaded at their start. vLLM serves LLaVA-OneVision's export (the
     family whose names vlmrl renames): its greedy answers to the validation prompts score what the run's own last
-    validation did (a Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm)."""
+    validation did (a Qwen export: test_export_checkpoint_loads_in_transformers_and_vllm); vLLM loads Gemma 3's
+    (renamed too) and its log-probs on a text-only prompt equal transformers' (an image would attend causally in
+    vLLM's CPU attention, which is why its runs use the HF rollout)."""
     import json
 
     import torch
@@ -139,6 +142,16 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     base = AutoModelForImageTextToText.from_pretrained(model).state_dict()
     assert new.keys() == base.keys() and sum(not torch.equal(new[k], base[k]) for k in new) > len(new) // 2
     assert file_tensors(exported) == file_tensors(model)  # the names, shapes and dtypes the engines loaded
+    if family == "gemma3":  # vLLM loads the export (its tower by the hub's names); text attends causally on its CPU
+        served = subprocess.run(
+            [sys.executable, "-c", VLLM_READS_A_TEXT_PROMPT, str(exported)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **ENV},
+            timeout=300,
+        )
+        assert served.returncode == 0 and "GAP" in served.stdout, served.stderr[-3000:]
+        assert float(served.stdout.split("GAP ", 1)[1].split()[0]) <= 1e-4, served.stdout
     if family != "llava_onevision":
         return
     assert not torch.equal(new["model.image_newline"], base["model.image_newline"])  # the inner model's own
@@ -205,6 +218,35 @@ print("SCORE", sum(scores) / len(scores))
 """
 """The mean quick-start reward of an exported folder's greedy answers (vLLM, 8 tokens: the validation's settings) to
 every prompt of the colour task's validation file."""
+
+
+VLLM_READS_A_TEXT_PROMPT = """
+import sys
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from vllm import LLM, SamplingParams
+
+folder = sys.argv[1]
+proc = AutoProcessor.from_pretrained(folder)
+text = proc.apply_chat_template(
+    [{"role": "user", "content": [{"type": "text", "text": "What colour is the shape?"}]}],
+    add_generation_prompt=True,
+    tokenize=False,
+)
+ids = proc.tokenizer(text, add_special_tokens=False)["input_ids"]
+llm = LLM(model=folder, dtype="float32", max_model_len=256, enforce_eager=True, limit_mm_per_prompt={"image": 1})
+out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=8, temperature=0, logprobs=0))[0].outputs[0]
+sampled = list(out.token_ids)
+engine = torch.tensor([d[t].logprob for d, t in zip(out.logprobs, sampled)])
+model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+with torch.no_grad():
+    logits = model(input_ids=torch.tensor([ids + sampled])).logits[0, len(ids) - 1 : -1]
+trainer = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sampled)[:, None])[:, 0]
+print("GAP", float((engine - trainer).abs().max()))
+"""
+"""vLLM loads an exported folder (every weight by its name) and its log-probs on a text-only prompt equal
+transformers' (a Gemma 3 export: no image, so vLLM's CPU attention, causal, is exact)."""
 
 
 def _compare_curves(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from vlmrl.batch import PromptSample, RolloutBatch
 from vlmrl.models import qwen_vl
-from vlmrl.models.forward import token_logprobs
+from vlmrl.models.forward import image_token_types, token_logprobs
 from vlmrl.models.inputs import PromptImages, expand_pads, process_images
 from vlmrl.models.qwen_vl import vision_token_ids
 from vlmrl.rollout.base import SamplingSpec, TurnOutput, TurnRequest
@@ -71,8 +71,7 @@ class HFRollout:
             enc["position_ids"] = qwen_vl.rope_index(input_ids, attn, pads, config, *grids.values())
             enc["mm_token_type_ids"] = qwen_vl.mm_token_type_ids(input_ids, pads)
         # (1-D RoPE: generate counts positions over the attention mask, as the trainer does)
-        if family.bidirectional_images:  # Gemma 3: generate's first pass attends both ways inside each image
-            enc["token_type_ids"] = (input_ids == int(config.image_token_id)).long()
+        enc |= image_token_types(self.model, input_ids)  # Gemma 3: generate's first pass, both ways in each image
         keys = ["pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"]
         if family.tiles:  # the family's batch layout of tiles
             keys = keys[2:]
