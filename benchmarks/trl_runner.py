@@ -9,6 +9,8 @@ Timing: wall time per optimizer step (callback), and where it goes: TRL's method
 (``_generate``: processor + HF ``generate``), scoring (``_calculate_rewards``), the whole generate-and-score stage,
 the loss forward (``compute_loss``), the backward pass (``accelerator.backward``) and the rest (optimizer, logging);
 and what the loss forwards ran (non-padding tokens, padding positions, vision patches) for the FLOP accounting.
+With ``--val-every N``: the greedy held-out accuracy on the data's ``test.parquet`` before training and every N
+steps, its time not counted as training (``benchmarks/bench_learn_size.py --trl``: TRL beside vlmrl's curves).
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 
-def load_records(data_dir: Path, limit: int | None = None) -> dict[str, list[Any]]:
-    """The verl-schema parquet as TRL columns: conversational ``prompt`` (text, TRL inserts the image), ``image``,
-    ``ground_truth`` and ``choices`` (passed to the reward function)."""
+def load_records(data_dir: Path, limit: int | None = None, split: str = "train") -> dict[str, list[Any]]:
+    """The verl-schema parquet (``split``.parquet) as TRL columns: conversational ``prompt`` (text, TRL inserts the
+    image), ``image``, ``ground_truth`` and ``choices`` (passed to the reward function)."""
     import io
 
     import pandas as pd
     from PIL import Image
 
-    df = pd.read_parquet(data_dir / "train.parquet")
+    df = pd.read_parquet(data_dir / f"{split}.parquet")
     if limit:
         df = df.iloc[:limit]
     cols: dict[str, list[Any]] = {"prompt": [], "image": [], "ground_truth": [], "choices": []}
@@ -61,6 +63,37 @@ def colour_reward(prompts: list, completions: list, ground_truth: list, choices:
         text = comp[0]["content"] if isinstance(comp, list) else str(comp)
         out.append(label_score(answer_span(text), truth, list(labels)))
     return out
+
+
+def greedy_accuracy(model: Any, processor: Any, cols: dict[str, list[Any]], max_tokens: int, batch: int = 32) -> float:
+    """Greedy held-out accuracy: each prompt as TRL's trainer renders it (the image first in the user's turn), HF
+    ``generate`` without sampling, scored by :func:`colour_reward` (vlmrl's validation: greedy, the same reward)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    scores: list[float] = []
+    try:
+        for i in range(0, len(cols["prompt"]), batch):
+            texts, images = [], []
+            for msgs, image in zip(cols["prompt"][i : i + batch], cols["image"][i : i + batch], strict=True):
+                turns = [dict(m) for m in msgs]
+                user = next(k for k, m in enumerate(turns) if m["role"] == "user")
+                turns[user] = {
+                    "role": "user",
+                    "content": [{"type": "image"}, {"type": "text", "text": turns[user]["content"]}],
+                }
+                texts.append(processor.apply_chat_template(turns, add_generation_prompt=True, tokenize=False))
+                images.append([image])
+            enc = processor(text=texts, images=images, padding=True, padding_side="left", return_tensors="pt")
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False)
+            done = processor.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            n = len(done)
+            scores += colour_reward([None] * n, done, cols["ground_truth"][i : i + n], cols["choices"][i : i + n])
+    finally:
+        model.train(was_training)
+    return sum(scores) / len(scores)
 
 
 class Timers:
@@ -121,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--equal-lengths", action="store_true", help="min_new_tokens = max tokens (ignore_eos)")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps, then constant")
+    ap.add_argument("--val-every", type=int, default=0, help="greedy held-out accuracy every N steps (0: none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
@@ -171,8 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         adam_beta1=0.9,
         adam_beta2=0.999,
         max_grad_norm=1.0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        lr_scheduler_type="constant_with_warmup" if a.warmup_steps else "constant",
+        warmup_steps=a.warmup_steps,
         max_steps=a.steps,
         logging_steps=1,
         save_strategy="no",
@@ -200,6 +235,17 @@ def main(argv: list[str] | None = None) -> None:
     steps: list[dict[str, Any]] = []
     rewards: list[float] = []
     lengths: list[float] = []
+    val_cols = load_records(Path(a.data), split="test") if a.val_every else None
+    curve: list[dict[str, float]] = []  # (step, training seconds, greedy held-out accuracy)
+
+    def validate(step: int) -> float:
+        """One validation; its seconds (not counted as training)."""
+        t = time.perf_counter()
+        assert val_cols is not None
+        acc = greedy_accuracy(model, processor, val_cols, a.max_tokens)
+        curve.append({"step": step, "train_s": sum(r["step_s"] for r in steps), "val": acc})
+        print(f"[trl_runner] step {step}: held-out {acc:.3f}", flush=True)
+        return time.perf_counter() - t
 
     class StepClock(TrainerCallback):
         """Wall time between optimizer steps, the stage timers, and the logged reward of each step."""
@@ -209,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
             self.t_first = self.t_last
 
         def on_train_begin(self, *_: Any, **__: Any) -> None:
+            if a.val_every:
+                validate(0)
             self.t_last = self.t_first = time.perf_counter()
 
         def on_step_end(self, _args: Any, state: Any, control: Any, **__: Any) -> None:
@@ -217,7 +265,13 @@ def main(argv: list[str] | None = None) -> None:
             self.t_last = t
             steps.append(row)
             elapsed = t - self.t_first
-            if a.time_budget_s and elapsed > a.time_budget_s:
+            at_val = bool(a.val_every) and state.global_step % a.val_every == 0
+            if at_val:
+                spent = validate(state.global_step)  # outside the step's time and the budget
+                self.t_last += spent
+                self.t_first += spent
+            # past the budget: stop (with validation, at the first validation after it, as bench_learn_size's runs)
+            if a.time_budget_s and elapsed > a.time_budget_s and (at_val or not a.val_every):
                 control.should_training_stop = True
 
         def on_log(self, _args: Any, _state: Any, control: Any, logs: dict | None = None, **__: Any) -> None:
@@ -242,7 +296,9 @@ def main(argv: list[str] | None = None) -> None:
             "max_tokens": a.max_tokens,
             "equal_lengths": a.equal_lengths,
             "lr": a.lr,
+            "warmup_steps": a.warmup_steps,
         },
+        "val_curve": curve,
         "steps": steps,
         "rewards": rewards,
         "mean_lengths": lengths,
