@@ -65,7 +65,7 @@ TRL_RECIPES: dict[str, list[dict[str, float]]] = {
 samples a step, 8-token answers here as in the quick start, temperature 1, no KL, AdamW without weight decay,
 gradient clip 1, token-mean loss, group-std advantages; TRL has no entropy bonus): vlmrl's 20m learning rate and
 warm-up, and the tiny model's learning rate, which bench_trl.py's runs at this size use."""
-TRL_HEAD = ("date", "commit", "dirty", "command")
+TRL_HEAD = ("date", "commit", "dirty", "command", "machine")
 """What of a result's head TRL's runs record for themselves (``trl_date``...)."""
 BUDGET_S = {"20m": 600.0, "100m": 1200.0}
 """Training seconds per run (issue 47: 20m to validation >= 0.9 within 600 s; 100m a rising curve within 1,200 s)."""
