@@ -3,9 +3,9 @@ image's aspect ratio takes, plus a thumbnail or a global view), each tile become
 pad per image becomes the family's layout of those tokens (the processor's and the engine's). ``models.qwen_vl``
 holds the patch-grid families' side.
 
-Three layouts, one class each: :class:`Tiling` (InternVL: ``<img>`` + tiles x ``seq`` pads + ``</img>``),
+Four layouts, one class each: :class:`Tiling` (InternVL: ``<img>`` + tiles x ``seq`` pads + ``</img>``),
 :class:`GridTiling` (SmolVLM / Idefics3: each tile of a ``rows x cols`` grid behind ``<fake_token_around_image>``
-and its ``<row_r_col_c>`` token, a newline after each row, then the global view behind ``<global-img>``) and
+and its ``<row_r_col_c>`` token, a newline after each row, then the global view behind ``<global-img>``),
 :class:`AnyresTiling` (LLaVA-OneVision: a base view and anyres patches, as many pads as the processor counts, nothing
 around them), and :class:`GemmaTiling` (Gemma 3: one square image, its newlines merged with the prompt's).
 A micro-batch's tiles go through the tower in one pass (every FSDP rank runs the same collectives)."""
