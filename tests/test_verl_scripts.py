@@ -466,8 +466,8 @@ def test_verls_one_step_scripts_are_refused_only_for_their_model_or_a_named_feat
     assert proc.returncode == 2, out[-4000:]
     assert "Qwen2.5-3B-Instruct' is a 'qwen2' model; vlmrl trains qwen2_5_vl" in out, out[-4000:]
     assert (
-        "internvl, smolvlm, idefics3, llava_onevision (the closest: Qwen2.5-VL / Qwen2-VL, 'qwen2_vl', a different"
-        in out
+        "internvl, smolvlm, idefics3, llava_onevision, gemma3 (the closest: Qwen2.5-VL / Qwen2-VL, 'qwen2_vl', a "
+        "different" in out
     ), out[-4000:]
     assert "1 problem(s); the run would not start" in out, out[-4000:]
     assert "Traceback" not in out and "Did you mean" not in out and "not implemented in vlmrl" not in out

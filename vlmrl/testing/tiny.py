@@ -244,12 +244,25 @@ def _corpus(seed: int, tools: bool = False) -> list[str]:
     return lines
 
 
-def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
-    """A byte-level BPE tokenizer trained locally, carrying every Qwen special token and the Qwen2.5-VL template (the
-    Qwen3-VL template for Qwen3-VL; GLM-4.1V's special tokens and template for GLM-4.1V, on the same trained
-    vocabulary)."""
+def _specials(spec: TinySpec) -> tuple[list[str], list[str]]:
+    """The family's special tokens, added after the trained vocabulary, and the further added tokens its size counts
+    (Qwen2.5's tool tokens; Gemma's newline runs)."""
+    if spec.family == "glm4v":
+        specials = tiny_glm4v.SPECIAL_TOKENS
+    elif spec.family == "gemma3":
+        specials = tiny_gemma3.SPECIAL_TOKENS
+    elif spec.family == "llava_onevision":  # Qwen2's tokenizer: three special tokens, no vision ones
+        specials = SPECIAL_TOKENS[:3]
+    else:
+        specials = SPECIAL_TOKENS
+    more = (TOOL_TOKENS if spec.tool_tokens else []) + (list(tiny_gemma3.NEWLINES) if spec.family == "gemma3" else [])
+    return list(specials), more
+
+
+def _trained_bpe(spec: TinySpec, seed: int, vocab_size: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` with Qwen's pre-tokenizer, trained on the tiny corpus to
+    ``vocab_size`` tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -260,32 +273,30 @@ def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    glm = spec.family == "glm4v"
-    # LLaVA-OneVision's tokenizer is Qwen2's (three special tokens, no vision ones) plus its own <image> / <video>
-    llava = spec.family == "llava_onevision"
-    gemma = spec.family == "gemma3"
-    specials = (
-        tiny_glm4v.SPECIAL_TOKENS
-        if glm
-        else tiny_gemma3.SPECIAL_TOKENS
-        if gemma
-        else SPECIAL_TOKENS[:3]
-        if llava
-        else SPECIAL_TOKENS
-    )
-    added = specials + (TOOL_TOKENS if spec.tool_tokens else []) + (list(tiny_gemma3.NEWLINES) if gemma else [])
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size - len(added),
+        vocab_size=vocab_size,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
     tok.train_from_iterator(_corpus(seed, spec.tool_tokens), trainer=trainer)
+    return tok
+
+
+def build_tokenizer(spec: TinySpec = TinySpec(), seed: int = 0):  # noqa: B008
+    """A byte-level BPE tokenizer trained locally, carrying every Qwen special token and the Qwen2.5-VL template (the
+    Qwen3-VL template for Qwen3-VL; another family's special tokens and template for it, on the same trained
+    vocabulary)."""
+    from transformers import Qwen2TokenizerFast
+
+    specials, more = _specials(spec)
+    tok = _trained_bpe(spec, seed, spec.vocab_size - len(specials) - len(more))
     tok.add_special_tokens(specials)  # appended at the end of the vocabulary, like Qwen's
-    if glm:
+    if spec.family == "glm4v":
         return tiny_glm4v.tokenizer(tok)
-    if gemma:
+    if spec.family == "gemma3":
         return tiny_gemma3.tokenizer(tok)
+    llava = spec.family == "llava_onevision"
     internvl = spec.family == "internvl"
     if internvl:  # InternVL3's tokenizer: Qwen2.5's and InternVL's own vision tokens after them
         tok.add_special_tokens(list(tiny_internvl.EXTRA_TOKENS.values()))
