@@ -60,11 +60,13 @@ they name a second colour, which scores 0); lr 1e-3 with a bonus of 0.01 (seed 1
 recipe halves the 20m learning rate, as its hidden width doubles (1,024 against 512), without a run to tune it."""
 TRL_RECIPES: dict[str, list[dict[str, float]]] = {
     "20m": [{"lr": 5e-4, "warmup_steps": 10}, {"lr": 2e-3, "warmup_steps": 0}],
+    "100m": [{"lr": 2.5e-4, "warmup_steps": 10}],
 }
 """TRL's recipes per size (``trl_runner.py`` options; the rest as bench_trl.py's time-to-learn runs: 16 prompts x 8
 samples a step, 8-token answers here as in the quick start, temperature 1, no KL, AdamW without weight decay,
 gradient clip 1, token-mean loss, group-std advantages; TRL has no entropy bonus): vlmrl's 20m learning rate and
-warm-up, and the tiny model's learning rate, which bench_trl.py's runs at this size use."""
+warm-up, and the tiny model's learning rate, which bench_trl.py's runs at this size use; at 100m vlmrl's 100m learning
+rate and warm-up."""
 TRL_HEAD = ("date", "commit", "dirty", "command", "machine")
 """What of a result's head TRL's runs record for themselves (``trl_date``...)."""
 BUDGET_S = {"20m": 600.0, "100m": 1200.0}
@@ -220,7 +222,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if unknown := [s for s in sizes if s not in TRL_RECIPES]:
             p.error(f"no TRL recipe for {', '.join(unknown)} (sizes with one: {', '.join(TRL_RECIPES)})")
         bench_trl.ensure_trl()
-        trl_runs = [r for r in old.get("trl_runs", []) if r["size"] not in sizes]
+        kept = [r for r in old.get("trl_runs", []) if r["size"] not in sizes]
+        for r in kept:  # each run keeps the provenance it was measured with
+            r.setdefault("provenance", {k: old[f"trl_{k}"] for k in TRL_HEAD if f"trl_{k}" in old})
+        trl_runs, new = list(kept), []
         for size in sizes:
             for seed in seeds:
                 for recipe in TRL_RECIPES[size]:
@@ -230,8 +235,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         a.retries,
                     )
                     trl_runs.append(r)
+                    new.append(r)
                     print(f"[bench_learn_size] TRL {size} seed {seed} {recipe}: {r['curve']}", flush=True)
         head = common.result_head("learn_size")  # TRL's runs' provenance beside vlmrl's (kept as it was)
+        for r in new:
+            r["provenance"] = {k: head[k] for k in TRL_HEAD}
         res = {**old, "trl_runs": trl_runs, **{f"trl_{k}": head[k] for k in TRL_HEAD}}
         res["trl_config"] = {"sizes": sizes, "seeds": seeds, "recipes": {s: TRL_RECIPES[s] for s in sizes}}
         common.publish("learn_size", SECTION, res, markdown(res))
