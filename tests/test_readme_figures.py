@@ -751,6 +751,25 @@ FIGURES += [  # docs/speed.md, "Learning at size": TRL beside vlmrl
     F(LS, _vlmrl_val_at(40), "(vlmrl's seed 1 was at {v} too until step", ".2f"),
     F(LS, _trl(0, "last_step"), "was at {*} too until step {v}), and", "d"),
     F(LS, at("runs", 0, "best_val"), "takes it\nto {v} within the budget", ".2f"),
+    F(LS, _trl(2, "best_val"), "held-out accuracy was {v}\nat step", ".2f"),
+    F(LS, _trl(2, "first_best_step"), "was {*}\nat step {v}, after", "d"),
+    F(
+        LS,
+        computed(
+            "TRL's 100m run at its first best",
+            lambda d: next(c["train_s"] for c in d["trl_runs"][2]["curve"] if c["val"] == d["trl_runs"][2]["best_val"]),
+        ),
+        "at step {*}, after {v}, and {*} at step",
+        "d",
+        " s",
+    ),
+    F(LS, _trl(2, "final_val"), "s, and {v} at step", ".2f"),
+    F(LS, _trl(2, "last_step"), "and {*} at step {v}, after", "d"),
+    F(LS, _trl(2, "last_s"), "after {v} ({*} s a step)", ",d", " s"),
+    F(LS, _trl(2, "step_s"), "({v} s a step): vlmrl", ".2f"),
+    F(LS, _hundred("first_best_s"), "seconds (from {v} on)", "d", " s"),
+    F(LS, _trl(2, "first_best_step"), "in steps (step {v} against", "d"),
+    F(LS, _hundred("first_best_step"), "(step {*} against {v}), one run", "d"),
 ]
 FIGURES += [
     F(FA, at("families", "qwen3_vl", "video", "val", "70"), "the dense one ends at {v} and the MoE"),
