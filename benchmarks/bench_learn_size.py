@@ -75,6 +75,19 @@ TEST_FREQ = {"20m": 10, "100m": 10}
 THRESHOLD = 0.9
 
 
+def curve_figures(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's held-out curve (step, training seconds, accuracy) and what the tables read off it: the first validation
+    at or above :data:`THRESHOLD` (step and training seconds), the best and the last accuracy."""
+    hit = next((c for c in curve if c["val"] >= THRESHOLD), None)
+    return {
+        "curve": curve,
+        "hit_step": hit and hit["step"],
+        "hit_train_s": hit and hit["train_s"],
+        "best_val": max(c["val"] for c in curve),
+        "final_val": curve[-1]["val"],
+    }
+
+
 def one_run(size: str, seed: int, data: Path, work: Path, steps: int | None = None) -> dict[str, Any]:
     """One run at ``size`` with seed ``seed`` until its budget (or ``steps`` steps); its figures."""
     model = common.preset_model(size)
@@ -101,18 +114,13 @@ def one_run(size: str, seed: int, data: Path, work: Path, steps: int | None = No
         if "val/reward/mean" in r:
             curve.append({"step": int(r["step"]), "train_s": round(trained, 1), "val": float(r["val/reward/mean"])})
     train = [r for r in rows if r.get("step", 0) > 0 and "timing/step_s" in r]
-    hit = next((c for c in curve if c["val"] >= THRESHOLD), None)
     return {
         "size": size,
         "seed": seed,
         "params": common.safetensors_params(model),
         "recipe": RECIPES[size],
         "budget_s": budget,
-        "curve": curve,
-        "hit_step": hit and hit["step"],
-        "hit_train_s": hit and hit["train_s"],
-        "best_val": max(c["val"] for c in curve),
-        "final_val": curve[-1]["val"],
+        **curve_figures(curve),
         "steps": int(train[-1]["step"]) if train else 0,
         "step_s": common.median([float(r["timing/step_s"]) for r in train]) if train else None,
         "train_s": sum(float(r["timing/step_s"]) for r in train),
@@ -137,7 +145,6 @@ def trl_run(size: str, seed: int, recipe: dict[str, float], data: Path, work: Pa
         {"step": int(c["step"]), "train_s": round(float(c["train_s"]), 1), "val": float(c["val"])}
         for c in tr["val_curve"]
     ]
-    hit = next((c for c in curve if c["val"] >= THRESHOLD), None)
     times = [float(r["step_s"]) for r in tr["steps"]]
     return {
         "trainer": f"TRL {tr['trl_version']}",
@@ -146,11 +153,7 @@ def trl_run(size: str, seed: int, recipe: dict[str, float], data: Path, work: Pa
         "params": common.safetensors_params(model),
         "recipe": [f"lr={recipe['lr']:g}", f"warmup_steps={int(recipe.get('warmup_steps', 0))}"],
         "budget_s": budget,
-        "curve": curve,
-        "hit_step": hit and hit["step"],
-        "hit_train_s": hit and hit["train_s"],
-        "best_val": max(c["val"] for c in curve),
-        "final_val": curve[-1]["val"],
+        **curve_figures(curve),
         "steps": len(times),
         "step_s": common.median(times) if times else None,
         "train_s": sum(times),

@@ -143,28 +143,23 @@ def test_the_quick_start_learns_with_another_family(family: str, tmp_path):
     assert new.keys() == base.keys() and sum(not torch.equal(new[k], base[k]) for k in new) > len(new) // 2
     assert file_tensors(exported) == file_tensors(model)  # the names, shapes and dtypes the engines loaded
     if family == "gemma3":  # vLLM loads the export (its tower by the hub's names); text attends causally on its CPU
-        served = subprocess.run(
-            [sys.executable, "-c", VLLM_READS_A_TEXT_PROMPT, str(exported)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **ENV},
-            timeout=300,
-        )
+        served = python_c(VLLM_READS_A_TEXT_PROMPT, str(exported))
         assert served.returncode == 0 and "GAP" in served.stdout, served.stderr[-3000:]
         assert float(served.stdout.split("GAP ", 1)[1].split()[0]) <= 1e-4, served.stdout
     if family != "llava_onevision":
         return
     assert not torch.equal(new["model.image_newline"], base["model.image_newline"])  # the inner model's own
-    served = subprocess.run(
-        [sys.executable, "-c", SERVE_THE_VALIDATION_SET, str(exported), str(data / "test.parquet")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ENV},
-        timeout=300,
-    )
+    served = python_c(SERVE_THE_VALIDATION_SET, str(exported), str(data / "test.parquet"))
     assert served.returncode == 0 and "SCORE" in served.stdout, served.stderr[-3000:]
     score = float(served.stdout.split("SCORE ", 1)[1].split()[0])
     assert abs(score - val[steps]) <= 0.02, (score, val[steps])  # the trained policy's own greedy answers
+
+
+def python_c(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c code args...`` in its own process (vLLM's engine with the tests' environment), within 300 s."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=300
+    )
 
 
 def file_tensors(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -337,13 +332,7 @@ def test_export_checkpoint_loads_in_transformers_and_vllm(tiny_model_dir, uninte
         "o = llm.generate([{'prompt_token_ids': [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0)); "
         "print('TOKENS', len(o[0].outputs[0].token_ids))"
     )
-    served = subprocess.run(
-        [sys.executable, "-c", code, str(exported)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ENV},
-        timeout=300,
-    )
+    served = python_c(code, str(exported))
     assert served.returncode == 0 and "TOKENS" in served.stdout, served.stderr[-3000:]
     bad = subprocess.run(
         [
