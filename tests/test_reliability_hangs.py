@@ -16,14 +16,27 @@ from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 from vlmrl.rollout.base import SamplingSpec
 from vlmrl.scoring import RewardError, RewardManager
-from vlmrl.supervise import SHORT_TIMEOUT_FACTOR, SHORT_TIMEOUT_FLOOR_S, TIMEOUT, CallResult, HangError, HangWatch
+from vlmrl.supervise import (
+    EXCEPTION,
+    SHORT_TIMEOUT_FACTOR,
+    SHORT_TIMEOUT_FLOOR_S,
+    TIMEOUT,
+    CallResult,
+    HangError,
+    HangWatch,
+    SupervisedPool,
+)
 from vlmrl.tools.runner import ToolRunner
 
 pytestmark = pytest.mark.serial  # runs alone in a parallel suite: timeouts of 0.5-5 s and bounds on elapsed time
 
 REPO = Path(__file__).resolve().parents[1]
+CHUNK_FALLBACK_S = 1.0
+"""What a reward pool's first failed chunk adds, once per pool: the chunk's short timeout (0.1-0.2 s here) and the
+restart of its worker (0.3-0.4 s on this machine) before its calls go again one per task."""
 
 REWARDS = """
+import os
 import time
 
 def vl(sample):
@@ -37,6 +50,8 @@ def vl(sample):
         time.sleep(1.0)
     if r == "raise":
         raise ValueError("broken")
+    if r == "exit":
+        os._exit(3)
     return float(len(r))
 """
 
@@ -84,14 +99,15 @@ def manager(path: str, **kw) -> RewardManager:
 def test_a_reward_that_hangs_on_every_call_stops_the_batch_within_three_timeouts(reward_file, workers, how) -> None:
     """reward.timeout_s=1, every call hangs (blocked or spinning): the first 2 x workers calls time out together
     and the batch stops with HangError naming the function, the timeout and the count; before, 16 samples x 1 s
-    one after another (or 8 s with 2 workers) and then a step of fallback scores."""
+    one after another (or 8 s with 2 workers) and then a step of fallback scores. (The batch's first calls go in a
+    chunk, whose failure costs CHUNK_FALLBACK_S once per pool.)"""
     with manager(reward_file, num_workers=workers, timeout_s=1.0) as rm:
         rm.score([S("warm")] * workers)  # the workers started (the first rollout comes after start-up)
         t0 = time.perf_counter()
         with pytest.raises(HangError) as e:
             rm.score([S(how)] * 16)
         elapsed = time.perf_counter() - t0
-    assert elapsed < 3 * 1.0, elapsed
+    assert elapsed < 3 * 1.0 + CHUNK_FALLBACK_S, elapsed
     msg = str(e.value)
     assert "vl" in msg and "reward.timeout_s=1 s" in msg and f"first {2 * workers} calls" in msg and "hangs" in msg
 
@@ -99,7 +115,7 @@ def test_a_reward_that_hangs_on_every_call_stops_the_batch_within_three_timeouts
 def test_a_reward_that_hangs_on_one_call_in_ten_costs_about_one_timeout_per_worker(reward_file) -> None:
     """1 call in 10 hangs: the first hang costs reward.timeout_s (3 s), each later one in the batch the short
     timeout (1 s: 10x the slowest call that returned, at least 1 s); every other sample is scored and the hangs
-    are counted. Before: 4 x 3 s one after another."""
+    are counted (and the first chunk's failure, once per pool). Before: 4 x 3 s one after another."""
     samples = [S("sleep" if i % 10 == 0 else "ab") for i in range(40)]
     with manager(reward_file, num_workers=1, timeout_s=3.0) as rm:
         rm.score([S("warm")])
@@ -109,7 +125,7 @@ def test_a_reward_that_hangs_on_one_call_in_ten_costs_about_one_timeout_per_work
     assert out.errors == ["timeout" if i % 10 == 0 else None for i in range(40)]
     assert out.scores == [0.0 if i % 10 == 0 else 2.0 for i in range(40)]
     assert out.metrics["reward/timeouts"] == 4.0
-    assert elapsed < 3.0 + 3 * SHORT_TIMEOUT_FLOOR_S + 1.5, elapsed  # before: 12 s
+    assert elapsed < 3.0 + 3 * SHORT_TIMEOUT_FLOOR_S + CHUNK_FALLBACK_S + 1.5, elapsed  # before: 12 s
 
 
 def test_the_short_timeout_is_ten_times_the_slowest_return_at_least_1_s_at_most_the_timeout() -> None:
@@ -354,3 +370,83 @@ def test_a_hung_reward_is_named_by_its_spec(reward_file: str) -> None:
         rm.score([S("warm")])
         with pytest.raises(HangError, match=r"reward .*rewards\.py:vl"):
             rm.score([S("sleep")] * 4)
+
+
+# ------------------------------------------------------------------------------------------ fast calls in chunks
+
+
+def tasks_of(pool: SupervisedPool) -> list[int]:
+    """The number of calls in each task ``pool`` hands its workers from now on."""
+    sizes: list[int] = []
+    real = pool.pool.schedule
+
+    def schedule(fn, args=(), **kw):
+        sizes.append(len(args[1]) if fn.__name__ == "_timed_each" else 1)
+        return real(fn, args=args, **kw)
+
+    pool.pool.schedule = schedule
+    return sizes
+
+
+def test_a_fast_reward_goes_to_its_workers_in_chunks_with_the_same_scores(reward_file: str) -> None:
+    """128 fast calls: a few tasks of many calls each (a task's round trip costs more than the call), every score and
+    its order as one call per task gives; the chunks shrink as the batch drains."""
+    samples = [S("x" * (i % 7)) for i in range(128)]
+    for workers in (1, 2):
+        with manager(reward_file, num_workers=workers, timeout_s=30.0) as rm:
+            rm.score([S("warm")] * 16)
+            sizes = tasks_of(rm._pool.pool)
+            out = rm.score(samples)
+        assert out.scores == [float(i % 7) for i in range(128)] and out.errors == [None] * 128
+        assert sum(sizes) == 128 and len(sizes) <= 24 and sizes[0] >= 8, sizes
+        assert sizes == sorted(sizes, reverse=True), sizes
+
+
+def test_a_hang_inside_a_chunk_costs_only_its_own_call_and_ends_the_chunks(reward_file: str) -> None:
+    """A call that hangs inside a chunk: the chunk runs past its short timeout, its calls go again one per task, the
+    hung one alone times out (under reward.timeout_s, not the chunk's), every other is scored in order, and the
+    pool sends no more chunks."""
+    samples = [S("sleep" if i == 5 else "ab") for i in range(40)]
+    with manager(reward_file, num_workers=1, timeout_s=2.0) as rm:
+        rm.score([S("warm")] * 4)
+        pool = rm._pool.pool
+        sizes = tasks_of(pool)
+        t0 = time.perf_counter()
+        out = rm.score(samples)
+        elapsed = time.perf_counter() - t0
+        assert out.errors == ["timeout" if i == 5 else None for i in range(40)]
+        assert out.scores == [0.0 if i == 5 else 2.0 for i in range(40)]
+        assert sizes[0] > 1 and elapsed >= 2.0, (sizes, elapsed)  # the hung call had its own full timeout
+        del sizes[:]
+        assert rm.score(samples[6:]).scores == [2.0] * 34
+        assert sizes == [1] * 34
+
+
+def test_a_call_that_kills_its_worker_inside_a_chunk_costs_only_that_call(reward_file: str) -> None:
+    """``os._exit`` in one call of a chunk: only that sample fails (its worker died), the others are scored."""
+    samples = [S("exit" if i == 3 else "abc") for i in range(24)]
+    with manager(reward_file, num_workers=1, timeout_s=30.0) as rm:
+        rm.score([S("warm")] * 4)
+        sizes = tasks_of(rm._pool.pool)
+        out = rm.score(samples)
+    assert sizes[0] > 1, sizes
+    assert out.errors == ["exception" if i == 3 else None for i in range(24)]
+    assert out.scores == [0.0 if i == 3 else 3.0 for i in range(24)]
+
+
+def test_a_call_that_raises_inside_a_chunk_is_that_calls_failure() -> None:
+    """The pool itself: an exception in one call of a chunk is that call's EXCEPTION result with its message, the
+    chunk's other calls return their values, in order."""
+    import math
+
+    pool = SupervisedPool("sqrt", "t.timeout_s", 1, 30.0)
+    try:
+        pool.map(math.sqrt, [(4.0,)] * 4, chunks=True)
+        sizes = tasks_of(pool)
+        res = pool.map(math.sqrt, [(float(i),) if i != 2 else (-1.0,) for i in range(12)], chunks=True)
+    finally:
+        pool.close()
+    assert sizes[0] > 1, sizes
+    assert [r.error for r in res] == [EXCEPTION if i == 2 else None for i in range(12)]
+    assert res[2].message == "ValueError: math domain error"
+    assert [r.value for r in res if r.error is None] == [math.sqrt(i) for i in range(12) if i != 2]

@@ -15,6 +15,15 @@ How much a hanging function may cost a batch (:class:`HangWatch`, one per batch)
 - when the first ``2 x num_workers`` calls of a batch to finish all timed out, the function hangs: the batch stops
   with :class:`HangError` naming the function, the timeout and the count (a caller's own rule can stop it earlier,
   e.g. a failure ratio that can no longer be met).
+
+Fast functions in chunks (``map(..., chunks=True)``, the reward's pool): a task costs a round trip between processes
+(~0.2 ms), more than a typical reward call, so once calls have returned, as many as take :data:`CHUNK_TARGET_S` by
+their moving average go to the workers as one task (shrinking chunks, as OpenMP's guided schedule). A chunk runs under
+a short, speculative timeout (``max(0.1 s, 10 x its calls x that median)``, never over the call's own): a chunk that
+runs past it, whose worker dies or whose results cannot cross back is not a failure of any call: its calls go again
+one per task, each under its own timeout as above, and the pool sends no more chunks. So each call keeps its own
+timeout and a crash still costs only its call; a function that hangs now and then costs at most one short chunk
+timeout per worker more, once per pool.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -44,6 +54,11 @@ SHORT_TIMEOUT_FACTOR = 10.0
 """... else this many times the slowest call that returned (a call that slow is no longer ordinary)."""
 HANG_CALLS_PER_SLOT = 2
 """A batch whose first ``num_workers x`` this many finished calls all timed out stops: the function hangs."""
+CHUNK_TARGET_S = 0.02
+"""Chunks hold at most this much work (by the slowest return so far): long enough to pay for a task's round trip,
+short enough that the workers share a batch evenly."""
+CHUNK_TIMEOUT_FLOOR_S = 0.1
+"""The shortest speculative timeout of a chunk (it only decides whether its calls go again one by one)."""
 
 PRELOAD = ("vlmrl._forkserver_guard", "vlmrl.supervise", "vlmrl.batch", "vlmrl.scoring.runner")
 """What the forkserver imports once for every pool of the process (a process has one forkserver, started by its first
@@ -183,6 +198,40 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return value, time.perf_counter() - t0
 
 
+def _timed_each(fn: Callable[..., Any], items: Sequence[tuple]) -> list[tuple[Any, str | None, float]]:
+    """Run a chunk's calls in the worker, one after another: each call's value (or why it raised) and its own time."""
+    out: list[tuple[Any, str | None, float]] = []
+    for args in items:
+        t0 = time.perf_counter()
+        try:
+            out.append((fn(*args), None, time.perf_counter() - t0))
+        except Exception as e:  # noqa: BLE001 - that call's failure, as one call's would be
+            out.append((None, f"{type(e).__name__}: {str(e)[:500]}", time.perf_counter() - t0))
+    return out
+
+
+def _chunk_results(future: Any, limit: float) -> list[CallResult] | None:
+    """A finished chunk's results, or None when it ran past its speculative timeout, its worker died or its results
+    could not cross back (its calls then go again one per task)."""
+    try:
+        pairs = future.result()
+    except Exception:  # noqa: BLE001 - any of the three: not a failure of one call
+        return None
+    return [
+        CallResult(value, seconds=s, limit_s=limit) if err is None else CallResult(None, EXCEPTION, err, s, limit)
+        for value, err, s in pairs
+    ]
+
+
+@dataclass
+class _Task:
+    """What one scheduled task runs: the calls' indices, when it was handed to the pool and its timeout."""
+
+    indices: list[int]
+    started: float
+    limit: float
+
+
 def _result_of(future: Any, seconds: float, limit: float) -> CallResult:
     """A finished call's value, or why it has none."""
     from pebble import ProcessExpired
@@ -222,6 +271,10 @@ class SupervisedPool:
         self.num_workers = int(num_workers)
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 and math.isfinite(timeout_s) else math.inf
         self.slowest_ok_s: float | None = None
+        self._chunks_ok = True
+        self._recent_s: deque[float] = deque(maxlen=16)
+        """The last calls' own times: their median sizes the chunks (a slow first call does not keep them small)."""
+        """False once a chunk failed (:meth:`map`'s ``chunks``): the function is not one to send in chunks."""
         self._registry = tempfile.mkdtemp(prefix="vlmrl-workers-")  # each worker's pid and start time
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
@@ -241,38 +294,29 @@ class SupervisedPool:
         names: Sequence[str] | None = None,
         give_up: Callable[[int, list[CallResult | None]], None] | None = None,
         watch: HangWatch | None = None,
+        chunks: bool = False,
     ) -> list[CallResult]:
         """``fn(*items[i])`` for every i, ``num_workers`` at a time, each under the batch's :class:`HangWatch`.
         ``names[i]`` names the code call i runs (for a pool that runs several tools); ``give_up(i, results so
         far)``, called as call i finishes, may raise to stop the batch early. Raises :class:`HangError` when the
         calls keep timing out. ``watch``: the :meth:`new_watch` of a batch that spans several calls of ``map`` (a
-        multi-turn rollout's turns); by default each ``map`` is its own batch."""
+        multi-turn rollout's turns); by default each ``map`` is its own batch. ``chunks``: fast calls may go
+        several per task (see the module docstring)."""
         watch = watch or self.new_watch()
         results: list[CallResult | None] = [None] * len(items)
         queue = deque(range(len(items)))
-        running: dict[Any, tuple[int, float, float]] = {}
+        running: dict[Any, _Task] = {}
+        ended_workers = False
         try:
             while queue or running:
-                # while nothing timed out, a second call waits queued behind each running one (no round trip
-                # between calls); after a timeout, calls start one by one, each with the watch's current timeout
-                ahead = 2 * self.num_workers if watch.timeouts == 0 else self.num_workers
-                while queue and len(running) < ahead:
-                    i = queue.popleft()
-                    limit = watch.timeout()
-                    timeout = None if math.isinf(limit) else limit
-                    future = self.pool.schedule(_timed, args=(fn, *items[i]), timeout=timeout)
-                    running[future] = (i, time.perf_counter(), limit)
+                self._schedule(fn, items, queue, running, watch, chunks)
                 if watch.stopped is not None:
                     raise BatchStopped(watch.stopped)
                 done, _ = wait(list(running), timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:
-                    i, started, limit = running.pop(future)
-                    seconds = time.perf_counter() - started
-                    res = _result_of(future, seconds, limit)
-                    results[i] = res
-                    watch.record(res, names[i] if names is not None else None)
-                    if give_up is not None:
-                        give_up(i, results)
+                    task = running.pop(future)
+                    if not self._finish(future, task, results, queue, running, watch, names, give_up):
+                        ended_workers = True
                 self._requeue_for_shorter_timeout(running, queue, watch.timeout())
         except BaseException:
             for future in running:
@@ -280,23 +324,95 @@ class SupervisedPool:
             raise
         finally:
             self.slowest_ok_s = watch.slowest_ok_s
-            if any(r is not None and r.error in (TIMEOUT, DIED) for r in results):
+            if ended_workers or any(r is not None and r.error in (TIMEOUT, DIED) for r in results):
                 self._end_strays(every_group=False)  # what ended workers had started
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def _schedule(
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[tuple],
+        queue: deque,
+        running: dict,
+        watch: HangWatch,
+        chunks: bool,
+    ) -> None:
+        """Hand calls to the pool: while nothing timed out, a second task waits queued behind each running one (no
+        round trip between tasks); after a timeout, calls start one by one, each with the watch's current timeout."""
+        ahead = 2 * self.num_workers if watch.timeouts == 0 else self.num_workers
+        while queue and len(running) < ahead:
+            k = self._chunk_size(len(queue), watch) if chunks else 1
+            indices = [queue.popleft() for _ in range(k)]
+            limit = watch.timeout()
+            if k > 1:
+                limit = min(limit, max(CHUNK_TIMEOUT_FLOOR_S, SHORT_TIMEOUT_FACTOR * k * self._typical_s()))
+                args: tuple = (_timed_each, (fn, [items[i] for i in indices]))
+            else:
+                args = (_timed, (fn, *items[indices[0]]))
+            timeout = None if math.isinf(limit) else limit
+            future = self.pool.schedule(args[0], args=args[1], timeout=timeout)
+            running[future] = _Task(indices, time.perf_counter(), limit)
+
+    def _chunk_size(self, queued: int, watch: HangWatch) -> int:
+        """How many calls the next task runs: 1 until a call returned, after any timeout or failed chunk; else as
+        many as fit :data:`CHUNK_TARGET_S`, at most an even share of what is queued per task slot."""
+        if not self._chunks_ok or watch.timeouts or not self._recent_s:
+            return 1
+        by_time = int(CHUNK_TARGET_S / max(self._typical_s(), 1e-6))
+        return max(1, min(by_time, math.ceil(queued / (2 * self.num_workers))))
+
+    def _typical_s(self) -> float:
+        """The median of the last calls' own times."""
+        return statistics.median(self._recent_s) if self._recent_s else 0.0
+
+    def _finish(
+        self,
+        future: Any,
+        task: _Task,
+        results: list[CallResult | None],
+        queue: deque,
+        running: dict,
+        watch: HangWatch,
+        names: Sequence[str] | None,
+        give_up: Callable[[int, list[CallResult | None]], None] | None,
+    ) -> bool:
+        """Record a finished task's calls; False when it was a chunk that failed (its calls, and those of the tasks
+        not yet started, go back to the queue to run one per task, in order; the pool sends no more chunks)."""
+        if len(task.indices) == 1:
+            got: list[CallResult] | None = [_result_of(future, time.perf_counter() - task.started, task.limit)]
+        else:
+            got = _chunk_results(future, task.limit)
+        if got is None:
+            self._chunks_ok = False
+            back = list(task.indices)
+            for other, t in list(running.items()):  # tasks not yet started too: the calls keep their order
+                if not other.running() and other.cancel():
+                    del running[other]
+                    back += t.indices
+            queue.extendleft(sorted(back, reverse=True))
+            return False
+        for i, res in zip(task.indices, got):
+            if res.error is None:
+                self._recent_s.append(res.seconds)
+            results[i] = res
+            watch.record(res, names[i] if names is not None else None)
+            if give_up is not None:
+                give_up(i, results)
+        return True
+
     @staticmethod
-    def _requeue_for_shorter_timeout(running: dict[Any, tuple[int, float, float]], queue: deque, limit: float) -> None:
+    def _requeue_for_shorter_timeout(running: dict[Any, _Task], queue: deque, limit: float) -> None:
         """Calls scheduled with a longer timeout than ``limit`` that no worker has started yet go back to the front
         of the queue (in order), to start under ``limit``: once the batch has used its full timeouts, a call queued
         before then does not keep one."""
         back = []
-        for future, (i, _, old) in list(running.items()):
+        for future, task in list(running.items()):
             # pebble's cancel() would also end a running call's worker: only calls still waiting. (Should a worker
             # take one between the check and the cancel, that call is ended and runs again from the queue.)
-            if old > limit and not future.running() and future.cancel():
+            if task.limit > limit and not future.running() and future.cancel():
                 del running[future]
-                back.append(i)
+                back += task.indices
         queue.extendleft(sorted(back, reverse=True))
 
     def new_watch(self) -> HangWatch:

@@ -3,12 +3,14 @@
 ``reward.num_workers = N >= 1`` (default 1) -> :class:`ProcessRunner`: N worker processes
 (:class:`vlmrl.supervise.SupervisedPool`: forked from a clean ``forkserver`` that preloaded this module, so starting
 or replacing a worker is cheap and never forks the driver's threads). Each worker builds the scorer once from the
-picklable spec. Every sample is one task with ``reward.timeout_s``: a call still running then (a loop,
+picklable spec. Every sample is one call with ``reward.timeout_s``: a call still running then (a loop,
 ``time.sleep``, a socket read without a timeout, a catastrophic regex, sympy holding the GIL) is stopped by ending
 its worker, which the pool replaces; a worker that dies (``os._exit``, a segfault, the OOM killer) costs only the
 sample it was scoring. N calls run at a time, so their timeouts overlap; a batch that keeps timing out costs about
 one timeout per worker and stops the run when its first 2 x N calls all timed out (see ``vlmrl.supervise``).
-Results keep the input order.
+Results keep the input order. A fast function's calls go to the workers several per task (a round trip between
+processes costs more than most reward calls; the chunks' rules, which keep each call's timeout, are in
+``vlmrl.supervise``).
 
 ``reward.num_workers = 0`` -> :class:`InlineRunner`: calls run in the driver's thread (a debugger works, a fast
 function costs only the call). Nothing can stop a call there once it blocks, so this mode takes no timeout
@@ -133,7 +135,7 @@ class ProcessRunner:
             if give_up is not None:
                 give_up(i, outcomes)
 
-        self.pool.map(_score, [(s,) for s in samples], give_up=check)
+        self.pool.map(_score, [(s,) for s in samples], give_up=check, chunks=True)
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
 
