@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cpu_lock, machine, machine_line, median, now, table, versions, write_readme_section, write_result  # noqa: E402
+from common import cpu_lock, machine_line, median, result_head, table, write_readme_section, write_result  # noqa: E402
 
 
 def samples(n: int, per_prompt: int = 8) -> list:
@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=20)
     a = ap.parse_args()
+    head = result_head("reward")  # before anything runs: the commit and checkout measured
     batch = samples(a.samples)
     rows = {}
     with cpu_lock("bench_reward"):
@@ -79,14 +80,14 @@ def main() -> int:
             for workers in (0, 1, 2):
                 rows[f"{function}/{workers}"] = measure(function, workers, batch, a.repeats)
                 print(function, workers, rows[f"{function}/{workers}"], flush=True)
-    result = {"when": now(), "machine": machine(), "versions": versions(), "config": vars(a), "results": rows}
+    result = {**head, "config": vars(a), "results": rows}
     write_result("reward", result)
     body = [
-        f"`python benchmarks/bench_reward.py --samples {a.samples} --repeats {a.repeats}` ({result['when']}). One "
+        f"`python benchmarks/bench_reward.py --samples {a.samples} --repeats {a.repeats}` ({result['date']}). One "
         f"step's samples ({a.samples}: 16 prompts x 8, one 112x112 image per prompt) scored in the driver "
         "(`reward.num_workers=0`: no timeout can stop a blocked call there) and in 1 (the default) or 2 worker "
-        "processes (a call past `reward.timeout_s` is stopped by ending its worker). Median of the repeats after a "
-        "warm-up; start-up is the pool's first call.",
+        "processes (a call past `reward.timeout_s` is stopped by ending its worker; a fast function's calls go "
+        "several per task). Median of the repeats after a warm-up; start-up is the pool's first call.",
         "",
     ]
     table_rows = []
