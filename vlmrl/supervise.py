@@ -18,16 +18,18 @@ How much a hanging function may cost a batch (:class:`HangWatch`, one per batch)
 
 Fast functions in chunks (``map(..., chunks=True)``, the reward's pool): a task costs a round trip between processes
 (~0.2 ms), more than a typical reward call, so once calls have returned, as many as take :data:`CHUNK_TARGET_S` by
-their moving average go to the workers as one task (shrinking chunks, as OpenMP's guided schedule). A chunk runs under
-a short, speculative timeout (``max(0.1 s, 10 x its calls x that median)``, never over the call's own): a chunk that
-runs past it, whose worker dies or whose results cannot cross back is not a failure of any call: its calls go again
-one per task, each under its own timeout as above, and the pool sends no more chunks. So each call keeps its own
-timeout and a crash still costs only its call; a function that hangs now and then costs at most one short chunk
-timeout per worker more, once per pool.
+the median of the last calls' own times go to the workers as one task (shrinking chunks, as OpenMP's guided
+schedule). A chunk runs under a short, speculative timeout (``max(0.1 s, 10 x its calls x that median)``, never over
+the call's own): a chunk that runs past it, whose worker dies or whose results cannot cross back is not a failure of
+any call: its calls, and those of the tasks not yet started, go again one per task, in order, each under its own
+timeout as above, and the pool sends no more chunks. So each call keeps its own timeout and a crash still costs only
+its call; a function that hangs or crashes now and then costs once per pool one short chunk timeout per worker and
+the restart of the workers ended.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -48,6 +50,8 @@ from typing import Any
 
 from vlmrl.procs import FORKSERVER_PARENT, die_with_parent
 
+log = logging.getLogger("vlmrl.supervise")
+
 SHORT_TIMEOUT_FLOOR_S = 1.0
 """The shortest timeout a call gets once its batch has used one full timeout per slot."""
 SHORT_TIMEOUT_FACTOR = 10.0
@@ -55,8 +59,8 @@ SHORT_TIMEOUT_FACTOR = 10.0
 HANG_CALLS_PER_SLOT = 2
 """A batch whose first ``num_workers x`` this many finished calls all timed out stops: the function hangs."""
 CHUNK_TARGET_S = 0.02
-"""Chunks hold at most this much work (by the slowest return so far): long enough to pay for a task's round trip,
-short enough that the workers share a batch evenly."""
+"""Chunks hold at most this much work (by the median of the last calls' own times): long enough to pay for a task's
+round trip, short enough that the workers share a batch evenly."""
 CHUNK_TIMEOUT_FLOOR_S = 0.1
 """The shortest speculative timeout of a chunk (it only decides whether its calls go again one by one)."""
 
@@ -272,9 +276,9 @@ class SupervisedPool:
         self.timeout_s = float(timeout_s) if timeout_s and timeout_s > 0 and math.isfinite(timeout_s) else math.inf
         self.slowest_ok_s: float | None = None
         self._chunks_ok = True
+        """False once a chunk failed (:meth:`map`'s ``chunks``): the function is not one to send in chunks."""
         self._recent_s: deque[float] = deque(maxlen=16)
         """The last calls' own times: their median sizes the chunks (a slow first call does not keep them small)."""
-        """False once a chunk failed (:meth:`map`'s ``chunks``): the function is not one to send in chunks."""
         self._registry = tempfile.mkdtemp(prefix="vlmrl-workers-")  # each worker's pid and start time
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
@@ -385,6 +389,13 @@ class SupervisedPool:
             got = _chunk_results(future, task.limit)
         if got is None:
             self._chunks_ok = False
+            log.info(
+                "%s: a task of %d calls did not come back within %.2g s (a slow or hung call, or its worker died): "
+                "its calls run again one per task, and so do all later calls",
+                self.what,
+                len(task.indices),
+                task.limit,
+            )
             back = list(task.indices)
             for other, t in list(running.items()):  # tasks not yet started too: the calls keep their order
                 if not other.running() and other.cancel():
