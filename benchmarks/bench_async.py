@@ -49,10 +49,12 @@ MODES = {
         "async_training.staleness_threshold=1.0",
         "async_training.trigger_parameter_sync_step=1",
     ),
+    "fully_async_verl": (*POOLS, "async_training.mode=fully_async"),
 }
-"""The three ways to use 2 CPU cores (the fully asynchronous trainer: a step of train_batch_size=16 groups, a sync
-after each, at most 32 groups started between two syncs, as many as the one-step trainer has in flight; partial
-rollouts)."""
+"""The ways to use 2 CPU cores (the fully asynchronous trainer: a step of train_batch_size=16 groups, a sync after
+each, at most 32 groups started between two syncs, as many as the one-step trainer has in flight; partial rollouts;
+and with verl's defaults: a sync every 4 steps, staleness_threshold 0.1, at most 70 groups started between two
+syncs)."""
 WORKLOADS = {
     "quickstart": (),
     "long_tail": (
@@ -253,11 +255,13 @@ def summarise(runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] 
         for k in ("reward_last10", "val_end"):
             out[mode][f"{k}_range"] = [round(min(r[k] for r in mine), 4), round(max(r[k] for r in mine), 4)]
     out["speedup"] = round(out["async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
-    out["fully_async_speedup"] = round(out["fully_async"]["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
-    out["fully_async_over_one_step"] = round(out["fully_async"]["steps_per_s"] / out["async"]["steps_per_s"], 3)
-    if all("response_tokens_per_s" in out[m] for m in ("async", "fully_async")):  # (files before the column)
-        tokens = out["fully_async"]["response_tokens_per_s"] / out["async"]["response_tokens_per_s"]
-        out["fully_async_tokens_over_one_step"] = round(tokens, 3)
+    for mode in (m for m in modes if m.startswith("fully_async")):
+        f = out[mode]
+        out[f"{mode}_speedup"] = round(f["steps_per_s"] / out["hybrid"]["steps_per_s"], 3)
+        out[f"{mode}_over_one_step"] = round(f["steps_per_s"] / out["async"]["steps_per_s"], 3)
+        out[f"{mode}_tokens_over_one_step"] = round(
+            f["response_tokens_per_s"] / out["async"]["response_tokens_per_s"], 3
+        )
     return out
 
 
@@ -265,8 +269,28 @@ LABELS = {
     "hybrid": "hybrid (2 workers)",
     "async": "one-step off-policy (1 + 1)",
     "fully_async": "fully async (1 + 1)",
+    "fully_async_verl": "fully async, verl's defaults (1 + 1)",
 }
-SPEEDUPS = {"async": "speedup", "fully_async": "fully_async_speedup"}
+SPEEDUPS = {"async": "speedup", "fully_async": "fully_async_speedup", "fully_async_verl": "fully_async_verl_speedup"}
+
+
+def _streamed(res: dict[str, Any], w: str, mode: str) -> str:
+    """One sentence on a fully asynchronous mode: its ratios to the one-step trainer, its staleness and queue."""
+    s, f = res["summary"][w], res["summary"][w][mode]
+    hist: dict[str, int] = {}
+    for r in res["runs"]:
+        if r["mode"] == mode and r["workload"] == w:
+            for k, v in r["staleness_hist"].items():
+                hist[k] = hist.get(k, 0) + v
+    shown = ", ".join(f"{v} at {k}" for k, v in sorted(hist.items()))
+    return (
+        f"{w.replace('_', '-')}, {LABELS[mode]}: {s[f'{mode}_over_one_step']:.2f}x the one-step "
+        f"off-policy trainer's steps/s and {s[f'{mode}_tokens_over_one_step']:.2f}x its trained response "
+        f"tokens/s; its groups train {f['staleness_mean']:.2f} updates stale on average "
+        f"(steps of all seeds by their stalest group: {shown}), {f['partial_groups']:.0f} groups a run (median) "
+        "were continued across a "
+        f"sync, and {f['queue_depth_median']:.0f} groups (median) were queued when a step took its own"
+    )
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -308,21 +332,8 @@ def markdown(res: dict[str, Any]) -> str:
     sync = res["sync"]
     streamed = []
     for w in WORKLOADS:
-        s, f = res["summary"][w], res["summary"][w]["fully_async"]
-        hist: dict[str, int] = {}
-        for r in res["runs"]:
-            if r["mode"] == "fully_async" and r["workload"] == w:
-                for k, v in r["staleness_hist"].items():
-                    hist[k] = hist.get(k, 0) + v
-        shown = ", ".join(f"{v} at {k}" for k, v in sorted(hist.items()))
-        streamed.append(
-            f"{w.replace('_', '-')}: fully async makes {s['fully_async_over_one_step']:.2f}x the one-step "
-            f"off-policy trainer's steps/s and {s['fully_async_tokens_over_one_step']:.2f}x its trained response "
-            "tokens/s; its groups train {f['staleness_mean']:.2f} updates stale on average "
-            f"(steps of all seeds by their stalest group: {shown}), {f['partial_groups']:.0f} groups a run (median) "
-            "were continued across a "
-            f"sync, and {f['queue_depth_median']:.0f} groups (median) were queued when a step took its own"
-        )
+        for mode in (m for m in MODES if m.startswith("fully_async")):
+            streamed.append(_streamed(res, w, mode))
     return (
         "Command: `python benchmarks/bench_async.py` (seeds "
         + ",".join(map(str, res["seeds"]))
@@ -335,7 +346,8 @@ def markdown(res: dict[str, Any]) -> str:
         "wait for its batch and the weight sync: medians per step; reward and validation: median [min-max] over the "
         "seeds. Fully async: "
         "async_training.mode=fully_async, staleness_threshold 1, a sync after every step, partial rollouts (its "
-        "'waited' is the step's wait for its groups).\n\n"
+        "'waited' is the step's wait for its groups); with verl's defaults: staleness_threshold 0.1, a sync every 4 "
+        "steps, partial rollouts.\n\n"
         + common.table(head, rows)
         + "\n\n"
         + "; ".join(streamed)

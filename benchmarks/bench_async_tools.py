@@ -37,7 +37,7 @@ import common  # noqa: E402
 
 SECTION = "Fully async with multi-turn tools"
 MODES = {
-    **bench_async.MODES,
+    **{k: v for k, v in bench_async.MODES.items() if k != "fully_async_verl"},
     "fully_async_s2": tuple(
         "async_training.staleness_threshold=2.0" if m.startswith("async_training.staleness_threshold") else m
         for m in bench_async.MODES["fully_async"]
