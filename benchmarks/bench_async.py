@@ -7,7 +7,8 @@ side on the same CPU cores: steps per second, the reward after the same samples,
 Equal cores: the hybrid engine runs 2 workers (each generates half the batch, then trains on it); the off-policy
 trainer 1 training worker and 1 rollout worker (the rollout worker generates step t+1's batch while the trainer
 updates on step t's); the fully asynchronous trainer on the same two pools, with a sync after every step and with
-verl's defaults (a sync every 4 steps, staleness_threshold 0.1). Two workloads, ``python -m vlmrl.train --config-name tiny_cpu`` each, alternating per seed:
+verl's defaults (a sync every 4 steps, staleness_threshold 0.1). Two workloads, ``python -m vlmrl.train
+--config-name tiny_cpu`` each, alternating per seed:
 
 * (a) the quick start's: the tiny Qwen2.5-VL on the colour task, responses of at most 8 tokens (all about equally
   long);
