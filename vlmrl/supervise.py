@@ -321,7 +321,7 @@ class SupervisedPool:
                     task = running.pop(future)
                     if not self._finish(future, task, results, queue, running, watch, names, give_up):
                         ended_workers = True
-                self._requeue_for_shorter_timeout(running, queue, watch.timeout())
+                self._requeue_waiting(running, queue, watch.timeout())
         except BaseException:
             for future in running:
                 future.cancel()
@@ -396,12 +396,7 @@ class SupervisedPool:
                 len(task.indices),
                 task.limit,
             )
-            back = list(task.indices)
-            for other, t in list(running.items()):  # tasks not yet started too: the calls keep their order
-                if not other.running() and other.cancel():
-                    del running[other]
-                    back += t.indices
-            queue.extendleft(sorted(back, reverse=True))
+            self._requeue_waiting(running, queue, -math.inf, task.indices)  # and every task not yet started
             return False
         for i, res in zip(task.indices, got):
             if res.error is None:
@@ -413,11 +408,12 @@ class SupervisedPool:
         return True
 
     @staticmethod
-    def _requeue_for_shorter_timeout(running: dict[Any, _Task], queue: deque, limit: float) -> None:
+    def _requeue_waiting(running: dict[Any, _Task], queue: deque, limit: float, also: Sequence[int] = ()) -> None:
         """Calls scheduled with a longer timeout than ``limit`` that no worker has started yet go back to the front
-        of the queue (in order), to start under ``limit``: once the batch has used its full timeouts, a call queued
-        before then does not keep one."""
-        back = []
+        of the queue (in order, with the calls ``also``), to start under ``limit``: once the batch has used its full
+        timeouts, a call queued before then does not keep one. (``limit`` -inf, ``also`` a failed chunk's calls:
+        they and every call not yet started go again one per task.)"""
+        back = list(also)
         for future, task in list(running.items()):
             # pebble's cancel() would also end a running call's worker: only calls still waiting. (Should a worker
             # take one between the check and the cancel, that call is ended and runs again from the queue.)
