@@ -153,7 +153,7 @@ def test_the_plan_of_a_fully_async_run_names_its_window_sync_and_partial_rollout
     out = capsys.readouterr().out
     assert "fully asynchronous): 1 node(s) x 1 CPU rollout worker(s) = 1; prompt groups streamed" in out, out
     assert "a step trains on the first 4 that finish; weights synced by a collective every 2 step(s)" in out
-    assert "at most 8 groups started between two syncs (staleness_threshold=0.1)" in out
+    assert "at most 8 groups started between two syncs (staleness_threshold=0.1), at most 8 generating at once" in out
     assert "interrupted and continued with the new weights (partial rollouts)" in out
     tools = Path(__file__).resolve().parents[1] / "examples" / "tool_config" / "zoom.yaml"
     multi = (

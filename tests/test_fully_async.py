@@ -149,6 +149,8 @@ class FakePool:
         """The dataset index of each group started, in order."""
         self.calls = 0
         self.lock = threading.Lock()
+        self.peak = 0
+        """The most groups generating at once (interrupted ones included)."""
 
     def _pending(self, value):
         return Pending(lambda: value)
@@ -172,6 +174,7 @@ class FakePool:
                 self.running[it.gid] = {"item": it, "left": n, "versions": [], "parts": 1}
                 self.started.append((it.gid, version))
                 self.indices.append(it.prompt.index)
+        self.peak = max(self.peak, len(self.running) + len(self.stopped))
         return self._pending([0] * self.world)
 
     def stream_step(self, steps):
@@ -287,6 +290,22 @@ def test_with_staleness_0_every_group_starts_after_the_last_sync_and_the_window_
     trained = [i for idx, _ in out for i in idx]
     assert sorted(trained) == list(range(16))  # every prompt drawn was trained, once
     assert all(m["async/partial_groups"] == 0 for _, m in out)  # nothing was in flight at a sync
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_at_most_16_groups_per_engine_generate_at_once(world: int) -> None:
+    """A window of 64 groups (staleness 1, a sync every 4 steps of 8): the Rollouter keeps 16 groups per engine
+    generating at once, as verl's Rollouter does, starting the next as one finishes; every prompt is trained once."""
+    pool = FakePool(lambda i: 3 + 4 * (i % 5), world=world)
+    r, _ = _rollouter(pool, steps=8, G=8, staleness=1.0, trigger=4)
+    assert r.budget == 64 and r.max_in_flight == 16 * world
+    try:
+        out = _train(r, 8)
+    finally:
+        r.close()
+    assert pool.peak == 16 * world, pool.peak
+    trained = [i for idx, _ in out for i in idx]
+    assert sorted(trained) == list(range(64))
 
 
 def test_partial_rollouts_continue_across_a_sync_and_count_their_staleness() -> None:

@@ -562,7 +562,7 @@ def test_verls_fully_async_scripts_are_refused_by_name_or_pass_the_dry_run_on_fs
     assert "workers: 1 node(s) x 4 GPU(s) = 4 training worker(s)" in out, out
     assert "fully asynchronous): 1 node(s) x 4 GPU rollout worker(s) = 4; prompt groups streamed" in out, out
     assert "a step trains on the first 256 that finish; weights synced by a collective every 4 step(s)" in out
-    assert "at most 1126 groups started between two syncs (staleness_threshold=0.1)" in out
+    assert "at most 1126 groups started between two syncs (staleness_threshold=0.1), at most 64 generating" in out
     assert "steps: 200 (rollout.total_rollout_steps=51200 prompts)" in out, out
 
 

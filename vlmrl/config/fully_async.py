@@ -52,6 +52,18 @@ def window(staleness_threshold: float, trigger_parameter_sync_step: int, groups_
     return int((1 + float(staleness_threshold)) * trigger_parameter_sync_step * groups_per_step + 1e-9)
 
 
+GROUPS_IN_FLIGHT_PER_ENGINE = 16
+"""Prompt groups a rollout engine generates at once at most (verl's Rollouter: ``max_concurrent_samples = 16 x
+servers``, each sample a prompt with its ``n`` responses). A group that shares its engine with fewer others
+finishes sooner, so a step waits less for the first groups of a window; more would only queue in the engine."""
+
+
+def in_flight(engines: int, budget: int) -> int:
+    """Groups the Rollouter keeps generating at once on ``engines`` engines: 16 each, at most the window's
+    ``budget`` (verl's ``min(16 x servers, max_required_samples)``)."""
+    return min(GROUPS_IN_FLIGHT_PER_ENGINE * engines, budget)
+
+
 def total_steps(cfg: Any, batches_per_epoch: int) -> int:
     """The run's training steps: ``trainer.total_training_steps``, else the epochs' batches, capped in fully_async
     mode by ``rollout.total_rollout_steps`` prompts (verl's rule)."""

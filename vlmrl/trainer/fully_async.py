@@ -7,7 +7,8 @@ step takes the first ``data.train_batch_size`` (= ``require_batches * ppo_mini_b
 waiting only when fewer are ready; every ``trigger_parameter_sync_step`` updates the Rollouter pauses, the weights go
 to the pool and it resumes. Between two syncs it starts at most ``(1 + staleness_threshold) * trigger_parameter_sync_
 step * train_batch_size`` groups, counting those still queued or generating from older weights (verl's freshness
-rule); past that it waits for the sync, so nothing it generates is dropped. With ``partial_rollout`` the groups in
+rule); past that it waits for the sync, so nothing it generates is dropped. At most 16 groups per engine generate at
+once (verl's ``max_concurrent_samples``): the next starts as one finishes. With ``partial_rollout`` the groups in
 flight at a sync are interrupted and continued with the new weights (``vlmrl.rollout.stream``); without, the pool
 finishes them first.
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlmrl.batch import PromptSample, RolloutBatch
-from vlmrl.config.fully_async import window
+from vlmrl.config.fully_async import in_flight, window
 from vlmrl.rollout.stream import StreamGroup, StreamItem
 from vlmrl.timing import Timer
 from vlmrl.trainer.offpolicy import OffPolicyRollout, batch_seed
@@ -81,6 +82,8 @@ class StreamingRollout(OffPolicyRollout):
         self.partial = bool(async_cfg.partial_rollout)
         self.budget = window(async_cfg.staleness_threshold, self.trigger, groups_per_step)
         """Groups the Rollouter may start between two syncs (those carried over from older weights included)."""
+        self.max_in_flight = in_flight(pool.world, self.budget)
+        """Groups generating at once at most (interrupted ones included)."""
         self.remaining = total_groups
         self.cv = threading.Condition()
         self.todo: deque[int] = deque()
@@ -119,10 +122,16 @@ class StreamingRollout(OffPolicyRollout):
         return g
 
     def _top_up(self) -> None:
-        """Start groups until the window's budget (or the run's need) is reached."""
+        """Start groups until the window's budget (or the run's need) is reached, at most :attr:`max_in_flight`
+        generating at once."""
         started: list[list[StreamItem]] = [[] for _ in range(self.pool.world)]
         with self.cv:
-            while self.window < self.budget and not self.pause_req and (g := self._draw()) is not None:
+            while (
+                self.window < self.budget
+                and sum(self.load) < self.max_in_flight
+                and not self.pause_req
+                and (g := self._draw()) is not None
+            ):
                 started[g.engine].append(StreamItem(g.gid, g.prompt, batch_seed(self.seed, g.gid)))
         if any(started):
             self.pool.stream_add(started, self.version).result()
