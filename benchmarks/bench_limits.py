@@ -8,7 +8,8 @@ tokens, equal lengths, vLLM rollout, 2 worker processes x 1 thread):
 1. **Measured**: a vlmrl run of each arm, the default (every parameter sharded over both workers) and
    ``actor_rollout_ref.actor.fsdp_config.fsdp_size=1`` (each worker holds the whole model: no gathers, gradients
    all-reduced); the median seconds of the rollout, the update and the weight push (``timing/rollout_s``,
-   ``timing/update_s``, ``timing/push_s``) over its steps after the first.
+   ``timing/update_s``, ``timing/push_s``) over its steps after the first, and of the push the time spent
+   producing the weights (``timing/push_gather_s``).
 2. **Limits**, measured with 2 processes x 1 thread at once (the 2 workers run each stage at the same time), at the
    model's own tensors and shapes:
    - copy: one ``dst.copy_(src)`` of every parameter (fp32): the bytes a push must move into each worker's engine;
@@ -228,6 +229,9 @@ def run_size(size: str, a: argparse.Namespace, data: Path, work: Path) -> dict[s
         "bounds_s": bounds,
         "over_bound": {arm: {s: m[s] / bounds[s] for s in STAGES} for arm, m in measured.items()},
         "step_s": {arm: common.median([r["timing/step_s"] for r in run["kept"]]) for arm, run in runs.items()},
+        "push_gather_s": {  # of the push, the slowest worker's time producing the weights (the rest the engine's)
+            arm: common.median([r["timing/push_gather_s"] for r in run["kept"]]) for arm, run in runs.items()
+        },
         "rollout_bound_parts_s": {
             "prefill": limits["prefill_s"],
             "decode_products": plan.max_tokens * limits["decode_step_s"],
@@ -275,6 +279,7 @@ def markdown(res: dict[str, Any]) -> str:
                     _bound_from(r, stage),
                 ]
             )
+        rows.append(["", "of the push: gather", "", *(f"{r['push_gather_s'][arm]:.3f}" for arm in ARMS), ""])
         rows.append(["", "whole step", "", *(f"{r['step_s'][arm]:.3f}" for arm in ARMS), ""])
     sizes = ",".join(res["sizes"])
     return "\n".join(
@@ -286,7 +291,9 @@ def markdown(res: dict[str, Any]) -> str:
             "processes x 1 thread at once at the model's own tensors: the push >= one copy of every weight into each "
             "worker's engine; the rollout >= the prefill's products + tokens x a decode step (the language model's "
             "products at one worker's samples, or one read of its weights where slower); the update >= 6 x "
-            "parameters x tokens at the machine's matmul rate. In brackets: measured / bound.",
+            "parameters x tokens at the machine's matmul rate. In brackets: measured / bound. Of the push, the "
+            "gather is the slowest worker's time producing the weights (`timing/push_gather_s`: FSDP's gathers, the "
+            "checkpoint's layout); the rest is the engine's (loading them, and repacking its layers for oneDNN).",
             "",
             common.table(["size", "stage", "bound s", *(f"{arm} s" for arm in ARMS), "bound from"], rows, "llrrrl"),
             "",

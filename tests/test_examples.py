@@ -478,6 +478,7 @@ def test_the_quick_start_runs_end_to_end_in_smoke_mode(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [0, 1, 2], rows
     assert "val/reward/mean" in rows[0] and "val/reward/mean" in rows[2] and "actor/entropy" in rows[1]
     assert "[vlmrl] start-up: " in log and rows[1]["timing/startup_s"] > 0 and "timing/startup_s" not in rows[2]
+    assert all(0 < r["timing/push_gather_s"] < r["timing/push_s"] for r in rows[1:])  # the push's own part
     assert "2 hybrid worker(s) on cpu" in log and "2 vLLM engine(s)" in log and "[vlmrl] health:" in log
     assert (out / "reward_curve.png").is_file() and (out / "report.html").is_file()
     assert not any(k.startswith("multi_turn/") for r in rows for k in r)

@@ -13,8 +13,11 @@ stopwatch for one elapsed time (``sw.elapsed``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class Timer:
@@ -53,6 +56,25 @@ class Timer:
     def elapsed(self) -> float:
         """Seconds since this timer was made."""
         return time.perf_counter() - self._t0
+
+
+class TimedIterator(Generic[T]):
+    """An iterator that counts the seconds spent producing its items (``seconds``), not those its consumer spends
+    between them: what a lazily gathered stream of weights costs on the producer's side."""
+
+    def __init__(self, items: Iterable[T]) -> None:
+        self.items = iter(items)
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        t0 = time.perf_counter()
+        try:
+            return next(self.items)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 class StartupClock:

@@ -121,4 +121,7 @@ class HybridRollouts(Rollouts):
 
     def after_update(self, timer: Timer) -> None:
         with timer("push"):  # the new weights into the engines, which wake for the next rollout
-            self.group.push_weights()
+            pushed = self.group.push_weights()
+        gather = [p["gather"] for p in pushed if "gather" in p]
+        if gather:  # of it, the slowest rank's time producing the weights (the rest is the engines')
+            timer.add("push_gather", max(gather))

@@ -182,8 +182,9 @@ class WorkerGroup(ABC):
         """Rank i computes old/ref log-probs and updates the policy on exactly ``shards[i]``; its metrics."""
         return self.call("update", "update", [(s,) for s in shards])
 
-    def push_weights(self) -> list[float]:
-        """Every rank pushes the policy's weights into its engine (waking it); seconds per rank."""
+    def push_weights(self) -> list[dict[str, float]]:
+        """Every rank pushes the policy's weights into its engine (waking it); seconds per rank
+        (``HybridWorker.push_weights``)."""
         return self.call("weight push", "push_weights", [()] * self.world)
 
     def save_checkpoint(self, folder: str) -> list[float]:

@@ -41,7 +41,7 @@ from vlmrl.rollout.multi_turn import MultiTurnAgent
 from vlmrl.rollout.stream import PromptStream, StreamGroup, StreamItem
 from vlmrl.rollout.stream_turns import TrajectoryStream
 from vlmrl.startup import stage
-from vlmrl.timing import Timer
+from vlmrl.timing import TimedIterator, Timer
 from vlmrl.tools.runner import ToolGroup, ToolRunner
 from vlmrl.workers.policy import PolicyWorker
 from vlmrl.workers.rendezvous import make_store
@@ -460,17 +460,20 @@ class HybridWorker:
         metrics |= {"timeline/update_start": started, "timeline/update_end": time.time()}  # wall clock
         return metrics
 
-    def push_weights(self) -> float:
-        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after); seconds."""
+    def push_weights(self) -> dict[str, float]:
+        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after). Seconds: ``push``
+        in all, ``gather`` of it spent producing the weights (FSDP's gathers, LoRA merges, the checkpoint's layout);
+        the rest is the engine's (its loading and, on CPU, the repacking of its layers). Nothing without an engine."""
         sw = Timer.start()
         if self.plan.arr.rollout.name == "hf" or self.engine is None:
-            return 0.0  # the HF rollout generates with the policy module itself; a training pool has no engine
+            return {}  # the HF rollout generates with the policy module itself; a training pool has no engine
         self.engine.wake(tags=["weights"])
-        self.engine.update_weights(self.policy.engine_weights())
+        weights = TimedIterator(self.policy.engine_weights())
+        self.engine.update_weights(weights)
         self.engine.wake(tags=["kv_cache"])
         if self.device == "cuda":
             torch.cuda.empty_cache()
-        return sw.elapsed
+        return {"push": sw.elapsed, "gather": weights.seconds}
 
     # ------------------------------------------------------------------------- weight sync (two pools)
     def weight_meta(self) -> list[WeightMeta]:
