@@ -24,7 +24,7 @@ from typing import Any
 
 from vlmrl.config import VLMRLConfig
 from vlmrl.config.checks import DataFacts, batch_problems, check_environment, data_problems
-from vlmrl.config.fully_async import in_flight, is_fully_async, total_steps, window
+from vlmrl.config.fully_async import GROUPS_IN_FLIGHT_PER_ENGINE, in_flight, is_fully_async, total_steps, window
 from vlmrl.config.plan import RunPlan, multi_turn_schedule, run_plan
 from vlmrl.config.reward_model import effective_reward
 from vlmrl.data.dataset import REWARD_KEY, RLDataset
@@ -320,7 +320,7 @@ def _pool_plan(cfg: VLMRLConfig, run: RunPlan, pool: int, unit: str) -> str:
             f"= {pool}; prompt groups streamed one at a time, a step trains on the first {bs} that finish; weights "
             f"synced by a collective every {trigger} step(s) (async_training.trigger_parameter_sync_step), at most "
             f"{budget} groups started between two syncs (staleness_threshold={at.staleness_threshold}), at most "
-            f"{in_flight(pool, budget)} generating at once (16 per engine, as verl); "
+            f"{in_flight(pool, budget)} generating at once ({GROUPS_IN_FLIGHT_PER_ENGINE} per engine, as verl); "
             + (
                 "generations in flight at a sync are interrupted and continued with the new weights (partial rollouts)"
                 if at.partial_rollout
