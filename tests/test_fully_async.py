@@ -246,11 +246,13 @@ def _source(count: int = 10_000):
     return PromptSource(next_indices, lambda i: SimpleNamespace(index=i), lambda: dict(state), count), state
 
 
-def _rollouter(pool, steps: int, G: int = 2, staleness: float = 0.0, trigger: int = 2, partial: bool = True):
+def _rollouter(
+    pool, steps: int, G: int = 2, staleness: float = 0.0, trigger: int = 2, partial: bool = True, scorer=None
+):
     trainer = FakeTrainer(pool)
     cfg = SimpleNamespace(staleness_threshold=staleness, trigger_parameter_sync_step=trigger, partial_rollout=partial)
     source, state = _source()
-    r = StreamingRollout(trainer, pool, 0, cfg, G, steps * G, source)
+    r = StreamingRollout(trainer, pool, 0, cfg, G, steps * G, source, scorer)
     real_sync = r.sync
 
     def sync(updates):  # the fake pool learns the version being sent
@@ -261,12 +263,18 @@ def _rollouter(pool, steps: int, G: int = 2, staleness: float = 0.0, trigger: in
     return r, state
 
 
-def _train(r: StreamingRollout, steps: int, start: int = 0) -> list[tuple[list[int], dict]]:
-    """The trainer's loop: each step takes its groups and "updates" (the Rollouter's after_update)."""
+def _train(
+    r: StreamingRollout, steps: int, start: int = 0, update_s: float = 0.0, scores: list | None = None
+) -> list[tuple[list[int], dict]]:
+    """The trainer's loop: each step takes its groups (and their rewards, into ``scores``) and "updates" for
+    ``update_s`` (then the Rollouter's after_update)."""
     out = []
     for step in range(start, start + steps):
         prompts, rb, m = r.next_batch(None, Timer(), step + 1, step, launch=True)
         out.append(([p.index for p in prompts], m))
+        if scores is not None:
+            scores.append(r.scored())
+        time.sleep(update_s)
         r.after_update(Timer())
     return out
 
@@ -389,6 +397,59 @@ def test_a_failed_rollout_pool_stops_the_trainer_naming_the_worker() -> None:
         r.close()
 
 
+def test_each_group_is_scored_as_it_finishes_and_the_step_gets_its_groups_rewards_in_order() -> None:
+    """With a scorer (the reward functions), a scoring thread scores each group as soon as it finishes, while the
+    trainer updates: a step finds its groups' rewards (``scored()``, in the order of its prompts) mostly computed
+    before it took them (``async/scored_ahead``), and each group is scored once."""
+    calls: list[tuple[int, int, str]] = []
+    taken = [0]
+    """Steps whose take began."""
+
+    def scorer(prompt, rb):
+        calls.append((prompt.index, taken[0], threading.current_thread().name))
+        return ("score", prompt.index, len(rb.response_ids))
+
+    pool = FakePool(lambda i: 2 + 3 * (i % 2))
+    r, _ = _rollouter(pool, steps=6, staleness=1.0, trigger=2, scorer=scorer)
+    scores: list = []
+    out = []
+    try:
+        for step in range(6):
+            taken[0] = step + 1  # step's take begins: what is scored from now on was not scored ahead of it
+            out += _train(r, 1, start=step, update_s=0.1, scores=scores)
+    finally:
+        r.close()
+    for (idx, _), got in zip(out, scores, strict=True):
+        assert got == [("score", i, 2) for i in idx]  # its groups' rewards, in its order
+    trained = [i for idx, _ in out for i in idx]
+    assert sorted(i for i, _, _ in calls if i in trained) == sorted(trained)  # each trained group scored once
+    assert all(name.startswith("vlmrl-reward") for _, _, name in calls)
+    # scored before the step that trains it began taking its groups: while the trainer updated
+    when = {i: steps_taken for i, steps_taken, _ in calls}
+    ahead = sum(when[i] <= step for step, (idx, _) in enumerate(out) for i in idx)
+    assert ahead >= len(trained[2:]) // 2, (when, out)
+    assert sum(m["async/scored_ahead"] for _, m in out[1:]) >= ahead // 2
+
+
+def test_a_scorer_error_stops_the_step_that_trains_the_group() -> None:
+    """A reward call that raises in the scoring thread reaches the trainer in the step that takes that group."""
+
+    def scorer(prompt, rb):
+        if prompt.index == 3:
+            raise ValueError("reward call failed on prompt 3")
+        return prompt.index
+
+    pool = FakePool(lambda i: 2)
+    r, _ = _rollouter(pool, steps=4, scorer=scorer)
+    scores: list = []
+    try:
+        with pytest.raises(ValueError, match="prompt 3"):
+            _train(r, 4, scores=scores)
+    finally:
+        r.close()
+    assert scores == [[0, 1]]  # the first step's rewards came; the second step raised
+
+
 # ------------------------------------------------------------------------------------------------------ the run
 
 
@@ -441,6 +502,8 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
     assert set(stale) <= {0.0, 1.0} and stale.count(1.0) > 10, stale
     assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["rollout/logprob_diff"] <= 1e-5
     assert all(r["async/queue_depth"] <= 8 for r in rows)  # (1 + 0.5) x 16 started at most, 16 taken
+    # the groups' rewards, scored by the Rollouter's thread as they finished: most were ready when a step took them
+    assert sum(r["async/scored_ahead"] for r in rows) >= 0.5 * 120 * 16, [r["async/scored_ahead"] for r in rows]
     trained = _uids(dumps, range(1, 121))
     assert len(trained) == len(set(trained)) == 120 * 16
     from vlmrl.report.__main__ import main as report

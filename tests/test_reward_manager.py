@@ -13,7 +13,14 @@ from PIL import Image, ImageDraw
 
 from vlmrl.batch import RewardSample
 from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
-from vlmrl.scoring import RewardConfigError, RewardError, RewardManager, make_reward_fn, registered_names
+from vlmrl.scoring import (
+    RewardConfigError,
+    RewardError,
+    RewardManager,
+    ScoredPart,
+    make_reward_fn,
+    registered_names,
+)
 
 pytestmark = pytest.mark.serial  # runs alone in a parallel suite: reward timeouts of 0.5-1 s and bounds on elapsed time
 
@@ -188,6 +195,37 @@ def test_a_step_where_every_reward_call_fails_stops_the_run(zoo: str) -> None:
             rm.score([S("raise"), S("abc")])
     with pytest.raises(RewardConfigError, match="max_failed_ratio"):
         manager(function=f"{zoo}:vl", max_failed_ratio=0.0)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_groups_scored_apart_then_assembled_equal_the_batch_scored_at_once(zoo: str, workers: int) -> None:
+    """What the fully asynchronous Rollouter does: each group's calls as it finishes (``outcomes``), the verdict over
+    the step's whole batch (``assemble``): the same scores, components, errors and metrics as ``score`` of the batch,
+    and failures judged against the batch's size, not the group's."""
+    groups = [[S("raise"), S("raise")], [S("abc"), S("nan")], [S("ab"), S("xyz")]]
+    batch = [s for g in groups for s in g]
+    limits = {"num_workers": workers, "timeout_s": 30.0 if workers else 0.0}
+    with manager(function=f"{zoo}:vl", max_failed_ratio=0.75, **limits) as rm:
+        whole = rm.score(batch)
+        with pytest.raises(RewardError, match="2 of 2 samples"):
+            rm.score(groups[0])  # alone, the first group's failures would stop the run
+        parts = [rm.outcomes(g) for g in groups]
+        done = ScoredPart.concat(parts)
+        assert done.samples == batch and done.seconds == sum(p.seconds for p in parts)
+        out = rm.assemble(done.samples, done.outcomes, done.seconds)
+    assert (
+        out.scores == whole.scores
+        and out.errors == whole.errors == ["exception"] * 2 + [None, "non_finite"] + [None] * 2
+    )
+    assert out.components.keys() == whole.components.keys()
+    drop = {"reward/time_s"}
+    assert {k: v for k, v in out.metrics.items() if k not in drop} == {
+        k: v for k, v in whole.metrics.items() if k not in drop
+    }
+    with manager(function=f"{zoo}:vl", max_failed_ratio=0.5, **limits) as rm:
+        done = ScoredPart.concat([rm.outcomes(g) for g in groups])
+        with pytest.raises(RewardError, match="3 of 6 samples"):
+            rm.assemble(done.samples, done.outcomes, done.seconds)
 
 
 def test_function_by_registry_name_and_by_file_spec(zoo: str) -> None:

@@ -20,7 +20,7 @@ from vlmrl.scoring.loading import (
     make_reward_fn,
     registered_names,
 )
-from vlmrl.scoring.manager import RewardError, RewardManager, RewardOutput
+from vlmrl.scoring.manager import RewardError, RewardManager, RewardOutput, ScoredPart
 from vlmrl.scoring.runner import RewardWorkerError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "RewardManager",
     "RewardOutput",
     "RewardWorkerError",
+    "ScoredPart",
     "build_scorer",
     "load_file_function",
     "make_reward_fn",

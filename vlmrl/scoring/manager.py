@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ from vlmrl.scoring.runner import InlineRunner, ProcessRunner, timeout_text
 from vlmrl.timing import Timer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from vlmrl.config import CustomRewardFunctionConfig, RewardConfig
 
 log = logging.getLogger("vlmrl.scoring")
@@ -82,6 +85,23 @@ class RewardOutput:
         return RewardOutput(scores=scores, components=comps, metrics=metrics, errors=errors)
 
 
+@dataclass
+class ScoredPart:
+    """The reward calls of some samples, before the verdict on their failures (:meth:`RewardManager.outcomes`)."""
+
+    samples: list[Any]
+    outcomes: list[Outcome]
+    seconds: float
+    """How long the calls took."""
+
+    @staticmethod
+    def concat(parts: list[ScoredPart]) -> ScoredPart:
+        """The parts one after the other (the calls' seconds summed)."""
+        return ScoredPart(
+            [s for p in parts for s in p.samples], [o for p in parts for o in p.outcomes], sum(p.seconds for p in parts)
+        )
+
+
 def excerpt(text: Any, limit: int = _EXCERPT) -> str:
     """A short, single-line view of a (maybe huge) response for logs."""
     text = str(text)
@@ -119,6 +139,8 @@ class RewardManager:
                 self.spec, self.num_workers, self.timeout_s, what=f"reward {self.scorer.describe()}"
             )
         self._seen_kinds: set[str] = set()
+        self._lock = threading.Lock()
+        """One batch of calls at a time (the Rollouter's scoring thread and the trainer's validation)."""
         self.totals: Counter[str] = Counter()
         where = "in-process" if self.num_workers == 0 else f"{self.num_workers} worker processes"
         log.info(
@@ -142,25 +164,41 @@ class RewardManager:
         """
         sw = Timer.start()
         samples = list(samples)
-        self.scorer.check({s.data_source for s in samples})
-        if self._pool is not None:
-            payload = samples if self.scorer.needs_images else [_without_images(s) for s in samples]
-            failed = 0
+        failed = 0
 
-            def give_up(i: int, so_far: list[Outcome | None]) -> None:
-                nonlocal failed
-                o = so_far[i]
-                if o is not None and o.error is not None:
-                    failed += 1
-                    self._give_up(samples, so_far, failed)
+        def give_up(i: int, so_far: list[Outcome | None]) -> None:
+            nonlocal failed
+            o = so_far[i]
+            if o is not None and o.error is not None:
+                failed += 1
+                self._give_up(samples, so_far, failed)
 
-            outcomes = self._pool.run(payload, give_up=give_up)
-        else:
+        outcomes = self._calls(samples, give_up)
+        return self.assemble(samples, outcomes, sw.elapsed)
+
+    def outcomes(self, samples: list[Any]) -> ScoredPart:
+        """The reward calls of ``samples`` without the step's verdict on their failures: the fully asynchronous
+        Rollouter scores each group as it finishes, and the step that trains the groups gives the verdict over all of
+        them (:meth:`assemble`: the same output, errors and stop as :meth:`score` of the whole batch)."""
+        sw = Timer.start()
+        samples = list(samples)
+        outcomes = self._calls(samples, None)
+        return ScoredPart(samples, outcomes, sw.elapsed)
+
+    def _calls(self, samples: list[Any], give_up: Callable[[int, list[Outcome | None]], None] | None) -> list[Outcome]:
+        """Every sample's reward call (in worker processes or in this thread; one batch at a time)."""
+        with self._lock:
+            self.scorer.check({s.data_source for s in samples})
+            if self._pool is not None:
+                payload = samples if self.scorer.needs_images else [_without_images(s) for s in samples]
+                return self._pool.run(payload, give_up=give_up)
             assert self._inline is not None
-            outcomes = self._inline.run(samples)
-        return self._assemble(samples, outcomes, sw.elapsed)
+            return self._inline.run(samples)
 
-    def _assemble(self, samples: list[Any], outcomes: list[Outcome], elapsed: float) -> RewardOutput:
+    def assemble(self, samples: list[Any], outcomes: list[Outcome], elapsed: float) -> RewardOutput:
+        """The output of the reward calls' ``outcomes`` of ``samples`` (in order; ``elapsed`` seconds of calls): the
+        scores, the fallback score where a call failed, the metrics, and the run stopped (:class:`RewardError`) when
+        the failures reach ``on_error``'s limit."""
         n = len(samples)
         scores: list[float] = []
         errors: list[str | None] = []

@@ -10,7 +10,9 @@ step * train_batch_size`` groups, counting those still queued or generating from
 rule); past that it waits for the sync, so nothing it generates is dropped. At most 16 groups per engine generate at
 once (verl's ``max_concurrent_samples``): the next starts as one finishes. With ``partial_rollout`` the groups in
 flight at a sync are interrupted and continued with the new weights (``vlmrl.rollout.stream``); without, the pool
-finishes them first.
+finishes them first. With the reward functions alone (no reward model), a scoring thread computes each group's
+rewards as it finishes, so a step finds most of its groups scored (``async/scored_ahead``); the step gives the verdict
+on their failures (``reward.on_error``) over its whole batch, as when it scores them itself.
 
 The staleness of a group is the trainer's updates when it trains minus the updates of the oldest weights that
 generated one of its tokens (``async/staleness_mean``, ``_max``). The engine's log-probs of each token are the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,8 @@ class _Group:
     prompt: PromptSample
     engine: int
     done: StreamGroup | None = None
+    scored: Future[Any] | None = None
+    """Its rewards, computed by the scoring thread once it finished."""
 
 
 class StreamingRollout(OffPolicyRollout):
@@ -74,9 +79,16 @@ class StreamingRollout(OffPolicyRollout):
         groups_per_step: int,
         total_groups: int,
         source: PromptSource,
+        scorer: Callable[[PromptSample, RolloutBatch], Any] | None = None,
     ) -> None:
-        """``total_groups``: the groups the run's remaining steps train on (the Rollouter starts no more)."""
+        """``total_groups``: the groups the run's remaining steps train on (the Rollouter starts no more).
+        ``scorer``: the rewards of one finished group (its prompt and rollout), called by a scoring thread as each
+        group finishes; :meth:`scored` gives those of the groups a step took. None: the step scores them."""
         super().__init__(trainer, pool, 1, seed)
+        self.scorer = scorer
+        self.scoring = ThreadPoolExecutor(1, thread_name_prefix="vlmrl-reward") if scorer is not None else None
+        self.taken: list[Future[Any]] | None = None
+        """The rewards of the groups the last step took (with a scorer)."""
         self.G, self.source = groups_per_step, source
         self.trigger = int(async_cfg.trigger_parameter_sync_step)
         self.partial = bool(async_cfg.partial_rollout)
@@ -144,6 +156,8 @@ class StreamingRollout(OffPolicyRollout):
                 for sg in done:
                     g = self.groups[sg.gid]
                     g.done = sg
+                    if self.scoring is not None and self.scorer is not None:
+                        g.scored = self.scoring.submit(self.scorer, g.prompt, sg.rollout)
                     self.load[g.engine] -= 1
                     self.queue.append(g)
             self.cv.notify_all()
@@ -240,6 +254,7 @@ class StreamingRollout(OffPolicyRollout):
                 del self.groups[g.gid]
             depth = len(self.queue)
         groups = [g.done for g in taken if g.done is not None]
+        self.taken = [g.scored for g in taken if g.scored is not None] if self.scorer is not None else None
         stale = [updates - sg.min_version for sg in groups]
         rb = RolloutBatch.concat([sg.rollout for sg in groups])
         metrics = self.carry | {
@@ -255,6 +270,8 @@ class StreamingRollout(OffPolicyRollout):
             "timeline/gen_start": min(sg.start_time for sg in groups),
             "timeline/gen_end": max(sg.end_time for sg in groups),
         }
+        if self.taken is not None:
+            metrics["async/scored_ahead"] = float(sum(f.done() for f in self.taken))
         self.carry = {"timing/param_sync_s": 0.0}
         self.stats["idle_s"] = self.stats["interrupted"] = 0.0
         return [g.prompt for g in taken], rb, metrics
@@ -285,6 +302,13 @@ class StreamingRollout(OffPolicyRollout):
                 self.carry |= self._sync_paused(self.updates)
             finally:
                 self._resume()
+
+    def scored(self) -> list[Any] | None:
+        """The rewards of the groups the last step took, in their order (waiting for those still being scored; a
+        scorer's error is raised here, in the step that trains the group); None without a scorer."""
+        if self.taken is None:
+            return None
+        return [f.result() for f in self.taken]
 
     def launch_next(self, draw: Draw, step: int) -> None:
         """Nothing: the Rollouter streams on its own."""
@@ -328,3 +352,5 @@ class StreamingRollout(OffPolicyRollout):
             self.cv.notify_all()
         if self.thread is not None:
             self.thread.join(timeout=5)
+        if self.scoring is not None:
+            self.scoring.shutdown(wait=False, cancel_futures=True)

@@ -50,7 +50,7 @@ from vlmrl.data import BatchSampler, RLDataset
 from vlmrl.report import health_summary, load_run
 from vlmrl.report.gallery import write_gallery
 from vlmrl.reward_model import RewardModel
-from vlmrl.scoring import RewardError, RewardManager, RewardOutput
+from vlmrl.scoring import RewardError, RewardManager, RewardOutput, ScoredPart
 from vlmrl.startup import stage
 from vlmrl.supervise import HangError
 from vlmrl.timing import StartupClock, Timer
@@ -71,7 +71,7 @@ from vlmrl.trainer.step import (
     token_targets,
 )
 from vlmrl.trainer.tracking import Tracker, plot_curve
-from vlmrl.workers.group import WorkerError
+from vlmrl.workers.group import WorkerError, WorkerGroup
 from vlmrl.workers.launch import make_worker_group
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -240,6 +240,22 @@ class Trainer:
             val_summary=val.format_report().splitlines()[0] if val is not None else "",
         )
 
+    def _pool_rollouts(self, pool: WorkerGroup, tp: int) -> OffPolicyRollout:
+        """The rollout side on a separate pool: the one-step trainer's, or the fully asynchronous Rollouter (which
+        scores each group as it finishes, unless a reward model must score it on the training workers)."""
+        cfg = self.cfg
+        if not is_fully_async(cfg):
+            return OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
+        streamed = self._batches()
+        source = PromptSource(
+            lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict, len(self.train_ds)
+        )
+        bs = cfg.data.train_batch_size
+        scorer = None if cfg.reward_model.enable else self._score_group
+        return StreamingRollout(
+            self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source, scorer
+        )
+
     def _start_workers(self) -> None:
         """The worker group (``config.plan.worker_plan`` is what every worker is told), and the start-up line."""
         cfg, arr = self.cfg, self.cfg.actor_rollout_ref
@@ -261,17 +277,7 @@ class Trainer:
                 self.pool = pool = make_worker_group(cfg, rollout_plan(cfg, plan, run=self.plan), first_gpu=self.world)
             tp = self.plan.tp
             with stage("the weight-sync group of the two pools did not form"):
-                if is_fully_async(cfg):
-                    streamed = self._batches()
-                    source = PromptSource(
-                        lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict, len(self.train_ds)
-                    )
-                    bs = cfg.data.train_batch_size
-                    self.rollouts = offpolicy = StreamingRollout(
-                        self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source
-                    )
-                else:
-                    self.rollouts = offpolicy = OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
+                self.rollouts = offpolicy = self._pool_rollouts(pool, tp)
             where = ", ".join(f"{i.get('rank')}@{i.get('node')}" for i in pool.infos)
             engines = (
                 f"{pool.world // tp} vLLM engine(s) of tensor-parallel size {tp}"
@@ -426,7 +432,9 @@ class Trainer:
                 prompts, _ = draw()
                 with timer("rollout"):
                     rb = self.rollouts.generate(prompts, self.step, self.updates, k)
-            samples, scored = self.score(prompts, rb, timer, extra)
+            with timer("reward"):  # (the groups' rewards when the rollout side scored them as they finished)
+                parts = self.rollouts.scored() if k == 0 else None
+            samples, scored = self.score(prompts, rb, timer, extra, parts)
             return StepData(prompts, rb, samples, scored, self._baselines(prompts, rb, timer, extra))
 
         collected = [one_batch(0)]
@@ -476,13 +484,29 @@ class Trainer:
             per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
             return per_prompt.repeat_interleave(rb.n).tolist()
 
+    def _score_group(self, prompt: PromptSample, rb: RolloutBatch) -> ScoredPart:
+        """One finished group's reward calls (the fully asynchronous Rollouter's scoring thread)."""
+        return self.rewards.outcomes(
+            RewardSample.of_rollout([prompt], rb, self.tokenizer, self.cfg.data.max_response_length)
+        )
+
     def score(
-        self, prompts: list[PromptSample], rb: RolloutBatch, timer: Timer | None, metrics: dict[str, float]
+        self,
+        prompts: list[PromptSample],
+        rb: RolloutBatch,
+        timer: Timer | None,
+        metrics: dict[str, float],
+        parts: list[ScoredPart] | None = None,
     ) -> tuple[list[RewardSample], RewardOutput]:
         """A rollout's rewards: the reward model's score of every sample first (``reward_model.enable``; its
         ``reward_model/*`` metrics summed into ``metrics``), then the reward functions (timed as reward_model and
-        reward)."""
+        reward). ``parts``: the reward calls of its groups, made as they finished (``Rollouts.scored``): only the
+        verdict on their failures is left to give."""
         timer = timer or Timer()
+        if parts is not None:
+            with timer("reward"):
+                done = ScoredPart.concat(parts)
+                return done.samples, self.rewards.assemble(done.samples, done.outcomes, done.seconds)
         with timer("reward"):
             samples = RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
         if self.reward_model is not None:

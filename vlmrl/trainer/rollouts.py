@@ -73,6 +73,11 @@ class Rollouts(ABC):
         """Start ``step``'s batch now, if this side generates ahead (nothing by default)."""
         return None
 
+    def scored(self) -> list[Any] | None:
+        """The rewards of the batch :meth:`next_batch` returned last, one result per group, where this side scored
+        each group as it finished (the fully asynchronous Rollouter); None (the default): the step scores it."""
+        return None
+
     def checkpoint_sampler(self, current: dict[str, Any]) -> dict[str, Any]:
         """The sampler state a checkpoint records (the current one by default)."""
         return current
