@@ -81,6 +81,15 @@ def test_verls_config_of_the_trainer_gives_its_defaults_and_the_step_size() -> N
             ],
             "tool_workers=0: streamed trajectories run their tool calls in worker processes",
         ),
+        (
+            [
+                "actor_rollout_ref.rollout.multi_turn.enable=True",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "rollout.cpu_workers=2",
+            ],
+            "tensor_model_parallel_size=2 and multi-turn tools",
+        ),
         (["algorithm.filter_groups.enable=True"], "dynamic sampling draws whole batches"),
         (["async_training.fallback_kl=0.5"], "is the one-step off-policy trainer's"),
         (["async_training.staleness_threshold=-1"], "async_training.staleness_threshold=-1"),
@@ -92,6 +101,20 @@ def test_what_the_mode_cannot_run_is_refused_by_name(overrides: list[str], messa
     cfg = load([*FULLY, "async_training.mode=fully_async", "data.train_batch_size=0", *overrides])
     problems = batch_problems(cfg)
     assert any(message in p for p in problems), problems
+
+
+def test_tensor_parallel_engines_stream() -> None:
+    """Rollout engines of 2 workers each (tensor_model_parallel_size=2, 4 rollout workers) pass the gate, and the dry
+    run's in-flight bound counts engines, not workers."""
+    from vlmrl import dry_run
+    from vlmrl.config.plan import run_plan
+
+    tp = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.cpu_workers=4"]
+    cfg = load([*FULLY, "async_training.mode=fully_async", "data.train_batch_size=0", *tp])
+    cfg.async_training.trigger_parameter_sync_step = 10  # a window of 44 groups, over the 2 engines' 32
+    assert batch_problems(cfg) == []
+    line = dry_run._pool_plan(cfg, run_plan(cfg), 4, "CPU")
+    assert "at most 44 groups started between two syncs" in line and "at most 32 generating at once" in line, line
 
 
 def test_multi_turn_tools_stream_per_trajectory() -> None:
@@ -316,6 +339,55 @@ def test_at_most_16_groups_per_engine_generate_at_once(world: int) -> None:
     assert sorted(trained) == list(range(64))
 
 
+class TensorParallelPool(FakePool):
+    """4 rollout workers as 2 tensor-parallel engines of 2: the workers of an engine must get the same calls, and
+    report the same results (as vLLM's workers of one engine do)."""
+
+    def __init__(self, lengths) -> None:
+        super().__init__(lengths, world=4)
+
+    def stream_add(self, items, version):
+        assert len(items) == 4 and items[0] == items[1] and items[2] == items[3], items
+        super().stream_add([items[0], items[2]], version)
+        return self._pending([0] * 4)
+
+    def stream_step(self, steps):
+        [(done, left)] = super().stream_step(steps).result()
+        return self._pending([(done, left), (done, left), ([], 0), ([], 0)])  # (the engines' groups in one list)
+
+    def stream_interrupt(self):
+        [stopped] = super().stream_interrupt()
+        self.stopped_total = getattr(self, "stopped_total", 0) + stopped
+        return [stopped, stopped, 0, 0]
+
+
+def test_tensor_parallel_engines_get_the_same_groups_on_each_worker_and_count_once() -> None:
+    """Engines of 2 workers (tp=2): each group goes to both workers of its engine, is taken from the engine's first
+    worker only (trained once), and the in-flight bound is 16 per engine; interrupted samples are counted once."""
+    pool = TensorParallelPool(lambda i: 3 + 4 * (i % 5))
+    trainer = FakeTrainer(pool)
+    cfg = SimpleNamespace(staleness_threshold=1.0, trigger_parameter_sync_step=4, partial_rollout=True)
+    source, _ = _source()
+    r = StreamingRollout(trainer, pool, 0, cfg, 8, 8 * 8, source, tp=2)
+    real_sync = r.sync
+
+    def sync(updates):
+        pool.next_version = updates
+        return real_sync(updates)
+
+    r.sync = sync
+    assert r.engines == 2 and r.max_in_flight == 32
+    try:
+        out = _train(r, 8)
+    finally:
+        r.close()
+    assert pool.peak == 32, pool.peak
+    trained = [i for idx, _ in out for i in idx]
+    assert sorted(trained) == list(range(64))
+    reported = sum(m["async/interrupted_samples"] for _, m in out) + r.stats["interrupted"]  # (+ the last sync's)
+    assert reported == pool.stopped_total > 0
+
+
 def test_partial_rollouts_continue_across_a_sync_and_count_their_staleness() -> None:
     """A staleness threshold of 1 lets the Rollouter start the next window's groups early; a sync interrupts the
     long ones, which continue with the new weights: their tokens span two versions, their staleness is measured
@@ -397,17 +469,18 @@ def test_a_failed_rollout_pool_stops_the_trainer_naming_the_worker() -> None:
         r.close()
 
 
-def test_each_group_is_scored_as_it_finishes_and_the_step_gets_its_groups_rewards_in_order() -> None:
-    """With a scorer (the reward functions), a scoring thread scores each group as soon as it finishes, while the
-    trainer updates: a step finds its groups' rewards (``scored()``, in the order of its prompts) mostly computed
-    before it took them (``async/scored_ahead``), and each group is scored once."""
-    calls: list[tuple[int, int, str]] = []
+def test_a_steps_groups_are_scored_together_as_they_finish_and_the_step_gets_their_rewards_in_order() -> None:
+    """With a scorer (the reward functions), a scoring thread scores each step's groups in one call as soon as the
+    last of them finishes (steps take the queue in order), while the trainer updates: a step finds its groups'
+    rewards (``scored()``, in the order of its prompts) computed before it took them (``async/scored_ahead``), and
+    each group is scored once."""
+    calls: list[tuple[list[int], int, str]] = []
     taken = [0]
     """Steps whose take began."""
 
-    def scorer(prompt, rb):
-        calls.append((prompt.index, taken[0], threading.current_thread().name))
-        return ("score", prompt.index, len(rb.response_ids))
+    def scorer(prompts, rbs):
+        calls.append(([p.index for p in prompts], taken[0], threading.current_thread().name))
+        return [("score", p.index, len(rb.response_ids)) for p, rb in zip(prompts, rbs, strict=True)]
 
     pool = FakePool(lambda i: 2 + 3 * (i % 2))
     r, _ = _rollouter(pool, steps=6, staleness=1.0, trigger=2, scorer=scorer)
@@ -420,24 +493,23 @@ def test_each_group_is_scored_as_it_finishes_and_the_step_gets_its_groups_reward
     finally:
         r.close()
     for (idx, _), got in zip(out, scores, strict=True):
-        assert got == [("score", i, 2) for i in idx]  # its groups' rewards, in its order
-    trained = [i for idx, _ in out for i in idx]
-    assert sorted(i for i, _, _ in calls if i in trained) == sorted(trained)  # each trained group scored once
+        assert got == [[("score", i, 2) for i in idx]]  # one call: its groups' rewards, in its order
+    steps = [idx for idx, _ in out]
+    assert [c[0] for c in calls[: len(steps)]] == steps  # one call per step, with exactly its groups
     assert all(name.startswith("vlmrl-reward") for _, _, name in calls)
-    # scored before the step that trains it began taking its groups: while the trainer updated
-    when = {i: steps_taken for i, steps_taken, _ in calls}
-    ahead = sum(when[i] <= step for step, (idx, _) in enumerate(out) for i in idx)
-    assert ahead >= len(trained[2:]) // 2, (when, out)
-    assert sum(m["async/scored_ahead"] for _, m in out[1:]) >= ahead // 2
+    # scored before the step that trains the groups began taking them: while the trainer updated
+    ahead = [when <= step for step, (_, when, _) in enumerate(calls[: len(steps)])]
+    assert sum(ahead[1:]) >= 3, calls
+    assert sum(m["async/scored_ahead"] == 2.0 for _, m in out) >= 2, [m["async/scored_ahead"] for _, m in out]
 
 
-def test_a_scorer_error_stops_the_step_that_trains_the_group() -> None:
-    """A reward call that raises in the scoring thread reaches the trainer in the step that takes that group."""
+def test_a_scorer_error_stops_the_step_that_trains_the_groups() -> None:
+    """A reward call that raises in the scoring thread reaches the trainer in the step that takes those groups."""
 
-    def scorer(prompt, rb):
-        if prompt.index == 3:
+    def scorer(prompts, rbs):
+        if 3 in [p.index for p in prompts]:
             raise ValueError("reward call failed on prompt 3")
-        return prompt.index
+        return [p.index for p in prompts]
 
     pool = FakePool(lambda i: 2)
     r, _ = _rollouter(pool, steps=4, scorer=scorer)
@@ -447,7 +519,7 @@ def test_a_scorer_error_stops_the_step_that_trains_the_group() -> None:
             _train(r, 4, scores=scores)
     finally:
         r.close()
-    assert scores == [[0, 1]]  # the first step's rewards came; the second step raised
+    assert scores == [[[0, 1]]]  # the first step's rewards came; the second step raised
 
 
 # ------------------------------------------------------------------------------------------------------ the run
@@ -502,8 +574,8 @@ def test_fully_async_learns_the_colour_task_and_resumes_with_its_pending_prompts
     assert set(stale) <= {0.0, 1.0} and stale.count(1.0) > 10, stale
     assert rows[0]["async/staleness_max"] == 0.0 and rows[0]["rollout/logprob_diff"] <= 1e-5
     assert all(r["async/queue_depth"] <= 8 for r in rows)  # (1 + 0.5) x 16 started at most, 16 taken
-    # the groups' rewards, scored by the Rollouter's thread as they finished: most were ready when a step took them
-    assert sum(r["async/scored_ahead"] for r in rows) >= 0.5 * 120 * 16, [r["async/scored_ahead"] for r in rows]
+    # each step's groups scored by the Rollouter's thread in one call, as the last of them finished: ready or not
+    assert {r["async/scored_ahead"] for r in rows} <= {0.0, 16.0}, [r["async/scored_ahead"] for r in rows]
     trained = _uids(dumps, range(1, 121))
     assert len(trained) == len(set(trained)) == 120 * 16
     from vlmrl.report.__main__ import main as report

@@ -571,8 +571,10 @@ def test_verls_fully_async_qwen2_5_vl_script_on_fsdp_trains_at_tiny_scale(
     verl_home: Path, tiny_model_dir: str, tmp_path: Path
 ) -> None:
     """The same lines on FSDP through ``python -m vlmrl.run_verl``, really training the tiny Qwen2.5-VL: 1 training
-    and 1 rollout worker on CPU, the smoke scale-down (steps of require_batches 2 x 2 prompts), the groups streamed,
-    the script's KL loss, the engine's log-probs as the old ones (its use_rollout_log_probs)."""
+    worker and 2 rollout workers sharing one vLLM engine (tensor_model_parallel_size=2, as verl's fully-async DAPO
+    scripts set gen_tp) on CPU, the smoke scale-down (steps of require_batches 2 x 2 prompts), the groups streamed to
+    both workers of the engine, the script's KL loss, the engine's log-probs as the old ones (its
+    use_rollout_log_probs)."""
     from vlmrl.testing.smoke import OVERRIDES
 
     out = tmp_path / "run"
@@ -581,7 +583,8 @@ def test_verls_fully_async_qwen2_5_vl_script_on_fsdp_trains_at_tiny_scale(
         verl_home,
         *OVERRIDES,
         "trainer.cpu_workers=1",
-        "rollout.cpu_workers=1",
+        "rollout.cpu_workers=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "actor_rollout_ref.rollout.max_model_len=1024",  # (the script's 32768 is over the tiny model's 4096)
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,jsonl]",
@@ -590,6 +593,7 @@ def test_verls_fully_async_qwen2_5_vl_script_on_fsdp_trains_at_tiny_scale(
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "fully-async: 1 training worker(s)" in proc.stdout, proc.stdout[-3000:]
+    assert "2 rollout worker(s)" in proc.stdout and "1 vLLM engine(s) of tensor-parallel size 2" in proc.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().split("\n") if line]
     assert [r["step"] for r in rows] == [1, 2], rows
     assert all("actor/kl_loss" in r and "async/staleness_max" in r for r in rows)

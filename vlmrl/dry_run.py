@@ -320,7 +320,8 @@ def _pool_plan(cfg: VLMRLConfig, run: RunPlan, pool: int, unit: str) -> str:
             f"= {pool}; prompt groups streamed one at a time, a step trains on the first {bs} that finish; weights "
             f"synced by a collective every {trigger} step(s) (async_training.trigger_parameter_sync_step), at most "
             f"{budget} groups started between two syncs (staleness_threshold={at.staleness_threshold}), at most "
-            f"{in_flight(pool, budget)} generating at once ({GROUPS_IN_FLIGHT_PER_ENGINE} per engine, as verl); "
+            f"{in_flight(pool // run.tp, budget)} generating at once ({GROUPS_IN_FLIGHT_PER_ENGINE} per engine, as "
+            "verl); "
             + (
                 "generations in flight at a sync are interrupted and continued with the new weights (partial rollouts)"
                 if at.partial_rollout

@@ -102,12 +102,13 @@ def problems(cfg: Any, separate_pools: bool, tp: int) -> list[str]:
         )
     if arr.rollout.name != "vllm":
         p.append(f"{mode} streams prompt groups through vLLM's engine: set actor_rollout_ref.rollout.name=vllm.")
-    if tp > 1:
-        p.append(
-            f"{mode} with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the streamed engines are not "
-            "tensor-parallel in vlmrl yet; use 1 (each rollout worker its own engine)."
-        )
     mt = arr.rollout.multi_turn
+    if tp > 1 and mt.enable:
+        p.append(
+            f"{mode} with actor_rollout_ref.rollout.tensor_model_parallel_size={tp} and multi-turn tools: a "
+            "trajectory's next turn enters its engine when its tool calls return, which the workers of a "
+            "tensor-parallel engine would see at different steps; use 1 (each rollout worker its own engine)."
+        )
     if mt.enable and mt.schedule != "trajectory":
         p.append(
             f"{mode} with actor_rollout_ref.rollout.multi_turn.schedule={mt.schedule}: the stream runs each "

@@ -10,9 +10,10 @@ step * train_batch_size`` groups, counting those still queued or generating from
 rule); past that it waits for the sync, so nothing it generates is dropped. At most 16 groups per engine generate at
 once (verl's ``max_concurrent_samples``): the next starts as one finishes. With ``partial_rollout`` the groups in
 flight at a sync are interrupted and continued with the new weights (``vlmrl.rollout.stream``); without, the pool
-finishes them first. With the reward functions alone (no reward model), a scoring thread computes each group's
-rewards as it finishes, so a step finds most of its groups scored (``async/scored_ahead``); the step gives the verdict
-on their failures (``reward.on_error``) over its whole batch, as when it scores them itself.
+finishes them first. With the reward functions alone (no reward model), a scoring thread scores each step's groups
+in one call as soon as the last of them finishes (steps take the queue in order, ``train_batch_size`` at a time), so
+when the queue runs ahead of the trainer a step finds its groups scored (``async/scored_ahead``); the step gives the
+verdict on their failures (``reward.on_error``) over its whole batch, as when it scores them itself.
 
 The staleness of a group is the trainer's updates when it trains minus the updates of the oldest weights that
 generated one of its tokens (``async/staleness_mean``, ``_max``). The engine's log-probs of each token are the
@@ -64,7 +65,7 @@ class _Group:
     engine: int
     done: StreamGroup | None = None
     scored: Future[Any] | None = None
-    """Its rewards, computed by the scoring thread once it finished."""
+    """The rewards of the step's groups it belongs to, computed by the scoring thread."""
 
 
 class StreamingRollout(OffPolicyRollout):
@@ -79,14 +80,21 @@ class StreamingRollout(OffPolicyRollout):
         groups_per_step: int,
         total_groups: int,
         source: PromptSource,
-        scorer: Callable[[PromptSample, RolloutBatch], Any] | None = None,
+        scorer: Callable[[list[PromptSample], list[RolloutBatch]], Any] | None = None,
+        tp: int = 1,
     ) -> None:
         """``total_groups``: the groups the run's remaining steps train on (the Rollouter starts no more).
-        ``scorer``: the rewards of one finished group (its prompt and rollout), called by a scoring thread as each
-        group finishes; :meth:`scored` gives those of the groups a step took. None: the step scores them."""
-        super().__init__(trainer, pool, 1, seed)
+        ``scorer``: the rewards of finished groups (their prompts and rollouts), called by a scoring thread with each
+        step's groups as soon as they finished; :meth:`scored` gives those of the groups a step took. None: the step
+        scores them.
+        ``tp``: rollout workers per engine (tensor-parallel); every worker of an engine gets the same calls, in the
+        same order, and the engine's first worker's results are its own."""
+        super().__init__(trainer, pool, tp, seed)
+        self.engines = pool.world // tp
         self.scorer = scorer
         self.scoring = ThreadPoolExecutor(1, thread_name_prefix="vlmrl-reward") if scorer is not None else None
+        self.unscored: list[_Group] = []
+        """Finished groups not yet given to the scoring thread (fewer than a step's)."""
         self.taken: list[Future[Any]] | None = None
         """The rewards of the groups the last step took (with a scorer)."""
         self.G, self.source = groups_per_step, source
@@ -94,7 +102,7 @@ class StreamingRollout(OffPolicyRollout):
         self.partial = bool(async_cfg.partial_rollout)
         self.budget = window(async_cfg.staleness_threshold, self.trigger, groups_per_step)
         """Groups the Rollouter may start between two syncs (those carried over from older weights included)."""
-        self.max_in_flight = in_flight(pool.world, self.budget)
+        self.max_in_flight = in_flight(self.engines, self.budget)
         """Groups generating at once at most (interrupted ones included)."""
         self.remaining = total_groups
         self.cv = threading.Condition()
@@ -106,7 +114,7 @@ class StreamingRollout(OffPolicyRollout):
         """Finished groups, in the order they finished."""
         self.window = 0
         self.next_gid = 0
-        self.load = [0] * pool.world
+        self.load = [0] * self.engines
         self.pause_req = self.paused = self.stop = False
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -136,7 +144,7 @@ class StreamingRollout(OffPolicyRollout):
     def _top_up(self) -> None:
         """Start groups until the window's budget (or the run's need) is reached, at most :attr:`max_in_flight`
         generating at once."""
-        started: list[list[StreamItem]] = [[] for _ in range(self.pool.world)]
+        started: list[list[StreamItem]] = [[] for _ in range(self.engines)]
         with self.cv:
             while (
                 self.window < self.budget
@@ -146,27 +154,42 @@ class StreamingRollout(OffPolicyRollout):
             ):
                 started[g.engine].append(StreamItem(g.gid, g.prompt, batch_seed(self.seed, g.gid)))
         if any(started):
-            self.pool.stream_add(started, self.version).result()
+            self.pool.stream_add(self._per_worker(started), self.version).result()
+
+    def _per_worker(self, per_engine: list[Any]) -> list[Any]:
+        """Each worker's share of per-engine calls: its engine's."""
+        return [per_engine[rank // self.tp] for rank in range(self.pool.world)]
 
     def _poll(self) -> int:
         """One call of the pool's engines; finished groups to the queue. Samples still unfinished."""
-        results = self.pool.stream_step(POLL_STEPS).result()
+        results = self.pool.stream_step(POLL_STEPS).result()[:: self.tp]  # (an engine's workers agree)
         with self.cv:
             for done, _ in results:
                 for sg in done:
                     g = self.groups[sg.gid]
                     g.done = sg
-                    if self.scoring is not None and self.scorer is not None:
-                        g.scored = self.scoring.submit(self.scorer, g.prompt, sg.rollout)
                     self.load[g.engine] -= 1
                     self.queue.append(g)
+                    if self.scorer is not None:
+                        self.unscored.append(g)
+                        if len(self.unscored) == self.G:  # a step's groups (steps take the queue in order)
+                            self._score()
             self.cv.notify_all()
         return sum(left for _, left in results)
+
+    def _score(self) -> None:
+        """Hand the finished groups not yet scored to the scoring thread, as one call (under the lock)."""
+        assert self.scoring is not None and self.scorer is not None
+        groups, self.unscored = self.unscored, []
+        done = [g.done for g in groups if g.done is not None]
+        future = self.scoring.submit(self.scorer, [g.prompt for g in groups], [sg.rollout for sg in done])
+        for g in groups:
+            g.scored = future
 
     def _hold(self) -> None:
         """A sync or a generation of the trainer's wants the pool: stop (interrupt or finish what runs), wait."""
         if self.partial:
-            self.stats["interrupted"] += sum(self.pool.stream_interrupt())
+            self.stats["interrupted"] += sum(self.pool.stream_interrupt()[:: self.tp])
         else:
             while self._poll():
                 pass
@@ -254,7 +277,10 @@ class StreamingRollout(OffPolicyRollout):
                 del self.groups[g.gid]
             depth = len(self.queue)
         groups = [g.done for g in taken if g.done is not None]
-        self.taken = [g.scored for g in taken if g.scored is not None] if self.scorer is not None else None
+        # (with a scorer a step's groups were given to it together, when the last of them finished)
+        self.taken = (
+            list(dict.fromkeys(g.scored for g in taken if g.scored is not None)) if self.scorer is not None else None
+        )
         stale = [updates - sg.min_version for sg in groups]
         rb = RolloutBatch.concat([sg.rollout for sg in groups])
         metrics = self.carry | {
@@ -271,7 +297,7 @@ class StreamingRollout(OffPolicyRollout):
             "timeline/gen_end": max(sg.end_time for sg in groups),
         }
         if self.taken is not None:
-            metrics["async/scored_ahead"] = float(sum(f.done() for f in self.taken))
+            metrics["async/scored_ahead"] = float(sum(g.scored is not None and g.scored.done() for g in taken))
         self.carry = {"timing/param_sync_s": 0.0}
         self.stats["idle_s"] = self.stats["interrupted"] = 0.0
         return [g.prompt for g in taken], rb, metrics
@@ -304,8 +330,9 @@ class StreamingRollout(OffPolicyRollout):
                 self._resume()
 
     def scored(self) -> list[Any] | None:
-        """The rewards of the groups the last step took, in their order (waiting for those still being scored; a
-        scorer's error is raised here, in the step that trains the group); None without a scorer."""
+        """The rewards of the groups the last step took, one result per scorer call, in their order (waiting for a
+        call still running; a scorer's error is raised here, in the step that trains the groups); None without a
+        scorer."""
         if self.taken is None:
             return None
         return [f.result() for f in self.taken]

@@ -251,9 +251,9 @@ class Trainer:
             lambda: next(streamed), self.train_ds.__getitem__, self.sampler.state_dict, len(self.train_ds)
         )
         bs = cfg.data.train_batch_size
-        scorer = None if cfg.reward_model.enable else self._score_group
+        scorer = None if cfg.reward_model.enable else self._score_groups
         return StreamingRollout(
-            self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source, scorer
+            self.group, pool, cfg.trainer.seed, cfg.async_training, bs, self.total_steps * bs, source, scorer, tp
         )
 
     def _start_workers(self) -> None:
@@ -484,10 +484,11 @@ class Trainer:
             per_prompt = torch.tensor(ref.scores).view(len(prompts), -1).mean(dim=1)
             return per_prompt.repeat_interleave(rb.n).tolist()
 
-    def _score_group(self, prompt: PromptSample, rb: RolloutBatch) -> ScoredPart:
-        """One finished group's reward calls (the fully asynchronous Rollouter's scoring thread)."""
+    def _score_groups(self, prompts: list[PromptSample], rbs: list[RolloutBatch]) -> ScoredPart:
+        """Finished groups' reward calls (the fully asynchronous Rollouter's scoring thread)."""
+        rb = RolloutBatch.concat(rbs)
         return self.rewards.outcomes(
-            RewardSample.of_rollout([prompt], rb, self.tokenizer, self.cfg.data.max_response_length)
+            RewardSample.of_rollout(prompts, rb, self.tokenizer, self.cfg.data.max_response_length)
         )
 
     def score(
