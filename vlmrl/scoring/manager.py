@@ -178,8 +178,8 @@ class RewardManager:
 
     def outcomes(self, samples: list[Any]) -> ScoredPart:
         """The reward calls of ``samples`` without the step's verdict on their failures: the fully asynchronous
-        Rollouter scores each group as it finishes, and the step that trains the groups gives the verdict over all of
-        them (:meth:`assemble`: the same output, errors and stop as :meth:`score` of the whole batch)."""
+        Rollouter scores a step's groups as they finish, and the step that trains them gives the verdict over its whole
+        batch (:meth:`assemble`: the same output, errors and stop as :meth:`score` of the batch)."""
         sw = Timer.start()
         samples = list(samples)
         outcomes = self._calls(samples, None)

@@ -242,7 +242,7 @@ class Trainer:
 
     def _pool_rollouts(self, pool: WorkerGroup, tp: int) -> OffPolicyRollout:
         """The rollout side on a separate pool: the one-step trainer's, or the fully asynchronous Rollouter (which
-        scores each group as it finishes, unless a reward model must score it on the training workers)."""
+        scores each step's groups as they finish, unless a reward model must score them on the training workers)."""
         cfg = self.cfg
         if not is_fully_async(cfg):
             return OffPolicyRollout(self.group, pool, tp, cfg.trainer.seed)
