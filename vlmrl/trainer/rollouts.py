@@ -74,8 +74,9 @@ class Rollouts(ABC):
         return None
 
     def scored(self) -> list[Any] | None:
-        """The rewards of the batch :meth:`next_batch` returned last, one result per group, where this side scored
-        each group as it finished (the fully asynchronous Rollouter); None (the default): the step scores it."""
+        """The rewards of the batch :meth:`next_batch` returned last, one result per scoring call, where this side
+        scored its groups as they finished (the fully asynchronous Rollouter); None (the default): the step scores
+        it."""
         return None
 
     def checkpoint_sampler(self, current: dict[str, Any]) -> dict[str, Any]:

@@ -183,8 +183,8 @@ class WorkerGroup(ABC):
         return self.call("update", "update", [(s,) for s in shards])
 
     def push_weights(self) -> list[dict[str, float]]:
-        """Every rank pushes the policy's weights into its engine (waking it); seconds per rank
-        (``HybridWorker.push_weights``)."""
+        """Every rank pushes the policy's weights into its engine (waking it); per rank, the seconds it spent producing
+        the weights (``{"gather": s}``, empty without an engine: ``HybridWorker.push_weights``)."""
         return self.call("weight push", "push_weights", [()] * self.world)
 
     def save_checkpoint(self, folder: str) -> list[float]:

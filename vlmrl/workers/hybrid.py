@@ -461,10 +461,10 @@ class HybridWorker:
         return metrics
 
     def push_weights(self) -> dict[str, float]:
-        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after). Seconds: ``push``
-        in all, ``gather`` of it spent producing the weights (FSDP's gathers, LoRA merges, the checkpoint's layout);
-        the rest is the engine's (its loading and, on CPU, the repacking of its layers). Nothing without an engine."""
-        sw = Timer.start()
+        """Full weights → engine, one tensor at a time (GPU: wake weights first, KV cache after). ``gather``: the
+        seconds of the push spent producing the weights (FSDP's gathers, LoRA merges, the checkpoint's layout); the
+        rest is the engine's (its loading and, on CPU, the repacking of its layers; the driver times the whole push).
+        Nothing without an engine."""
         if self.plan.arr.rollout.name == "hf" or self.engine is None:
             return {}  # the HF rollout generates with the policy module itself; a training pool has no engine
         self.engine.wake(tags=["weights"])
@@ -473,7 +473,7 @@ class HybridWorker:
         self.engine.wake(tags=["kv_cache"])
         if self.device == "cuda":
             torch.cuda.empty_cache()
-        return {"push": sw.elapsed, "gather": weights.seconds}
+        return {"gather": weights.seconds}
 
     # ------------------------------------------------------------------------- weight sync (two pools)
     def weight_meta(self) -> list[WeightMeta]:
